@@ -1,0 +1,651 @@
+//! Actors: one task each, one message enum, a bounded mailbox, timers, an input stream and
+//! supervision. The loop below is the same on both backends; only `spawn_actor` differs.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::{pending, Future};
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Weak;
+use std::time::Duration;
+
+use futures::{FutureExt, Stream, StreamExt};
+use tokio::sync::oneshot;
+
+use crate::mailbox::{self, Closed, Receiver, Recv, Sender, Stoppable, TrySendError, WeakSender};
+use crate::time::{self, Instant};
+
+/// The reply half of a request: put it in the message, the actor answers on it.
+pub type Reply<T> = oneshot::Sender<T>;
+
+/// Identity of one actor for its lifetime (unique within a runtime).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ActorId(pub u64);
+
+impl fmt::Display for ActorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+/// How an actor ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// It called `ctx.stop()`, or someone called `addr.stop()`, or its parent stopped.
+    Stopped,
+    /// Every address was dropped, its mailbox was empty and it had no input stream.
+    Idle,
+    /// A hook or handler panicked; the message is the panic's.
+    Panicked(String),
+}
+
+/// An actor: state owned by one task and changed only by its own messages.
+///
+/// Handlers are async so that an actor can await I/O (a socket write, a disk sync). While a
+/// handler runs, the mailbox fills, and senders meet back-pressure: that is the point.
+pub trait Actor: Send + Sized + 'static {
+    /// The one message type this actor accepts.
+    type Msg: Send + 'static;
+
+    /// Runs once, before the first message.
+    fn started(&mut self, ctx: &mut Ctx<Self>) -> impl Future<Output = ()> + Send {
+        let _ = ctx;
+        async {}
+    }
+
+    /// Handles one message.
+    fn handle(&mut self, msg: Self::Msg, ctx: &mut Ctx<Self>) -> impl Future<Output = ()> + Send;
+
+    /// Runs once after the last message, unless the actor panicked.
+    fn stopped(&mut self, ctx: &mut Ctx<Self>) -> impl Future<Output = ()> + Send {
+        let _ = ctx;
+        async {}
+    }
+}
+
+/// How to start an actor.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Bound of the normal lane: a full mailbox makes `send` wait and `try_send` fail.
+    pub mailbox_capacity: usize,
+    /// Bound of the urgent lane, served before the normal one.
+    pub urgent_capacity: usize,
+    /// Actors with equal keys run on the same worker (production backend); default: the id.
+    pub placement: Option<u64>,
+    /// A static name for tracing spans.
+    pub name: &'static str,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            mailbox_capacity: 64,
+            urgent_capacity: 16,
+            placement: None,
+            name: "actor",
+        }
+    }
+}
+
+impl Options {
+    pub fn named(name: &'static str) -> Self {
+        Options {
+            name,
+            ..Options::default()
+        }
+    }
+
+    pub fn capacity(mut self, n: usize) -> Self {
+        self.mailbox_capacity = n;
+        self
+    }
+
+    pub fn placement(mut self, key: u64) -> Self {
+        self.placement = Some(key);
+        self
+    }
+}
+
+/// Why a request got no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AskError {
+    #[error("the actor has stopped")]
+    Stopped,
+    #[error("the actor dropped the request without answering")]
+    NoReply,
+}
+
+/// A strong address: it keeps the actor's mailbox open.
+pub struct Addr<M> {
+    tx: Sender<M>,
+    id: ActorId,
+}
+
+impl<M> Clone for Addr<M> {
+    fn clone(&self) -> Self {
+        Addr {
+            tx: self.tx.clone(),
+            id: self.id,
+        }
+    }
+}
+
+impl<M> fmt::Debug for Addr<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Addr").field(&self.id).finish()
+    }
+}
+
+impl<M> PartialEq for Addr<M> {
+    fn eq(&self, other: &Self) -> bool {
+        self.tx.same_mailbox(&other.tx)
+    }
+}
+
+impl<M: Send + 'static> Addr<M> {
+    pub fn id(&self) -> ActorId {
+        self.id
+    }
+
+    /// Enqueues `msg`, waiting while the mailbox is full. Fails only if the actor stopped.
+    pub async fn send(&self, msg: M) -> Result<(), Closed<M>> {
+        self.tx.send(msg).await
+    }
+
+    /// Enqueues `msg` if there is room right now.
+    pub fn try_send(&self, msg: M) -> Result<(), TrySendError<M>> {
+        self.tx.try_send(msg)
+    }
+
+    /// Enqueues `msg` on the urgent lane, handled before any normal message.
+    pub fn try_send_urgent(&self, msg: M) -> Result<(), TrySendError<M>> {
+        self.tx.try_send_urgent(msg)
+    }
+
+    /// Sends a request built around a reply channel and waits for the answer.
+    pub async fn ask<R>(&self, make: impl FnOnce(Reply<R>) -> M) -> Result<R, AskError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(make(tx))
+            .await
+            .map_err(|_| AskError::Stopped)?;
+        rx.await.map_err(|_| AskError::NoReply)
+    }
+
+    /// Asks the actor to stop after the handler it is running, dropping queued messages.
+    pub fn stop(&self) {
+        self.tx.request_stop();
+    }
+
+    /// True once the actor has stopped.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Messages waiting in the mailbox.
+    pub fn queued(&self) -> usize {
+        self.tx.len()
+    }
+
+    pub fn downgrade(&self) -> WeakAddr<M> {
+        WeakAddr {
+            tx: self.tx.downgrade(),
+            id: self.id,
+        }
+    }
+}
+
+/// An address that does not keep the actor alive: for back-references (child to parent, a
+/// registry to its members), so that two actors never keep each other running.
+pub struct WeakAddr<M> {
+    tx: WeakSender<M>,
+    id: ActorId,
+}
+
+impl<M> Clone for WeakAddr<M> {
+    fn clone(&self) -> Self {
+        WeakAddr {
+            tx: self.tx.clone(),
+            id: self.id,
+        }
+    }
+}
+
+impl<M> fmt::Debug for WeakAddr<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("WeakAddr").field(&self.id).finish()
+    }
+}
+
+impl<M: Send + 'static> WeakAddr<M> {
+    pub fn id(&self) -> ActorId {
+        self.id
+    }
+
+    pub fn upgrade(&self) -> Option<Addr<M>> {
+        self.tx.upgrade().map(|tx| Addr { tx, id: self.id })
+    }
+
+    pub fn stop(&self) {
+        self.tx.request_stop();
+    }
+}
+
+/// Resolves to the actor's [`Exit`] once it has ended.
+pub struct ExitWatch {
+    rx: oneshot::Receiver<Exit>,
+}
+
+impl Future for ExitWatch {
+    type Output = Exit;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Exit> {
+        // If the task was dropped without reporting (its node was killed, its worker stopped)
+        // the actor is gone all the same.
+        Pin::new(&mut self.rx)
+            .poll(cx)
+            .map(|r| r.unwrap_or(Exit::Stopped))
+    }
+}
+
+type Make<M> = Box<dyn FnMut() -> M + Send>;
+
+enum Timer<M> {
+    Once(M),
+    Every(Duration, Make<M>),
+}
+
+/// Handle of a timer, for [`Ctx::cancel`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TimerId(u64);
+
+struct Timers<M> {
+    next: u64,
+    queue: BTreeMap<(Instant, u64), Timer<M>>,
+    deadline: BTreeMap<u64, Instant>,
+}
+
+impl<M> Timers<M> {
+    fn new() -> Self {
+        Timers {
+            next: 0,
+            queue: BTreeMap::new(),
+            deadline: BTreeMap::new(),
+        }
+    }
+
+    fn insert(&mut self, at: Instant, t: Timer<M>) -> TimerId {
+        let id = self.next;
+        self.next += 1;
+        self.queue.insert((at, id), t);
+        self.deadline.insert(id, at);
+        TimerId(id)
+    }
+
+    fn cancel(&mut self, id: TimerId) -> bool {
+        match self.deadline.remove(&id.0) {
+            Some(at) => self.queue.remove(&(at, id.0)).is_some(),
+            None => false,
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.queue.keys().next().map(|(at, _)| *at)
+    }
+
+    fn pop_due(&mut self, now: Instant) -> Option<M> {
+        let (&(at, id), _) = self.queue.iter().next()?;
+        if at > now {
+            return None;
+        }
+        let timer = self.queue.remove(&(at, id))?;
+        match timer {
+            Timer::Once(m) => {
+                self.deadline.remove(&id);
+                Some(m)
+            }
+            Timer::Every(period, mut make) => {
+                let m = make();
+                // A late turn does not make a burst of catch-up ticks.
+                let mut next = at + period;
+                if next <= now {
+                    next = now + period;
+                }
+                self.queue.insert((next, id), Timer::Every(period, make));
+                self.deadline.insert(id, next);
+                Some(m)
+            }
+        }
+    }
+}
+
+struct Input<M> {
+    stream: Pin<Box<dyn Stream<Item = M> + Send>>,
+    on_end: Option<Box<dyn FnOnce() -> M + Send>>,
+}
+
+/// An actor's view of its own runtime: its address, timers, input, children and stop.
+pub struct Ctx<A: Actor> {
+    id: ActorId,
+    name: &'static str,
+    me: WeakSender<A::Msg>,
+    stopping: bool,
+    timers: Timers<A::Msg>,
+    input: Option<Input<A::Msg>>,
+    children: Vec<Weak<dyn Stoppable>>,
+    children_pruned_at: usize,
+}
+
+impl<A: Actor> Ctx<A> {
+    pub fn id(&self) -> ActorId {
+        self.id
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// A strong address of this actor. Store it in another actor only if that one should keep
+    /// this one alive; otherwise store [`Ctx::weak_addr`].
+    pub fn addr(&self) -> Addr<A::Msg> {
+        Addr {
+            tx: self.me.revive(),
+            id: self.id,
+        }
+    }
+
+    pub fn weak_addr(&self) -> WeakAddr<A::Msg> {
+        WeakAddr {
+            tx: self.me.clone(),
+            id: self.id,
+        }
+    }
+
+    /// Stops after the current handler; queued messages are dropped.
+    pub fn stop(&mut self) {
+        self.stopping = true;
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping
+    }
+
+    /// Delivers `msg` to this actor after `delay`.
+    pub fn after(&mut self, delay: Duration, msg: A::Msg) -> TimerId {
+        self.timers.insert(time::now() + delay, Timer::Once(msg))
+    }
+
+    /// Delivers `make()` to this actor every `period`, the first time after one period.
+    pub fn every(
+        &mut self,
+        period: Duration,
+        make: impl FnMut() -> A::Msg + Send + 'static,
+    ) -> TimerId {
+        assert!(!period.is_zero(), "a periodic timer needs a period");
+        self.timers
+            .insert(time::now() + period, Timer::Every(period, Box::new(make)))
+    }
+
+    /// Cancels a timer; false if it already fired (one-shot) or was cancelled.
+    pub fn cancel(&mut self, id: TimerId) -> bool {
+        self.timers.cancel(id)
+    }
+
+    /// Consumes `stream` beside the mailbox (a socket's frames); `on_end` is delivered when
+    /// it ends. One input at a time: a new one replaces the old. While an input is attached,
+    /// the actor does not stop for lack of addresses.
+    pub fn add_stream<S>(&mut self, stream: S, on_end: Option<Box<dyn FnOnce() -> A::Msg + Send>>)
+    where
+        S: Stream<Item = A::Msg> + Send + 'static,
+    {
+        self.input = Some(Input {
+            stream: Box::pin(stream),
+            on_end,
+        });
+    }
+
+    /// Runs `fut` as its own task and delivers `to_msg(output)` to this actor, unless it
+    /// stopped meanwhile.
+    pub fn spawn_then<F, T>(&self, fut: F, to_msg: impl FnOnce(T) -> A::Msg + Send + 'static)
+    where
+        F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let me = self.me.clone();
+        crate::spawn(async move {
+            let out = fut.await;
+            if let Some(tx) = me.upgrade() {
+                let _ = tx.send(to_msg(out)).await;
+            }
+        });
+    }
+
+    /// Starts a supervised child. When it ends, `on_exit(child id, exit)` is delivered to
+    /// this actor; when this actor stops, the child is stopped. A parent with live children
+    /// stays alive (each child's exit report holds an address of it).
+    pub fn spawn_child<C: Actor>(
+        &mut self,
+        child: C,
+        opts: Options,
+        on_exit: impl FnOnce(ActorId, Exit) -> A::Msg + Send + 'static,
+    ) -> Addr<C::Msg> {
+        let parent = self.addr();
+        let addr = spawn_actor(child, opts, move |id, exit| async move {
+            let _ = parent.send(on_exit(id, exit)).await;
+        });
+        // Weak: a finished child's mailbox must not be pinned by its parent.
+        self.children.push(addr.tx.stop_handle());
+        self.prune_children();
+        addr
+    }
+
+    fn prune_children(&mut self) {
+        if self.children.len() >= 2 * self.children_pruned_at.max(8) {
+            self.children.retain(|w| w.strong_count() > 0);
+            self.children_pruned_at = self.children.len();
+        }
+    }
+}
+
+/// Starts `actor` with default options.
+pub fn start<A: Actor>(actor: A) -> Addr<A::Msg> {
+    start_with(actor, Options::default())
+}
+
+/// Starts `actor` with `opts`.
+pub fn start_with<A: Actor>(actor: A, opts: Options) -> Addr<A::Msg> {
+    spawn_actor(actor, opts, |_, _| async {})
+}
+
+/// Starts `actor` and returns a future of its exit.
+pub fn start_watched<A: Actor>(actor: A, opts: Options) -> (Addr<A::Msg>, ExitWatch) {
+    let (tx, rx) = oneshot::channel();
+    let addr = spawn_actor(actor, opts, move |_, exit| async move {
+        let _ = tx.send(exit);
+    });
+    (addr, ExitWatch { rx })
+}
+
+fn next_id() -> ActorId {
+    #[cfg(madsim)]
+    {
+        // A process-wide counter would differ between two runs of one seed in one process.
+        ActorId(crate::rng::seed())
+    }
+    #[cfg(not(madsim))]
+    {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        ActorId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+fn spawn_actor<A, F, Fut>(actor: A, opts: Options, after: F) -> Addr<A::Msg>
+where
+    A: Actor,
+    F: FnOnce(ActorId, Exit) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = mailbox::mailbox(opts.mailbox_capacity, opts.urgent_capacity);
+    let id = next_id();
+    let ctx = Ctx {
+        id,
+        name: opts.name,
+        me: rx.weak_sender(),
+        stopping: false,
+        timers: Timers::new(),
+        input: None,
+        children: Vec::new(),
+        children_pruned_at: 0,
+    };
+    let key = opts.placement.unwrap_or(id.0);
+    crate::backend::spawn_actor(key, async move {
+        let exit = run(actor, ctx, rx).await;
+        after(id, exit).await;
+    });
+    Addr { tx, id }
+}
+
+enum Event<M> {
+    Mail(Recv<M>),
+    Input(Option<M>),
+    Timer,
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic".to_string()
+    }
+}
+
+async fn guarded<F: Future<Output = ()>>(f: F) -> Result<(), String> {
+    AssertUnwindSafe(f)
+        .catch_unwind()
+        .await
+        .map_err(panic_message)
+}
+
+async fn next_event<M>(
+    rx: &Receiver<M>,
+    input: Option<&mut Input<M>>,
+    deadline: Option<Instant>,
+    watch_mailbox: bool,
+    input_first: bool,
+) -> Event<M> {
+    let mail = async {
+        if watch_mailbox {
+            rx.recv().await
+        } else {
+            pending().await
+        }
+    };
+    let inp = async {
+        match input {
+            Some(i) => i.stream.next().await,
+            None => pending().await,
+        }
+    };
+    let timer = async {
+        match deadline {
+            Some(d) => time::sleep_until(d).await,
+            None => pending().await,
+        }
+    };
+    // `biased` keeps the simulation deterministic (the unbiased form draws from a
+    // process-wide counter); alternating which source goes first keeps it fair, so neither a
+    // flood of mail nor a flood of input starves the other.
+    if input_first {
+        tokio::select! {
+            biased;
+            i = inp => Event::Input(i),
+            m = mail => Event::Mail(m),
+            _ = timer => Event::Timer,
+        }
+    } else {
+        tokio::select! {
+            biased;
+            m = mail => Event::Mail(m),
+            i = inp => Event::Input(i),
+            _ = timer => Event::Timer,
+        }
+    }
+}
+
+async fn run<A: Actor>(mut actor: A, mut ctx: Ctx<A>, rx: Receiver<A::Msg>) -> Exit {
+    let span = tracing::debug_span!("actor", name = ctx.name, actor_id = %ctx.id);
+    let _ = &span;
+    if let Err(p) = guarded(actor.started(&mut ctx)).await {
+        tracing::warn!(name = ctx.name, actor_id = %ctx.id, panic = %p, "actor panicked in started");
+        stop_children(&mut ctx);
+        return Exit::Panicked(p);
+    }
+    let mut turn: u64 = 0;
+    let mut watch_mailbox = true;
+    let exit = loop {
+        if ctx.stopping {
+            break Exit::Stopped;
+        }
+        // Due timers first: a busy mailbox must not starve them.
+        let msg = if let Some(m) = ctx.timers.pop_due(time::now()) {
+            m
+        } else {
+            let deadline = ctx.timers.next_deadline();
+            turn = turn.wrapping_add(1);
+            let ev = next_event(
+                &rx,
+                ctx.input.as_mut(),
+                deadline,
+                watch_mailbox,
+                turn % 2 == 0,
+            )
+            .await;
+            match ev {
+                Event::Timer => continue,
+                Event::Mail(Recv::Msg(m)) => m,
+                Event::Mail(Recv::Stop) => break Exit::Stopped,
+                Event::Mail(Recv::Idle) => {
+                    if ctx.input.is_none() {
+                        break Exit::Idle;
+                    }
+                    watch_mailbox = false;
+                    continue;
+                }
+                Event::Input(Some(m)) => {
+                    // The handler may hand out a new address; look again afterwards.
+                    watch_mailbox = true;
+                    m
+                }
+                Event::Input(None) => {
+                    let end = ctx.input.take().and_then(|i| i.on_end);
+                    watch_mailbox = true;
+                    match end {
+                        Some(f) => f(),
+                        None => continue,
+                    }
+                }
+            }
+        };
+        if let Err(p) = guarded(actor.handle(msg, &mut ctx)).await {
+            tracing::warn!(name = ctx.name, actor_id = %ctx.id, panic = %p, "actor panicked");
+            stop_children(&mut ctx);
+            return Exit::Panicked(p);
+        }
+    };
+    if let Err(p) = guarded(actor.stopped(&mut ctx)).await {
+        stop_children(&mut ctx);
+        return Exit::Panicked(p);
+    }
+    stop_children(&mut ctx);
+    exit
+}
+
+fn stop_children<A: Actor>(ctx: &mut Ctx<A>) {
+    for c in ctx.children.drain(..) {
+        if let Some(c) = c.upgrade() {
+            c.request_stop();
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! Production backend: actors run on actix arbiters, one per core, placed by a hash of the
+//! actor's key so that related actors can share a thread.
+//!
+//! Actors are not `actix::Actor`s: our handlers are async and must behave identically inside
+//! madsim, where actix cannot run (its arbiters start OS threads and its timers hang). actix
+//! provides the system, the arbiters (a single-threaded tokio runtime each) and placement.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use actix::{Arbiter, ArbiterHandle, System};
+
+type Registry = Vec<(usize, Arc<[ArbiterHandle]>)>;
+
+/// Arbiters of each running actix system, by system id. Process-global on purpose: actors
+/// spawned from any arbiter thread must find their siblings. Never used under madsim.
+static ARBITERS: Mutex<Registry> = Mutex::new(Vec::new());
+
+fn arbiters_of(system: usize) -> Option<Arc<[ArbiterHandle]>> {
+    let reg = ARBITERS.lock().unwrap_or_else(|e| e.into_inner());
+    reg.iter()
+        .find(|(id, _)| *id == system)
+        .map(|(_, a)| a.clone())
+}
+
+/// Fibonacci hashing spreads sequential keys (actor ids) over the arbiters.
+fn slot(key: u64, n: usize) -> usize {
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % n
+}
+
+pub(crate) fn spawn_actor<F>(key: u64, fut: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    if let Some(sys) = System::try_current() {
+        if let Some(arbs) = arbiters_of(sys.id()) {
+            if !arbs.is_empty() {
+                // A stopped arbiter drops the future, which closes the actor's mailbox: its
+                // senders then see `Closed`, never a silent black hole.
+                let _ = arbs[slot(key, arbs.len())].spawn(fut);
+                return;
+            }
+        }
+    }
+    tokio::spawn(fut);
+}
+
+/// The production runtime: an actix system plus `workers` arbiters.
+pub struct Runtime {
+    workers: usize,
+}
+
+impl Runtime {
+    /// A runtime with `workers` arbiters (at least one).
+    pub fn new(workers: usize) -> Self {
+        Runtime {
+            workers: workers.max(1),
+        }
+    }
+
+    /// One arbiter per available core.
+    pub fn per_core() -> Self {
+        Self::new(
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+        )
+    }
+
+    /// Runs `f` on the system thread until it completes, then stops the arbiters.
+    pub fn block_on<F: Future>(&self, f: F) -> F::Output {
+        let workers = self.workers;
+        let sys = System::new();
+        let (out, id, arbiters) = sys.block_on(async move {
+            let arbiters: Vec<Arbiter> = (0..workers).map(|_| Arbiter::new()).collect();
+            let handles: Arc<[ArbiterHandle]> = arbiters.iter().map(|a| a.handle()).collect();
+            let id = System::current().id();
+            ARBITERS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((id, handles));
+            (f.await, id, arbiters)
+        });
+        ARBITERS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(s, _)| *s != id);
+        for a in &arbiters {
+            a.stop();
+        }
+        for a in arbiters {
+            let _ = a.join();
+        }
+        out
+    }
+}

@@ -1,0 +1,31 @@
+//! Simulation backend: each actor is a madsim task on the current simulated node, so killing
+//! a node kills its actors and every schedule is decided by the simulation seed.
+
+use std::future::Future;
+
+pub(crate) fn spawn_actor<F>(_key: u64, fut: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    // Placement means nothing in a single-threaded simulation.
+    tokio::spawn(fut);
+}
+
+/// The simulation runtime: a fresh madsim world (tests normally use `#[madsim::test]`).
+pub struct Runtime {
+    _workers: usize,
+}
+
+impl Runtime {
+    pub fn new(workers: usize) -> Self {
+        Runtime { _workers: workers }
+    }
+
+    pub fn per_core() -> Self {
+        Self::new(1)
+    }
+
+    pub fn block_on<F: Future>(&self, f: F) -> F::Output {
+        madsim::runtime::Runtime::new().block_on(f)
+    }
+}

@@ -1,0 +1,45 @@
+//! The actor and runtime seam: actors, mailboxes, timers, clock, rng and spawn, run by actix in production and by madsim in simulation.
+//!
+//! Everything that is time, randomness, spawning or scheduling goes through this crate, so
+//! that one `--cfg madsim` build replays a whole cluster deterministically from a seed.
+//! See `docs/architecture.md` for the actor topology built on it.
+
+// This crate is the seam: it is the one place allowed to read clocks, draw OS randomness and
+// spawn tasks directly (the root clippy.toml bans those everywhere else).
+#![allow(clippy::disallowed_methods)]
+
+mod actor;
+mod mailbox;
+pub mod rng;
+pub mod time;
+
+#[cfg(not(madsim))]
+#[path = "backend_actix.rs"]
+mod backend;
+#[cfg(madsim)]
+#[path = "backend_sim.rs"]
+mod backend;
+
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use actor::{
+    start, start_watched, start_with, Actor, ActorId, Addr, AskError, Ctx, Exit, ExitWatch,
+    Options, Reply, TimerId, WeakAddr,
+};
+pub use backend::Runtime;
+pub use mailbox::{Closed, TrySendError};
+
+use std::future::Future;
+
+/// Spawns a plain task on the current runtime (simulated node under madsim).
+pub fn spawn<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(fut)
+}
+
+/// The name of the backend compiled in: "actix" or "madsim".
+pub const BACKEND: &str = if cfg!(madsim) { "madsim" } else { "actix" };

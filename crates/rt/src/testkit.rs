@@ -1,0 +1,396 @@
+//! The behavioural suite every backend must pass: the actix backend runs it in
+//! `crates/rt/tests/behaviour.rs`, the madsim backend in `sim/tests/rt_behaviour.rs`.
+//!
+//! Each function panics on failure. Durations are short and tolerances wide because on the
+//! actix backend they are real time.
+
+use std::time::Duration;
+
+use futures::stream;
+use tokio::sync::oneshot;
+
+use crate::{
+    start, start_watched, start_with, time, Actor, ActorId, Ctx, Exit, Options, Reply, TrySendError,
+};
+
+/// The names of all suite functions, so that each backend can check it runs them all.
+pub const ALL: &[&str] = &[
+    "request_reply",
+    "per_sender_ordering",
+    "back_pressure_when_mailbox_full",
+    "urgent_lane_overtakes_normal",
+    "timers_fire_once_periodically_and_cancel",
+    "input_stream_consumed_beside_mailbox",
+    "stop_runs_stopped_hook_and_reports_exit",
+    "idle_actor_stops_when_last_address_dropped",
+    "supervisor_learns_child_stop_and_panic",
+    "parent_stop_stops_children",
+    "send_to_stopped_actor_fails",
+];
+
+// ---------------------------------------------------------------------------------------
+
+enum RecMsg {
+    Rec(u32, u32),
+    Block(oneshot::Sender<()>, oneshot::Receiver<()>),
+    Get(Reply<Vec<(u32, u32)>>),
+}
+
+/// Records what it receives; can be told to block until released.
+struct Recorder {
+    seen: Vec<(u32, u32)>,
+}
+
+impl Actor for Recorder {
+    type Msg = RecMsg;
+    async fn handle(&mut self, msg: RecMsg, _ctx: &mut Ctx<Self>) {
+        match msg {
+            RecMsg::Rec(a, b) => self.seen.push((a, b)),
+            RecMsg::Block(entered, gate) => {
+                let _ = entered.send(());
+                let _ = gate.await;
+            }
+            RecMsg::Get(r) => {
+                let _ = r.send(std::mem::take(&mut self.seen));
+            }
+        }
+    }
+}
+
+pub async fn request_reply() {
+    let a = start(Recorder { seen: vec![] });
+    a.send(RecMsg::Rec(1, 2)).await.unwrap();
+    let got = a.ask(RecMsg::Get).await.unwrap();
+    assert_eq!(got, vec![(1, 2)]);
+}
+
+pub async fn per_sender_ordering() {
+    const SENDERS: u32 = 4;
+    const EACH: u32 = 300;
+    // A small mailbox so that senders keep meeting a full queue and waiting.
+    let a = start_with(Recorder { seen: vec![] }, Options::default().capacity(4));
+    let mut joins = Vec::new();
+    for s in 0..SENDERS {
+        let a = a.clone();
+        joins.push(crate::spawn(async move {
+            for i in 0..EACH {
+                a.send(RecMsg::Rec(s, i)).await.unwrap();
+            }
+        }));
+    }
+    for j in joins {
+        j.await.unwrap();
+    }
+    let got = a.ask(RecMsg::Get).await.unwrap();
+    assert_eq!(
+        got.len(),
+        (SENDERS * EACH) as usize,
+        "lost or duplicated messages"
+    );
+    for s in 0..SENDERS {
+        let seq: Vec<u32> = got
+            .iter()
+            .filter(|(x, _)| *x == s)
+            .map(|(_, i)| *i)
+            .collect();
+        assert_eq!(
+            seq,
+            (0..EACH).collect::<Vec<_>>(),
+            "sender {s} out of order"
+        );
+    }
+}
+
+async fn blocked_recorder(cap: usize) -> (crate::Addr<RecMsg>, oneshot::Sender<()>) {
+    let a = start_with(Recorder { seen: vec![] }, Options::default().capacity(cap));
+    let (entered_tx, entered_rx) = oneshot::channel();
+    let (gate_tx, gate_rx) = oneshot::channel();
+    a.send(RecMsg::Block(entered_tx, gate_rx)).await.unwrap();
+    entered_rx.await.unwrap();
+    (a, gate_tx)
+}
+
+pub async fn back_pressure_when_mailbox_full() {
+    let (a, gate) = blocked_recorder(4).await;
+    for i in 0..4 {
+        a.try_send(RecMsg::Rec(0, i)).unwrap();
+    }
+    match a.try_send(RecMsg::Rec(0, 4)) {
+        Err(TrySendError::Full(RecMsg::Rec(0, 4))) => {}
+        _ => panic!("a full mailbox must refuse try_send and hand the message back"),
+    }
+    assert_eq!(a.queued(), 4);
+    // `send` waits while the mailbox is full...
+    let a2 = a.clone();
+    let waiting = crate::spawn(async move { a2.send(RecMsg::Rec(0, 4)).await.is_ok() });
+    time::sleep(Duration::from_millis(30)).await;
+    assert!(!waiting.is_finished(), "send completed on a full mailbox");
+    // ...and completes once the actor makes room.
+    gate.send(()).unwrap();
+    assert!(waiting.await.unwrap());
+    let got = a.ask(RecMsg::Get).await.unwrap();
+    assert_eq!(got, (0..5).map(|i| (0, i)).collect::<Vec<_>>());
+}
+
+pub async fn urgent_lane_overtakes_normal() {
+    let (a, gate) = blocked_recorder(8).await;
+    for i in 0..3 {
+        a.try_send(RecMsg::Rec(0, i)).unwrap();
+    }
+    a.try_send_urgent(RecMsg::Rec(1, 0)).unwrap();
+    gate.send(()).unwrap();
+    let got = a.ask(RecMsg::Get).await.unwrap();
+    assert_eq!(got, vec![(1, 0), (0, 0), (0, 1), (0, 2)]);
+}
+
+// ---------------------------------------------------------------------------------------
+
+enum TMsg {
+    Once,
+    Tick,
+    Cancelled,
+    StopTicking,
+    Get(Reply<(Vec<Duration>, u32, bool)>),
+}
+
+struct TimerActor {
+    t0: time::Instant,
+    once_at: Vec<Duration>,
+    ticks: u32,
+    cancelled_fired: bool,
+    ticker: Option<crate::TimerId>,
+}
+
+impl Actor for TimerActor {
+    type Msg = TMsg;
+    async fn started(&mut self, ctx: &mut Ctx<Self>) {
+        ctx.after(Duration::from_millis(30), TMsg::Once);
+        self.ticker = Some(ctx.every(Duration::from_millis(20), || TMsg::Tick));
+        let c = ctx.after(Duration::from_millis(10), TMsg::Cancelled);
+        assert!(ctx.cancel(c));
+        assert!(!ctx.cancel(c), "a timer cancels once");
+    }
+    async fn handle(&mut self, msg: TMsg, ctx: &mut Ctx<Self>) {
+        match msg {
+            TMsg::Once => self.once_at.push(time::now() - self.t0),
+            TMsg::Tick => self.ticks += 1,
+            TMsg::Cancelled => self.cancelled_fired = true,
+            TMsg::StopTicking => {
+                if let Some(t) = self.ticker.take() {
+                    assert!(ctx.cancel(t));
+                }
+            }
+            TMsg::Get(r) => {
+                let _ = r.send((self.once_at.clone(), self.ticks, self.cancelled_fired));
+            }
+        }
+    }
+}
+
+pub async fn timers_fire_once_periodically_and_cancel() {
+    let a = start(TimerActor {
+        t0: time::now(),
+        once_at: vec![],
+        ticks: 0,
+        cancelled_fired: false,
+        ticker: None,
+    });
+    time::sleep(Duration::from_millis(110)).await;
+    a.send(TMsg::StopTicking).await.unwrap();
+    let (once, ticks, cancelled) = a.ask(TMsg::Get).await.unwrap();
+    assert_eq!(once.len(), 1, "a one-shot timer fires once");
+    assert!(
+        once[0] >= Duration::from_millis(30),
+        "fired early: {:?}",
+        once[0]
+    );
+    assert!(
+        (3..=6).contains(&ticks),
+        "20 ms ticks over 110 ms: got {ticks}"
+    );
+    assert!(!cancelled, "a cancelled timer fired");
+    time::sleep(Duration::from_millis(60)).await;
+    let (_, after, _) = a.ask(TMsg::Get).await.unwrap();
+    assert_eq!(after, ticks, "a cancelled periodic timer kept firing");
+}
+
+// ---------------------------------------------------------------------------------------
+
+enum SMsg {
+    Item(u32),
+    End,
+    Get(Reply<(Vec<u32>, bool)>),
+}
+
+struct StreamActor {
+    items: Vec<u32>,
+    ended: bool,
+}
+
+impl Actor for StreamActor {
+    type Msg = SMsg;
+    async fn started(&mut self, ctx: &mut Ctx<Self>) {
+        ctx.add_stream(
+            stream::iter((0..100).map(SMsg::Item)),
+            Some(Box::new(|| SMsg::End)),
+        );
+    }
+    async fn handle(&mut self, msg: SMsg, _ctx: &mut Ctx<Self>) {
+        match msg {
+            SMsg::Item(i) => self.items.push(i),
+            SMsg::End => self.ended = true,
+            SMsg::Get(r) => {
+                let _ = r.send((self.items.clone(), self.ended));
+            }
+        }
+    }
+}
+
+pub async fn input_stream_consumed_beside_mailbox() {
+    let a = start(StreamActor {
+        items: vec![],
+        ended: false,
+    });
+    // Ask until the stream is drained: mail and input interleave fairly, so the first answer
+    // may come before the end.
+    for _ in 0..1000 {
+        let (items, ended) = a.ask(SMsg::Get).await.unwrap();
+        assert!(
+            items.iter().copied().eq(0..items.len() as u32),
+            "input out of order"
+        );
+        if ended {
+            assert_eq!(items.len(), 100);
+            return;
+        }
+        time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("the input stream never ended");
+}
+
+// ---------------------------------------------------------------------------------------
+
+enum LMsg {
+    StopSelf,
+    Panic,
+    Ping(Reply<()>),
+}
+
+struct Life {
+    on_stop: Option<oneshot::Sender<()>>,
+}
+
+impl Actor for Life {
+    type Msg = LMsg;
+    async fn handle(&mut self, msg: LMsg, ctx: &mut Ctx<Self>) {
+        match msg {
+            LMsg::StopSelf => ctx.stop(),
+            LMsg::Panic => panic!("boom"),
+            LMsg::Ping(r) => {
+                let _ = r.send(());
+            }
+        }
+    }
+    async fn stopped(&mut self, _ctx: &mut Ctx<Self>) {
+        if let Some(t) = self.on_stop.take() {
+            let _ = t.send(());
+        }
+    }
+}
+
+pub async fn stop_runs_stopped_hook_and_reports_exit() {
+    let (tx, rx) = oneshot::channel();
+    let (a, exit) = start_watched(Life { on_stop: Some(tx) }, Options::default());
+    a.ask(LMsg::Ping).await.unwrap();
+    a.stop();
+    assert_eq!(exit.await, Exit::Stopped);
+    rx.await.expect("stopped hook did not run");
+    assert!(a.is_closed());
+}
+
+pub async fn idle_actor_stops_when_last_address_dropped() {
+    let (a, exit) = start_watched(Life { on_stop: None }, Options::default());
+    a.ask(LMsg::Ping).await.unwrap();
+    drop(a);
+    assert_eq!(exit.await, Exit::Idle);
+}
+
+pub async fn send_to_stopped_actor_fails() {
+    let (a, exit) = start_watched(Life { on_stop: None }, Options::default());
+    a.send(LMsg::StopSelf).await.unwrap();
+    assert_eq!(exit.await, Exit::Stopped);
+    assert!(a.send(LMsg::StopSelf).await.is_err());
+    assert!(matches!(
+        a.try_send(LMsg::StopSelf),
+        Err(TrySendError::Closed(_))
+    ));
+    assert_eq!(a.ask(LMsg::Ping).await, Err(crate::AskError::Stopped));
+}
+
+enum PMsg {
+    Spawn(Reply<(crate::Addr<LMsg>, crate::Addr<LMsg>)>),
+    SpawnWatched(oneshot::Sender<()>, Reply<crate::Addr<LMsg>>),
+    ChildExit(ActorId, Exit),
+    Exits(Reply<Vec<(ActorId, Exit)>>),
+}
+
+struct Parent {
+    exits: Vec<(ActorId, Exit)>,
+}
+
+impl Actor for Parent {
+    type Msg = PMsg;
+    async fn handle(&mut self, msg: PMsg, ctx: &mut Ctx<Self>) {
+        match msg {
+            PMsg::Spawn(r) => {
+                let a =
+                    ctx.spawn_child(Life { on_stop: None }, Options::default(), PMsg::ChildExit);
+                let b =
+                    ctx.spawn_child(Life { on_stop: None }, Options::default(), PMsg::ChildExit);
+                let _ = r.send((a, b));
+            }
+            PMsg::SpawnWatched(on_stop, r) => {
+                let c = ctx.spawn_child(
+                    Life {
+                        on_stop: Some(on_stop),
+                    },
+                    Options::default(),
+                    PMsg::ChildExit,
+                );
+                let _ = r.send(c);
+            }
+            PMsg::ChildExit(id, e) => self.exits.push((id, e)),
+            PMsg::Exits(r) => {
+                let _ = r.send(self.exits.clone());
+            }
+        }
+    }
+}
+
+pub async fn supervisor_learns_child_stop_and_panic() {
+    let p = start(Parent { exits: vec![] });
+    let (a, b) = p.ask(PMsg::Spawn).await.unwrap();
+    a.send(LMsg::StopSelf).await.unwrap();
+    b.send(LMsg::Panic).await.unwrap();
+    for _ in 0..1000 {
+        let mut exits = p.ask(PMsg::Exits).await.unwrap();
+        if exits.len() == 2 {
+            exits.sort_by_key(|(id, _)| if *id == a.id() { 0 } else { 1 });
+            assert_eq!(exits[0], (a.id(), Exit::Stopped));
+            assert_eq!(exits[1], (b.id(), Exit::Panicked("boom".into())));
+            return;
+        }
+        time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("the parent never learned of both exits");
+}
+
+pub async fn parent_stop_stops_children() {
+    let (p, exit) = start_watched(Parent { exits: vec![] }, Options::default());
+    let (tx, rx) = oneshot::channel();
+    let c = p.ask(|r| PMsg::SpawnWatched(tx, r)).await.unwrap();
+    c.ask(LMsg::Ping).await.unwrap();
+    p.stop();
+    assert_eq!(exit.await, Exit::Stopped);
+    rx.await.expect("the child was not stopped with its parent");
+}

@@ -1,0 +1,41 @@
+//! The clock: monotonic time for deadlines, wall time for expiry and timestamps.
+//!
+//! Under `--cfg madsim` both clocks are the simulator's virtual clocks, so nothing outside
+//! this module (and the transport seam) may read a clock directly.
+
+use std::time::{Duration, SystemTime};
+
+pub use tokio::time::Instant;
+
+/// Monotonic now.
+pub fn now() -> Instant {
+    Instant::now()
+}
+
+/// Wall-clock now (message expiry, timestamps shown to people).
+pub fn wall() -> SystemTime {
+    SystemTime::now()
+}
+
+/// Seconds since the Unix epoch of the wall clock (0 if the clock is before 1970).
+pub fn unix_secs() -> u64 {
+    wall()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Sleeps for `d` on the runtime's clock.
+pub async fn sleep(d: Duration) {
+    tokio::time::sleep(d).await
+}
+
+/// Sleeps until `deadline` on the runtime's clock.
+pub async fn sleep_until(deadline: Instant) {
+    tokio::time::sleep_until(deadline).await
+}
+
+/// Runs `f` with a deadline; `None` if it did not finish in time.
+pub async fn timeout<F: std::future::Future>(d: Duration, f: F) -> Option<F::Output> {
+    tokio::time::timeout(d, f).await.ok()
+}

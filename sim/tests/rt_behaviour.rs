@@ -1,0 +1,35 @@
+//! The runtime's behavioural suite on the madsim backend (the actix run is
+//! `crates/rt/tests/behaviour.rs`).
+
+use starling_rt::testkit;
+
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[madsim::test]
+            async fn $name() {
+                testkit::$name().await;
+            }
+        )*
+
+        #[test]
+        fn suite_covers_every_testkit_case() {
+            let here: &[&str] = &[$(stringify!($name)),*];
+            assert_eq!(here, testkit::ALL);
+        }
+    };
+}
+
+suite!(
+    request_reply,
+    per_sender_ordering,
+    back_pressure_when_mailbox_full,
+    urgent_lane_overtakes_normal,
+    timers_fire_once_periodically_and_cancel,
+    input_stream_consumed_beside_mailbox,
+    stop_runs_stopped_hook_and_reports_exit,
+    idle_actor_stops_when_last_address_dropped,
+    supervisor_learns_child_stop_and_panic,
+    parent_stop_stops_children,
+    send_to_stopped_actor_fails,
+);
