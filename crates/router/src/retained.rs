@@ -1,0 +1,336 @@
+//! The retained-message index: one message per topic name, looked up by topic filter.
+
+use crate::topic::{split_level, validate_topic_filter, validate_topic_name, TopicLimits};
+use crate::{FixedState, Map, RouterError};
+
+/// The retained index's validated configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetainedConfig {
+    pub limits: TopicLimits,
+    /// Cap on retained topics; past it new topics are refused with
+    /// [`RouterError::RetainedFull`] (replacing or removing is still allowed).
+    pub retained_max: usize,
+    /// Cap on the sum of the sizes the caller gave for the stored messages, in bytes.
+    pub retained_bytes_max: usize,
+    /// Seed of the index's hash maps (see [`crate::RouterConfig::hash_seed`]).
+    pub hash_seed: u64,
+}
+
+impl Default for RetainedConfig {
+    fn default() -> Self {
+        Self {
+            limits: TopicLimits::default(),
+            retained_max: 1_000_000,
+            retained_bytes_max: 1 << 30,
+            hash_seed: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Stored<M> {
+    topic: Box<str>,
+    size_bytes: usize,
+    message: M,
+}
+
+#[derive(Debug, Clone)]
+struct Node<M> {
+    children: Map<Box<str>, Node<M>>,
+    value: Option<Box<Stored<M>>>,
+}
+
+impl<M> Node<M> {
+    fn new(hasher: FixedState) -> Self {
+        Self {
+            children: Map::with_hasher(hasher),
+            value: None,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.children.is_empty() && self.value.is_none()
+    }
+}
+
+/// Retained messages by topic name, generic over the message type `M`.
+///
+/// Whether a publish stores or clears (MQTT 5 §3.3.1.3: an empty retained payload removes
+/// the topic's message) is the caller's call: [`RetainedIndex::retain`] stores,
+/// [`RetainedIndex::remove`] clears.
+#[derive(Debug, Clone)]
+pub struct RetainedIndex<M> {
+    root: Node<M>,
+    config: RetainedConfig,
+    hasher: FixedState,
+    count: usize,
+    bytes: usize,
+    nodes: usize,
+}
+
+impl<M> RetainedIndex<M> {
+    pub fn new(config: RetainedConfig) -> Self {
+        let hasher = FixedState::with_seed(config.hash_seed);
+        Self {
+            root: Node::new(hasher),
+            config,
+            hasher,
+            count: 0,
+            bytes: 0,
+            nodes: 0,
+        }
+    }
+
+    pub fn config(&self) -> &RetainedConfig {
+        &self.config
+    }
+
+    /// Number of retained topics.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Sum of the sizes given for the stored messages, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Number of trie nodes below the root; zero when the index is empty.
+    pub fn node_count(&self) -> usize {
+        self.nodes
+    }
+
+    /// Stores `message` as the retained message of `topic`, accounting it as `size_bytes`
+    /// (the caller's measure, e.g. payload plus properties). Returns the message it replaces.
+    ///
+    /// Errors: `topic` is not a valid topic name; [`RouterError::RetainedFull`] for a new
+    /// topic when [`RetainedConfig::retained_max`] topics are stored;
+    /// [`RouterError::RetainedBytesFull`] when the byte total would pass its cap. A refusal
+    /// changes nothing.
+    pub fn retain(
+        &mut self,
+        topic: &str,
+        message: M,
+        size_bytes: usize,
+    ) -> Result<Option<M>, RouterError> {
+        validate_topic_name(topic, &self.config.limits)?;
+        let old_size = self.find(topic).map(|s| s.size_bytes);
+        if old_size.is_none() && self.count >= self.config.retained_max {
+            return Err(RouterError::RetainedFull {
+                max: self.config.retained_max,
+            });
+        }
+        let bytes = (self.bytes - old_size.unwrap_or(0)).saturating_add(size_bytes);
+        if bytes > self.config.retained_bytes_max {
+            return Err(RouterError::RetainedBytesFull {
+                bytes,
+                max: self.config.retained_bytes_max,
+            });
+        }
+
+        let hasher = self.hasher;
+        let nodes = &mut self.nodes;
+        let mut node = &mut self.root;
+        let mut rest = Some(topic);
+        while let Some(r) = rest {
+            let (level, next) = split_level(r);
+            rest = next;
+            node = node.children.entry_ref(level).or_insert_with(|| {
+                *nodes += 1;
+                Node::new(hasher)
+            });
+        }
+        let stored = Box::new(Stored {
+            topic: topic.into(),
+            size_bytes,
+            message,
+        });
+        let old = node.value.replace(stored).map(|s| s.message);
+        if old.is_none() {
+            self.count += 1;
+        }
+        self.bytes = bytes;
+        Ok(old)
+    }
+
+    /// Removes the retained message of `topic`, returning it; `None` if there was none
+    /// (including for strings that are not valid topic names). Frees nodes left empty.
+    pub fn remove(&mut self, topic: &str) -> Option<M> {
+        let stored = remove_at(&mut self.root, topic, &mut self.nodes)?;
+        self.count -= 1;
+        self.bytes -= stored.size_bytes;
+        Some(stored.message)
+    }
+
+    /// The retained message of `topic`.
+    pub fn get(&self, topic: &str) -> Option<&M> {
+        self.find(topic).map(|s| &s.message)
+    }
+
+    fn find(&self, topic: &str) -> Option<&Stored<M>> {
+        let mut node = &self.root;
+        let mut rest = Some(topic);
+        while let Some(r) = rest {
+            let (level, next) = split_level(r);
+            rest = next;
+            node = node.children.get(level)?;
+        }
+        node.value.as_deref()
+    }
+
+    /// The retained messages whose topic matches the topic filter `filter` (plain: without
+    /// `$share/` or other extension prefix; MQTT 5 §3.8.4 sends no retained messages for
+    /// shared subscriptions). Wildcards do not match a first level starting with `$`
+    /// (MQTT 5 §4.7.2); `a/#` matches `a`. The iterator is lazy: it walks only the matching
+    /// part of the trie; its order is deterministic given the seed and operations so far.
+    ///
+    /// Errors: `filter` is not a valid topic filter.
+    pub fn matching<'a>(&'a self, filter: &'a str) -> Result<RetainedMatches<'a, M>, RouterError> {
+        validate_topic_filter(filter, &self.config.limits)?;
+        Ok(RetainedMatches {
+            stack: vec![Task::Match {
+                node: &self.root,
+                rest: Some(filter),
+                root: true,
+            }],
+        })
+    }
+}
+
+fn remove_at<M>(node: &mut Node<M>, rest: &str, nodes: &mut usize) -> Option<Box<Stored<M>>> {
+    let (level, next) = split_level(rest);
+    let child = node.children.get_mut(level)?;
+    let stored = match next {
+        None => child.value.take()?,
+        Some(next) => remove_at(child, next, nodes)?,
+    };
+    if child.is_empty() {
+        node.children.remove(level);
+        *nodes -= 1;
+    }
+    Some(stored)
+}
+
+type Children<'a, M> = hashbrown::hash_map::Iter<'a, Box<str>, Node<M>>;
+
+/// Pending work of a [`RetainedMatches`] walk.
+enum Task<'a, M> {
+    /// Match the filter levels `rest` (`None`: all consumed) from `node`.
+    Match {
+        node: &'a Node<M>,
+        rest: Option<&'a str>,
+        root: bool,
+    },
+    /// `+`: match `rest` from each remaining child.
+    Plus {
+        children: Children<'a, M>,
+        rest: Option<&'a str>,
+        skip_dollar: bool,
+    },
+    /// `#`: yield each remaining child and all its descendants.
+    Subtree {
+        children: Children<'a, M>,
+        skip_dollar: bool,
+    },
+}
+
+/// Iterator over `(topic, message)` pairs from [`RetainedIndex::matching`].
+pub struct RetainedMatches<'a, M> {
+    stack: Vec<Task<'a, M>>,
+}
+
+impl<'a, M> Iterator for RetainedMatches<'a, M> {
+    type Item = (&'a str, &'a M);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while let Some(task) = self.stack.pop() {
+            match task {
+                Task::Match {
+                    node, rest: None, ..
+                } => {
+                    if let Some(s) = node.value.as_deref() {
+                        return Some((&s.topic, &s.message));
+                    }
+                }
+                Task::Match {
+                    node,
+                    rest: Some(rest),
+                    root,
+                } => {
+                    let (level, next) = split_level(rest);
+                    match level {
+                        "#" => {
+                            self.stack.push(Task::Subtree {
+                                children: node.children.iter(),
+                                skip_dollar: root,
+                            });
+                            // `a/#` matches `a`; the root holds no message.
+                            if let Some(s) = node.value.as_deref() {
+                                return Some((&s.topic, &s.message));
+                            }
+                        }
+                        "+" => self.stack.push(Task::Plus {
+                            children: node.children.iter(),
+                            rest: next,
+                            skip_dollar: root,
+                        }),
+                        literal => {
+                            if let Some(child) = node.children.get(literal) {
+                                self.stack.push(Task::Match {
+                                    node: child,
+                                    rest: next,
+                                    root: false,
+                                });
+                            }
+                        }
+                    }
+                }
+                Task::Plus {
+                    mut children,
+                    rest,
+                    skip_dollar,
+                } => {
+                    if let Some((level, child)) = children.next() {
+                        self.stack.push(Task::Plus {
+                            children,
+                            rest,
+                            skip_dollar,
+                        });
+                        if !(skip_dollar && level.starts_with('$')) {
+                            self.stack.push(Task::Match {
+                                node: child,
+                                rest,
+                                root: false,
+                            });
+                        }
+                    }
+                }
+                Task::Subtree {
+                    mut children,
+                    skip_dollar,
+                } => {
+                    if let Some((level, child)) = children.next() {
+                        self.stack.push(Task::Subtree {
+                            children,
+                            skip_dollar,
+                        });
+                        if !(skip_dollar && level.starts_with('$')) {
+                            self.stack.push(Task::Subtree {
+                                children: child.children.iter(),
+                                skip_dollar: false,
+                            });
+                            if let Some(s) = child.value.as_deref() {
+                                return Some((&s.topic, &s.message));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        None
+    }
+}
