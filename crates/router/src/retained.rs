@@ -334,3 +334,135 @@ impl<'a, M> Iterator for RetainedMatches<'a, M> {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index(topics: &[&'static str]) -> RetainedIndex<&'static str> {
+        let mut r = RetainedIndex::new(RetainedConfig::default());
+        for t in topics {
+            r.retain(t, *t, 1).unwrap();
+        }
+        r
+    }
+
+    fn matching(r: &RetainedIndex<&'static str>, filter: &str) -> Vec<&'static str> {
+        let mut m: Vec<&str> = r
+            .matching(filter)
+            .unwrap()
+            .map(|(topic, msg)| {
+                assert_eq!(topic, *msg);
+                *msg
+            })
+            .collect();
+        m.sort_unstable();
+        m
+    }
+
+    const TOPICS: &[&str] = &[
+        "a", "a/b", "a/c", "a/b/c", "a/", "/", "$SYS/x", "$SYS", "b/$x",
+    ];
+
+    #[test]
+    fn retained_matching_applies_plus_and_literals() {
+        let r = index(TOPICS);
+        assert_eq!(matching(&r, "a/+"), vec!["a/", "a/b", "a/c"]);
+        assert_eq!(matching(&r, "+/+"), vec!["/", "a/", "a/b", "a/c", "b/$x"]);
+        assert_eq!(matching(&r, "a/b/c"), vec!["a/b/c"]);
+        assert_eq!(matching(&r, "a/x"), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn retained_hash_matches_parent_level() {
+        let r = index(TOPICS);
+        assert_eq!(matching(&r, "a/#"), vec!["a", "a/", "a/b", "a/b/c", "a/c"]);
+        assert_eq!(matching(&r, "a/b/#"), vec!["a/b", "a/b/c"]);
+    }
+
+    #[test]
+    fn retained_wildcards_skip_dollar_topics_at_first_level() {
+        let r = index(TOPICS);
+        assert_eq!(
+            matching(&r, "#"),
+            vec!["/", "a", "a/", "a/b", "a/b/c", "a/c", "b/$x"]
+        );
+        assert_eq!(matching(&r, "+"), vec!["a"]);
+        assert_eq!(matching(&r, "$SYS/#"), vec!["$SYS", "$SYS/x"]);
+    }
+
+    #[test]
+    fn retained_matching_refuses_invalid_filter() {
+        let r = index(TOPICS);
+        assert_eq!(
+            r.matching("a/#/b").err(),
+            Some(RouterError::HashNotLast { level: 1 })
+        );
+    }
+
+    #[test]
+    fn retained_refuses_new_topic_past_count_cap() {
+        let mut r = RetainedIndex::new(RetainedConfig {
+            retained_max: 2,
+            ..RetainedConfig::default()
+        });
+        r.retain("a", 1, 10).unwrap();
+        r.retain("b", 2, 10).unwrap();
+        assert_eq!(
+            r.retain("c", 3, 10),
+            Err(RouterError::RetainedFull { max: 2 })
+        );
+        assert_eq!(
+            r.retain("a", 4, 10),
+            Ok(Some(1)),
+            "replacing is allowed at the cap"
+        );
+        assert_eq!(r.node_count(), 2);
+    }
+
+    #[test]
+    fn retained_refuses_past_byte_cap() {
+        let mut r = RetainedIndex::new(RetainedConfig {
+            retained_bytes_max: 100,
+            ..RetainedConfig::default()
+        });
+        r.retain("a", 1, 60).unwrap();
+        assert_eq!(
+            r.retain("b", 2, 41),
+            Err(RouterError::RetainedBytesFull {
+                bytes: 101,
+                max: 100
+            })
+        );
+        assert_eq!(
+            r.retain("a", 3, 100),
+            Ok(Some(1)),
+            "a replacement frees the old size"
+        );
+        assert_eq!(r.bytes(), 100);
+    }
+
+    #[test]
+    fn retained_remove_prunes_nodes_and_accounts_bytes() {
+        let mut r = RetainedIndex::new(RetainedConfig::default());
+        r.retain("a/b/c", 1, 5).unwrap();
+        r.retain("a/b", 2, 7).unwrap();
+        assert_eq!(r.remove("a/b/c/d"), None);
+        assert_eq!(r.remove("a/+"), None);
+        assert_eq!(r.remove("a/b/c"), Some(1));
+        assert_eq!((r.len(), r.bytes(), r.node_count()), (1, 7, 2));
+        assert_eq!(r.remove("a/b"), Some(2));
+        assert_eq!((r.len(), r.bytes(), r.node_count()), (0, 0, 0));
+        assert!(r.root.is_empty());
+    }
+
+    #[test]
+    fn retained_refuses_wildcard_topic() {
+        let mut r = RetainedIndex::new(RetainedConfig::default());
+        assert_eq!(
+            r.retain("a/+", 1, 1),
+            Err(RouterError::WildcardInTopicName { level: 1 })
+        );
+        assert!(r.is_empty());
+    }
+}
