@@ -1,0 +1,34 @@
+//! Starling's transport seam: TCP byte streams, QUIC endpoints and TLS material; the only crate that opens sockets.
+//!
+//! Everything here builds and behaves the same for callers in production and under
+//! `--cfg madsim`, where tokio's networking, time and tasks are the simulator's and QUIC runs
+//! through the shim in `sim`.
+//!
+//! - TCP: [`listen`] / [`Listener::accept`] / [`connect`] give a [`Stream`]
+//!   (`AsyncRead + AsyncWrite`). Flush after writing: the simulated TCP sends only on flush.
+//! - QUIC: [`QuicEndpoint`] (server, client or both), [`QuicConnection`], and bidirectional
+//!   streams [`QuicSend`] / [`QuicRecv`].
+//! - TLS: [`Identity`], [`CertAuthority`] (Ed25519 CA and node certificates), [`ServerTls`] and
+//!   [`ClientTls`] building rustls configurations with the ring provider.
+
+// This crate is the transport seam: it alone talks to sockets, quinn's runtime and the
+// simulator, so it may use the clock and spawn APIs banned elsewhere.
+#![allow(clippy::disallowed_methods)]
+
+mod error;
+mod quic;
+#[cfg(madsim)]
+mod sim;
+mod tcp;
+mod tls;
+
+pub use error::NetError;
+pub use quic::{QuicConfig, QuicConnection, QuicEndpoint, QuicIncoming, QuicRecv, QuicSend};
+pub use tcp::{connect, listen, Listener, Stream};
+pub use tls::{
+    crypto_provider, load_certs, load_private_key, CertAuthority, ClientTls, Identity, IssuedCert,
+    ServerTls, TlsVersions, ALPN_MQTT, ALPN_RAFT,
+};
+
+/// Re-exported so callers can name certificate types without their own dependency.
+pub use rustls_pki_types::{CertificateDer, PrivateKeyDer};
