@@ -39,6 +39,8 @@ mod error;
 mod properties;
 mod reason;
 mod types;
+#[cfg(test)]
+mod validation_tests;
 mod wire;
 
 pub use decode::{decode, decode_connect, peek_protocol};
