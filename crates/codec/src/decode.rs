@@ -85,7 +85,9 @@ pub fn peek_protocol(buf: &[u8]) -> Result<Option<Protocol>, Error> {
         VarInt::Incomplete => return Ok(None),
     };
     let rest = buf.get(header_len..).unwrap_or_default();
-    let Some(name_len) = rest.get(..2).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+    let Some(name_len) = rest
+        .get(..2)
+        .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
     else {
         return Ok(None);
     };

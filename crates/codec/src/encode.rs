@@ -49,7 +49,13 @@ pub fn encode(
             put_connack(dst, c, protocol)
         }),
         Packet::Publish(p) => {
-            let n = encode_publish_header(&p.header(), p.payload.len(), protocol, max_packet_size, dst)?;
+            let n = encode_publish_header(
+                &p.header(),
+                p.payload.len(),
+                protocol,
+                max_packet_size,
+                dst,
+            )?;
             dst.put_slice(&p.payload);
             Ok(n + p.payload.len())
         }

@@ -474,7 +474,11 @@ fn check_response_topic(t: &str) -> Result<(), Error> {
 /// Writes the property length and the properties, checking that `place`
 /// may carry each one and that each value is in range, so that whatever the
 /// encoder writes, the decoder accepts.
-pub(crate) fn put_properties(dst: &mut BytesMut, p: &Properties, place: Place) -> Result<(), Error> {
+pub(crate) fn put_properties(
+    dst: &mut BytesMut,
+    p: &Properties,
+    place: Place,
+) -> Result<(), Error> {
     let present = p.present();
     let extra = present & !allowed(place);
     if extra != 0 {
@@ -537,7 +541,12 @@ fn put_property_list(dst: &mut BytesMut, p: &Properties, place: Place) -> Result
         dst.put_u8(PAYLOAD_FORMAT_INDICATOR);
         dst.put_u8(f as u8);
     }
-    u32p(dst, MESSAGE_EXPIRY_INTERVAL, p.message_expiry_interval, true)?;
+    u32p(
+        dst,
+        MESSAGE_EXPIRY_INTERVAL,
+        p.message_expiry_interval,
+        true,
+    )?;
     strp(dst, CONTENT_TYPE, &p.content_type)?;
     if let Some(t) = &p.response_topic {
         check_response_topic(t)?;
@@ -563,7 +572,12 @@ fn put_property_list(dst: &mut BytesMut, p: &Properties, place: Place) -> Result
         dst.put_u8(SUBSCRIPTION_IDENTIFIER);
         wire::put_var_int(dst, s)?;
     }
-    u32p(dst, SESSION_EXPIRY_INTERVAL, p.session_expiry_interval, true)?;
+    u32p(
+        dst,
+        SESSION_EXPIRY_INTERVAL,
+        p.session_expiry_interval,
+        true,
+    )?;
     strp(
         dst,
         ASSIGNED_CLIENT_IDENTIFIER,

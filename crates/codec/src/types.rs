@@ -423,4 +423,3 @@ pub struct Auth {
     /// Properties (Authentication Method/Data, Reason String, User Property).
     pub properties: Properties,
 }
-

@@ -134,7 +134,12 @@ fn remaining_length_longer_than_four_bytes_is_malformed() {
 
 #[test]
 fn non_minimal_remaining_length_is_malformed() {
-    assert_err(&[0xC0, 0x80, 0x00], V311, Error::VarIntNonMinimal, MALFORMED);
+    assert_err(
+        &[0xC0, 0x80, 0x00],
+        V311,
+        Error::VarIntNonMinimal,
+        MALFORMED,
+    );
 }
 
 #[test]
@@ -264,12 +269,7 @@ fn wildcard_in_publish_topic_is_topic_name_invalid() {
 
 #[test]
 fn empty_publish_topic_is_a_protocol_error_without_topic_alias() {
-    assert_err(
-        &frame(0x30, &[0, 0]),
-        V311,
-        Error::TopicNameEmpty,
-        PROTOCOL,
-    );
+    assert_err(&frame(0x30, &[0, 0]), V311, Error::TopicNameEmpty, PROTOCOL);
     assert_err(
         &frame(0x30, &[0, 0, 0]),
         V5,
@@ -515,7 +515,10 @@ fn reason_code_not_allowed_in_the_packet_is_malformed() {
 #[test]
 fn v5_acks_accept_every_short_form() {
     let id = PacketId::new(1).unwrap();
-    assert_eq!(ok(&frame(0x40, &[0, 1]), V5), Packet::Puback(PubAck::new(id)));
+    assert_eq!(
+        ok(&frame(0x40, &[0, 1]), V5),
+        Packet::Puback(PubAck::new(id))
+    );
     assert_eq!(
         ok(&frame(0x50, &[0, 1, 0x10]), V5),
         Packet::Pubrec(PubAck {
@@ -975,9 +978,7 @@ fn encoder_refuses_auth_before_v5() {
 fn encoder_drops_v5_only_fields_for_v3() {
     let mut p = publish("a");
     p.properties.message_expiry_interval = Some(5);
-    p.properties
-        .user_properties
-        .push(("k".into(), "v".into()));
+    p.properties.user_properties.push(("k".into(), "v".into()));
     assert_eq!(
         &enc(&Packet::Publish(p), V311).unwrap()[..],
         b"\x30\x04\x00\x01ax"
@@ -996,7 +997,10 @@ fn encoder_maps_v5_connack_codes_to_v3_return_codes() {
         reason_code: ReasonCode::NotAuthorized,
         properties: Properties::default(),
     };
-    assert_eq!(&enc(&Packet::Connack(c), V311).unwrap()[..], b"\x20\x02\x00\x05");
+    assert_eq!(
+        &enc(&Packet::Connack(c), V311).unwrap()[..],
+        b"\x20\x02\x00\x05"
+    );
 }
 
 #[test]

@@ -232,10 +232,7 @@ impl Reader {
     }
 
     pub(crate) fn u8(&mut self) -> Result<u8, Error> {
-        let b = *self
-            .buf
-            .get(self.pos)
-            .ok_or(Error::UnexpectedEndOfPacket)?;
+        let b = *self.buf.get(self.pos).ok_or(Error::UnexpectedEndOfPacket)?;
         self.pos += 1;
         Ok(b)
     }
@@ -362,7 +359,16 @@ mod tests {
     #[test]
     fn topic_filter_rules() {
         for ok in [
-            "a", "#", "+", "a/#", "a/+/b", "+/+", "/", "$share/g/a/#", "$share/g/#", "$sharex/#",
+            "a",
+            "#",
+            "+",
+            "a/#",
+            "a/+/b",
+            "+/+",
+            "/",
+            "$share/g/a/#",
+            "$share/g/#",
+            "$sharex/#",
         ] {
             assert!(check_topic_filter(ok).is_ok(), "{ok}");
         }
@@ -373,7 +379,13 @@ mod tests {
                 "{bad}"
             );
         }
-        for bad in ["$share/", "$share//a", "$share/g", "$share/g/", "$share/g+/a"] {
+        for bad in [
+            "$share/",
+            "$share//a",
+            "$share/g",
+            "$share/g/",
+            "$share/g+/a",
+        ] {
             assert_eq!(
                 check_topic_filter(bad),
                 Err(Error::SharedSubscriptionInvalid),
@@ -385,7 +397,15 @@ mod tests {
 
     #[test]
     fn disallowed_code_points_are_refused() {
-        for bad in ["a\0b", "\u{1}", "\u{7F}", "\u{9F}", "\u{FDD0}", "\u{FFFF}", "\u{1FFFE}"] {
+        for bad in [
+            "a\0b",
+            "\u{1}",
+            "\u{7F}",
+            "\u{9F}",
+            "\u{FDD0}",
+            "\u{FFFF}",
+            "\u{1FFFE}",
+        ] {
             assert!(
                 matches!(check_str(bad), Err(Error::DisallowedCodePoint { .. })),
                 "{bad:?}"

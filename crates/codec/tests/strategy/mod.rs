@@ -28,12 +28,8 @@ pub fn topic_name() -> impl Strategy<Value = String> {
 
 pub fn topic_filter() -> impl Strategy<Value = String> {
     let level = prop_oneof![Just("+".to_string()), "[a-z0-9é]{0,4}"];
-    (
-        option::of("[a-z0-9]{1,4}"),
-        vec(level, 1..4),
-        any::<bool>(),
-    )
-        .prop_map(|(share, levels, hash)| {
+    (option::of("[a-z0-9]{1,4}"), vec(level, 1..4), any::<bool>()).prop_map(
+        |(share, levels, hash)| {
             let mut f = levels.join("/");
             if hash {
                 f = if f.is_empty() { "#".into() } else { f + "/#" };
@@ -45,7 +41,8 @@ pub fn topic_filter() -> impl Strategy<Value = String> {
                 Some(name) => format!("$share/{name}/{f}"),
                 None => f,
             }
-        })
+        },
+    )
 }
 
 pub fn bytes(max: usize) -> impl Strategy<Value = Bytes> {
@@ -392,21 +389,23 @@ fn subscription_options(protocol: Protocol) -> impl Strategy<Value = Subscriptio
             Just(RetainHandling::DoNotSend)
         ],
     )
-        .prop_map(move |(qos, no_local, retain_as_published, retain_handling)| {
-            if protocol.is_v5() {
-                SubscriptionOptions {
-                    qos,
-                    no_local,
-                    retain_as_published,
-                    retain_handling,
+        .prop_map(
+            move |(qos, no_local, retain_as_published, retain_handling)| {
+                if protocol.is_v5() {
+                    SubscriptionOptions {
+                        qos,
+                        no_local,
+                        retain_as_published,
+                        retain_handling,
+                    }
+                } else {
+                    SubscriptionOptions {
+                        qos,
+                        ..Default::default()
+                    }
                 }
-            } else {
-                SubscriptionOptions {
-                    qos,
-                    ..Default::default()
-                }
-            }
-        })
+            },
+        )
 }
 
 pub fn packet(protocol: Protocol) -> BoxedStrategy<Packet> {
@@ -422,9 +421,7 @@ pub fn packet(protocol: Protocol) -> BoxedStrategy<Packet> {
         )
             .prop_map(move |(sp, reason_code, properties)| {
                 Packet::Connack(Connack {
-                    session_present: sp
-                        && !reason_code.is_error()
-                        && protocol != Protocol::V3_1,
+                    session_present: sp && !reason_code.is_error() && protocol != Protocol::V3_1,
                     reason_code,
                     properties,
                 })
