@@ -17,8 +17,9 @@ pub struct RouterConfig {
     pub subscriptions_max: usize,
     pub shared_strategy: SharedStrategy,
     /// Seed of the trie's hash maps. Iteration order, and so the order of deliveries, is a
-    /// function of this seed and the operations applied. Peers choose topic levels, so a seed
-    /// they cannot guess keeps them from crafting colliding keys.
+    /// function of this seed and the operations applied. Peers choose topic levels; a seed
+    /// they cannot learn makes colliding keys harder to craft (foldhash's fixed state is fast,
+    /// not a keyed PRF, so this is hardening rather than a guarantee).
     pub hash_seed: u64,
 }
 
