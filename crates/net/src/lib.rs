@@ -10,6 +10,32 @@
 //!   streams [`QuicSend`] / [`QuicRecv`].
 //! - TLS: [`Identity`], [`CertAuthority`] (Ed25519 CA and node certificates), [`ServerTls`] and
 //!   [`ClientTls`] building rustls configurations with the ring provider.
+//!
+//! A cluster node with one mutual-TLS QUIC endpoint that both accepts and dials; the same code
+//! runs in production and on a simulated node:
+//!
+//! ```no_run
+//! # async fn node() -> Result<(), starling_net::NetError> {
+//! use starling_net::{CertAuthority, ClientTls, QuicConfig, QuicEndpoint, ServerTls, ALPN_RAFT};
+//!
+//! let ca = CertAuthority::generate("starling cluster CA")?; // once, by `starling cert`
+//! let me = ca.issue("node-1", &["node-1"])?.identity();
+//! let server = ServerTls::new(me.clone())
+//!     .require_client_cert(vec![ca.cert_der()])
+//!     .alpn(&[ALPN_RAFT]);
+//! let client = ClientTls::new(vec![ca.cert_der()]).identity(me).alpn(&[ALPN_RAFT]);
+//! let seed = [7u8; 32]; // from the runtime's seeded RNG
+//! let endpoint = QuicEndpoint::new(
+//!     "0.0.0.0:7946".parse().unwrap(),
+//!     Some(&server),
+//!     Some(&client),
+//!     &QuicConfig::new(seed),
+//! )
+//! .await?;
+//! let peer = endpoint.connect("192.0.2.2:7946".parse().unwrap(), "node-2").await?;
+//! let (_send, _recv) = peer.open_bi().await?;
+//! # Ok(()) }
+//! ```
 
 // This crate is the transport seam: it alone talks to sockets, quinn's runtime and the
 // simulator, so it may use the clock and spawn APIs banned elsewhere.

@@ -1,7 +1,7 @@
 //! QUIC endpoints, connections and bidirectional streams over quinn.
 //!
 //! Production builds run quinn on its tokio runtime over a real UDP socket. Under
-//! `--cfg madsim` the same types run on the simulator through [`crate::sim`]'s runtime and
+//! `--cfg madsim` the same types run on the simulator through the `sim` module's runtime and
 //! socket shims, so callers are identical in both builds.
 
 use std::{
