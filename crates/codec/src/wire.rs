@@ -101,9 +101,12 @@ where
         return Err(Error::VarIntOutOfRange { value: total });
     }
     let n = var_int_len(total);
-    let mut len_bytes = BytesMut::with_capacity(4);
-    put_var_int(&mut len_bytes, total)?;
-    dst[start..start + n].copy_from_slice(&len_bytes);
+    // Written in place over the placeholder; `total` <= VAR_INT_MAX was checked.
+    let mut v = total;
+    for slot in &mut dst[start..start + n] {
+        *slot = (v & 0x7F) as u8 | if v > 0x7F { 0x80 } else { 0 };
+        v >>= 7;
+    }
     dst.copy_within(body_start..body_start + body_len, start + n);
     dst.truncate(start + n + body_len);
     Ok(n + body_len)
