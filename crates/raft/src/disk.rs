@@ -1,0 +1,319 @@
+//! The file-system seam under the log: a flat directory of named files.
+//!
+//! [`FsDisk`] is the real one (std::fs). [`MemDisk`] keeps every file in memory with its
+//! synced and unsynced bytes apart, so that a simulation can `crash()` it: unsynced bytes
+//! are lost, or a prefix of them survives (a torn write). madsim has no power-failure model;
+//! this is ours.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A directory of files, as the log needs it.
+///
+/// Contract: `append` may be lost on a crash until `sync` of that file returns. `create`,
+/// `rename`, `remove` and `truncate` are durable when they return (the real implementation
+/// syncs the directory). `rename` is atomic.
+pub trait Disk: Send + 'static {
+    /// Names of the files present, in any order.
+    fn list(&self) -> io::Result<Vec<String>>;
+    /// The whole content of a file.
+    fn read(&self, name: &str) -> io::Result<Vec<u8>>;
+    /// Creates an empty file, replacing any file of that name.
+    fn create(&mut self, name: &str) -> io::Result<()>;
+    /// Appends bytes to an existing file.
+    fn append(&mut self, name: &str, data: &[u8]) -> io::Result<()>;
+    /// Makes every byte appended to the file so far durable.
+    fn sync(&mut self, name: &str) -> io::Result<()>;
+    /// Cuts a file to `len` bytes.
+    fn truncate(&mut self, name: &str, len: u64) -> io::Result<()>;
+    /// Atomically replaces `to` with `from`.
+    fn rename(&mut self, from: &str, to: &str) -> io::Result<()>;
+    /// Deletes a file; deleting a missing file is not an error.
+    fn remove(&mut self, name: &str) -> io::Result<()>;
+}
+
+/// Files in one directory of the real file system.
+pub struct FsDisk {
+    dir: PathBuf,
+    /// Open append handles, so that a group of appends costs no extra open.
+    open: HashMap<String, File>,
+}
+
+impl FsDisk {
+    /// Uses `dir`, creating it if needed.
+    pub fn open(dir: impl Into<PathBuf>) -> io::Result<Self> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir)?;
+        Ok(FsDisk {
+            dir,
+            open: HashMap::new(),
+        })
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        // A new, renamed or removed name is durable only once its directory is synced.
+        File::open(&self.dir)?.sync_all()
+    }
+
+    fn handle(&mut self, name: &str) -> io::Result<&mut File> {
+        if !self.open.contains_key(name) {
+            let f = OpenOptions::new().append(true).open(self.path(name))?;
+            self.open.insert(name.to_string(), f);
+        }
+        // Inserted just above when missing.
+        Ok(self.open.get_mut(name).expect("handle present"))
+    }
+}
+
+impl Disk for FsDisk {
+    fn list(&self) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for e in fs::read_dir(&self.dir)? {
+            let e = e?;
+            if e.file_type()?.is_file() {
+                if let Ok(n) = e.file_name().into_string() {
+                    out.push(n);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn read(&self, name: &str) -> io::Result<Vec<u8>> {
+        fs::read(self.path(name))
+    }
+
+    fn create(&mut self, name: &str) -> io::Result<()> {
+        self.open.remove(name);
+        File::create(self.path(name))?;
+        self.sync_dir()
+    }
+
+    fn append(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
+        self.handle(name)?.write_all(data)
+    }
+
+    fn sync(&mut self, name: &str) -> io::Result<()> {
+        self.handle(name)?.sync_data()
+    }
+
+    fn truncate(&mut self, name: &str, len: u64) -> io::Result<()> {
+        self.open.remove(name);
+        let f = OpenOptions::new().write(true).open(self.path(name))?;
+        f.set_len(len)?;
+        f.sync_all()
+    }
+
+    fn rename(&mut self, from: &str, to: &str) -> io::Result<()> {
+        self.open.remove(from);
+        self.open.remove(to);
+        fs::rename(self.path(from), self.path(to))?;
+        self.sync_dir()
+    }
+
+    fn remove(&mut self, name: &str) -> io::Result<()> {
+        self.open.remove(name);
+        match fs::remove_file(self.path(name)) {
+            Ok(()) => self.sync_dir(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[derive(Clone, Default, Debug)]
+struct MemFile {
+    /// Everything written, as a reader sees it.
+    data: Vec<u8>,
+    /// How many leading bytes of `data` survive a crash.
+    synced: usize,
+}
+
+/// How a [`MemDisk`] crash treats bytes that were written but not synced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Crash {
+    /// Every unsynced byte is lost.
+    LoseUnsynced,
+    /// Of each file's unsynced bytes a prefix survives, its length drawn from the seed: the
+    /// last record written before the crash may be cut anywhere (a torn write).
+    Torn { seed: u64 },
+}
+
+/// An in-memory disk with crash semantics, for tests and simulation.
+///
+/// Clones share the same files: the simulated machine keeps its disk across a node's kill and
+/// restart, as hardware does. This is a model of a device, not state shared between actors.
+#[derive(Clone, Default)]
+pub struct MemDisk {
+    files: Arc<Mutex<BTreeMap<String, MemFile>>>,
+}
+
+impl MemDisk {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, MemFile>> {
+        // No code path panics while holding the lock with the map half-changed.
+        self.files.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Simulates a power loss: unsynced bytes are dropped or torn, as `mode` says.
+    pub fn crash(&self, mode: Crash) {
+        let mut files = self.lock();
+        let mut state = match mode {
+            Crash::LoseUnsynced => 0,
+            Crash::Torn { seed } => seed | 1,
+        };
+        for f in files.values_mut() {
+            let unsynced = f.data.len() - f.synced;
+            let keep = if state == 0 || unsynced == 0 {
+                0
+            } else {
+                // xorshift64: a tiny deterministic generator, enough to pick cut points.
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state % (unsynced as u64 + 1)) as usize
+            };
+            f.data.truncate(f.synced + keep);
+            f.synced = f.data.len();
+        }
+    }
+
+    /// Flips one byte of a file (tests of corruption detection). False if out of range.
+    pub fn corrupt(&self, name: &str, offset: usize) -> bool {
+        let mut files = self.lock();
+        match files.get_mut(name).and_then(|f| f.data.get_mut(offset)) {
+            Some(b) => {
+                *b ^= 0x5a;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Bytes written but not yet synced, over all files.
+    pub fn unsynced_bytes(&self) -> usize {
+        self.lock().values().map(|f| f.data.len() - f.synced).sum()
+    }
+
+    /// Names and sizes of the files (for tests and diagnostics).
+    pub fn files(&self) -> Vec<(String, usize)> {
+        self.lock()
+            .iter()
+            .map(|(n, f)| (n.clone(), f.data.len()))
+            .collect()
+    }
+}
+
+fn not_found(name: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::NotFound, format!("no file {name}"))
+}
+
+impl Disk for MemDisk {
+    fn list(&self) -> io::Result<Vec<String>> {
+        Ok(self.lock().keys().cloned().collect())
+    }
+
+    fn read(&self, name: &str) -> io::Result<Vec<u8>> {
+        self.lock()
+            .get(name)
+            .map(|f| f.data.clone())
+            .ok_or_else(|| not_found(name))
+    }
+
+    fn create(&mut self, name: &str) -> io::Result<()> {
+        self.lock().insert(name.to_string(), MemFile::default());
+        Ok(())
+    }
+
+    fn append(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
+        let mut files = self.lock();
+        let f = files.get_mut(name).ok_or_else(|| not_found(name))?;
+        f.data.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn sync(&mut self, name: &str) -> io::Result<()> {
+        let mut files = self.lock();
+        let f = files.get_mut(name).ok_or_else(|| not_found(name))?;
+        f.synced = f.data.len();
+        Ok(())
+    }
+
+    fn truncate(&mut self, name: &str, len: u64) -> io::Result<()> {
+        let mut files = self.lock();
+        let f = files.get_mut(name).ok_or_else(|| not_found(name))?;
+        let len = usize::try_from(len).unwrap_or(usize::MAX).min(f.data.len());
+        f.data.truncate(len);
+        f.synced = f.synced.min(len);
+        Ok(())
+    }
+
+    fn rename(&mut self, from: &str, to: &str) -> io::Result<()> {
+        let mut files = self.lock();
+        let f = files.remove(from).ok_or_else(|| not_found(from))?;
+        files.insert(to.to_string(), f);
+        Ok(())
+    }
+
+    fn remove(&mut self, name: &str) -> io::Result<()> {
+        self.lock().remove(name);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_drops_unsynced_bytes() {
+        let mut d = MemDisk::new();
+        d.create("a").unwrap();
+        d.append("a", b"hello").unwrap();
+        d.sync("a").unwrap();
+        d.append("a", b" world").unwrap();
+        assert_eq!(d.unsynced_bytes(), 6);
+        d.crash(Crash::LoseUnsynced);
+        assert_eq!(d.read("a").unwrap(), b"hello");
+    }
+
+    #[test]
+    fn torn_crash_keeps_a_prefix_of_unsynced_bytes() {
+        for seed in 0..50 {
+            let mut d = MemDisk::new();
+            d.create("a").unwrap();
+            d.append("a", b"ab").unwrap();
+            d.sync("a").unwrap();
+            d.append("a", b"cdefgh").unwrap();
+            d.crash(Crash::Torn { seed });
+            let got = d.read("a").unwrap();
+            assert!(got.len() >= 2 && b"abcdefgh".starts_with(&got), "{got:?}");
+        }
+    }
+
+    #[test]
+    fn fs_disk_round_trip() {
+        let dir = std::env::temp_dir().join(format!("starling-raft-disk-{}", std::process::id()));
+        let mut d = FsDisk::open(&dir).unwrap();
+        d.create("x").unwrap();
+        d.append("x", b"12345").unwrap();
+        d.sync("x").unwrap();
+        d.truncate("x", 3).unwrap();
+        d.rename("x", "y").unwrap();
+        assert_eq!(d.read("y").unwrap(), b"123");
+        assert!(d.list().unwrap().contains(&"y".to_string()));
+        d.remove("y").unwrap();
+        d.remove("y").unwrap();
+        let _ = fs::remove_dir_all(dir);
+    }
+}
