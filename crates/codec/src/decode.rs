@@ -85,12 +85,10 @@ pub fn peek_protocol(buf: &[u8]) -> Result<Option<Protocol>, Error> {
         VarInt::Incomplete => return Ok(None),
     };
     let rest = buf.get(header_len..).unwrap_or_default();
-    let Some(name_len) = rest
-        .get(..2)
-        .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
-    else {
+    let &[hi, lo, ..] = rest else {
         return Ok(None);
     };
+    let name_len = usize::from(u16::from_be_bytes([hi, lo]));
     let Some(name) = rest.get(2..2 + name_len) else {
         return Ok(None);
     };

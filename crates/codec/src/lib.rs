@@ -33,6 +33,8 @@
 //! For fan-out, [`encode_publish_header`] writes everything of a PUBLISH but
 //! its payload, which the caller sends from the shared [`bytes::Bytes`].
 
+#![warn(missing_docs)]
+
 mod decode;
 mod encode;
 mod error;
