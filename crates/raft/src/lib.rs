@@ -1,11 +1,17 @@
 //! The raft framework: a driver around raft-rs `RawNode` with a durable segmented log, a transport seam and membership changes.
 
+mod config;
 pub mod disk;
 mod error;
+pub mod node;
+mod sm;
 pub mod wal;
 
+pub use config::{Config, ValidConfig};
 pub use disk::{Crash, Disk, FsDisk, MemDisk};
 pub use error::{ConfigError, Error, RequestError, Result};
+pub use node::{Effect, Membership, Node, PeerProgress, ProposeError, Role, Status};
+pub use sm::{RequestId, StateMachine};
 pub use wal::{DiskLog, FsyncPolicy, LogOptions, LogStore, Recovery};
 
 /// raft-rs's wire types, re-exported so that transports need no direct dependency.
