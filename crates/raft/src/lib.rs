@@ -2,16 +2,20 @@
 
 mod config;
 pub mod disk;
+pub mod driver;
 mod error;
 pub mod node;
 mod sm;
+pub mod transport;
 pub mod wal;
 
 pub use config::{Config, ValidConfig};
 pub use disk::{Crash, Disk, FsDisk, MemDisk};
+pub use driver::{start, Client, Consistency, Metrics, RaftHandle};
 pub use error::{ConfigError, Error, RequestError, Result};
 pub use node::{Effect, Membership, Node, PeerProgress, ProposeError, Role, Status};
 pub use sm::{RequestId, StateMachine};
+pub use transport::{LocalNet, LocalTransport, Transport};
 pub use wal::{DiskLog, FsyncPolicy, LogOptions, LogStore, Recovery};
 
 /// raft-rs's wire types, re-exported so that transports need no direct dependency.

@@ -1,0 +1,537 @@
+//! The driver actor: one [`Node`] on the runtime seam, ticked by a timer, fed by a
+//! [`Transport`], answering the application's requests.
+//!
+//! Raft messages arrive on the mailbox's urgent lane and are handled before any queued
+//! client request, and committed entries are applied in bounded batches between messages,
+//! so a follower flooded with client work still answers heartbeats within one batch or one
+//! query (the follower-overload scenario of issue 4).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use raft::eraftpb::{ConfState, Message};
+use starling_rt::time::{self, Instant};
+use starling_rt::{Actor, Addr, Ctx, Options, Reply};
+use tracing::Instrument;
+
+use crate::error::RequestError;
+use crate::node::{Effect, Membership, Node, ProposeError, Status};
+use crate::sm::{RequestId, StateMachine};
+use crate::transport::Transport;
+use crate::wal::LogStore;
+
+/// How fresh a read must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Consistency {
+    /// Linearizable: confirmed through ReadIndex with the leader, answered once this node
+    /// has applied up to that index.
+    Linearizable,
+    /// Stale: answered from this node's state now. May miss recent writes (or, on a
+    /// partitioned node, many); never waits for the network.
+    Stale,
+}
+
+/// The driver's mailbox.
+pub enum Msg {
+    /// A raft message from a peer (urgent lane unless `raft_priority` is off).
+    Raft(Message),
+    Tick,
+    /// Continue applying a committed backlog.
+    Apply,
+    Propose {
+        id: RequestId,
+        command: Vec<u8>,
+        reply: Reply<Result<Vec<u8>, RequestError>>,
+    },
+    Read {
+        query: Vec<u8>,
+        consistency: Consistency,
+        reply: Reply<Result<Vec<u8>, RequestError>>,
+    },
+    ChangeMembership {
+        change: Membership,
+        reply: Reply<Result<ConfState, RequestError>>,
+    },
+    TransferLeader {
+        to: u64,
+    },
+    Campaign,
+    Status {
+        reply: Reply<Status>,
+    },
+}
+
+/// Counters for metrics and tests.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Times the known leader or term changed.
+    pub leader_changes: AtomicU64,
+    /// The current term and leader (0: none).
+    pub term: AtomicU64,
+    pub leader: AtomicU64,
+    /// Raft messages dropped because the raft queue was full.
+    pub raft_dropped: AtomicU64,
+    /// Entries applied.
+    pub applied: AtomicU64,
+}
+
+/// The application's handle on a running driver.
+#[derive(Clone)]
+pub struct RaftHandle {
+    addr: Addr<Msg>,
+    metrics: Arc<Metrics>,
+    raft_priority: bool,
+}
+
+impl RaftHandle {
+    /// Hands an incoming raft message to the driver without waiting. Returns false if it
+    /// was dropped (queue full or driver stopped); raft retransmits.
+    pub fn deliver(&self, msg: Message) -> bool {
+        let r = if self.raft_priority {
+            self.addr.try_send_urgent(Msg::Raft(msg))
+        } else {
+            self.addr.try_send(Msg::Raft(msg))
+        };
+        if r.is_err() {
+            self.metrics.raft_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        r.is_ok()
+    }
+
+    async fn ask<R>(&self, make: impl FnOnce(Reply<R>) -> Msg) -> Result<R, RequestError> {
+        self.addr.ask(make).await.map_err(|_| RequestError::Stopped)
+    }
+
+    /// Proposes `command` under `id` and waits for its output. Callable on any node
+    /// (forwarded to the leader, retried across leader changes until the request timeout).
+    /// After [`RequestError::Timeout`], proposing again with the same id is safe: it is
+    /// applied at most once.
+    pub async fn propose(&self, id: RequestId, command: Vec<u8>) -> Result<Vec<u8>, RequestError> {
+        self.ask(|reply| Msg::Propose { id, command, reply })
+            .await?
+    }
+
+    /// Runs `query` against the state machine with the given consistency.
+    pub async fn read(
+        &self,
+        query: Vec<u8>,
+        consistency: Consistency,
+    ) -> Result<Vec<u8>, RequestError> {
+        self.ask(|reply| Msg::Read {
+            query,
+            consistency,
+            reply,
+        })
+        .await?
+    }
+
+    /// Adds `id` as a voter (send it the cluster's address first). Returns the new
+    /// membership once applied here.
+    pub async fn add_voter(&self, id: u64) -> Result<ConfState, RequestError> {
+        self.change(Membership::AddVoter(id)).await
+    }
+
+    /// Adds `id` as a learner: it replicates but does not vote.
+    pub async fn add_learner(&self, id: u64) -> Result<ConfState, RequestError> {
+        self.change(Membership::AddLearner(id)).await
+    }
+
+    pub async fn remove_node(&self, id: u64) -> Result<ConfState, RequestError> {
+        self.change(Membership::Remove(id)).await
+    }
+
+    async fn change(&self, change: Membership) -> Result<ConfState, RequestError> {
+        self.ask(|reply| Msg::ChangeMembership { change, reply })
+            .await?
+    }
+
+    /// Asks the leader (if this node is it) to hand leadership to `to`.
+    pub async fn transfer_leader(&self, to: u64) -> Result<(), RequestError> {
+        self.addr
+            .send(Msg::TransferLeader { to })
+            .await
+            .map_err(|_| RequestError::Stopped)
+    }
+
+    /// Starts an election on this node.
+    pub async fn campaign(&self) -> Result<(), RequestError> {
+        self.addr
+            .send(Msg::Campaign)
+            .await
+            .map_err(|_| RequestError::Stopped)
+    }
+
+    pub async fn status(&self) -> Result<Status, RequestError> {
+        self.ask(|reply| Msg::Status { reply }).await
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Stops the driver.
+    pub fn stop(&self) {
+        self.addr.stop();
+    }
+
+    /// A client with its own id, numbering its requests, one outstanding at a time.
+    pub fn client(&self, client_id: u64) -> Client {
+        Client {
+            handle: self.clone(),
+            client_id,
+            next_seq: 1,
+        }
+    }
+}
+
+/// A proposer with a stable client id: each `propose` gets the next sequence number and is
+/// retried under it, so that it is applied exactly once.
+pub struct Client {
+    handle: RaftHandle,
+    client_id: u64,
+    next_seq: u64,
+}
+
+impl Client {
+    /// Proposes `command`; on timeout, retries the same request id up to `attempts` times.
+    pub async fn propose(
+        &mut self,
+        command: Vec<u8>,
+        attempts: usize,
+    ) -> Result<Vec<u8>, RequestError> {
+        let id = RequestId {
+            client_id: self.client_id,
+            seq: self.next_seq,
+        };
+        self.next_seq += 1;
+        let mut last = RequestError::Timeout;
+        for _ in 0..attempts.max(1) {
+            match self.handle.propose(id, command.clone()).await {
+                Err(RequestError::Timeout) => last = RequestError::Timeout,
+                other => return other,
+            }
+        }
+        Err(last)
+    }
+
+    pub fn handle(&self) -> &RaftHandle {
+        &self.handle
+    }
+}
+
+struct Pending<T> {
+    deadline: Instant,
+    next_try: Instant,
+    replies: Vec<Reply<Result<T, RequestError>>>,
+}
+
+struct PendingProposal {
+    command: Vec<u8>,
+    wait: Pending<Vec<u8>>,
+}
+
+struct PendingRead {
+    query: Vec<u8>,
+    wait: Pending<Vec<u8>>,
+}
+
+/// The driver actor.
+pub struct Driver<L: LogStore, S: StateMachine, T: Transport> {
+    node: Node<L, S>,
+    transport: T,
+    metrics: Arc<Metrics>,
+    proposals: BTreeMap<RequestId, PendingProposal>,
+    reads: BTreeMap<u64, PendingRead>,
+    changes: BTreeMap<u64, Pending<ConfState>>,
+    next_token: u64,
+    apply_scheduled: bool,
+    /// Re-propose or re-read after this long without an outcome (an election timeout: by
+    /// then a lost forward or a leader change has surely happened).
+    retry_after: Duration,
+}
+
+/// Starts the driver for `node`, sending through `transport`.
+pub fn start<L: LogStore, S: StateMachine, T: Transport>(
+    node: Node<L, S>,
+    transport: T,
+) -> RaftHandle {
+    let cfg = node.config().clone();
+    let metrics = Arc::new(Metrics::default());
+    let retry_after = cfg.tick_interval * cfg.election_tick as u32;
+    let driver = Driver {
+        node,
+        transport,
+        metrics: metrics.clone(),
+        proposals: BTreeMap::new(),
+        reads: BTreeMap::new(),
+        changes: BTreeMap::new(),
+        next_token: 1,
+        apply_scheduled: false,
+        retry_after,
+    };
+    let opts = Options {
+        mailbox_capacity: cfg.client_queue_max,
+        urgent_capacity: cfg.raft_queue_max,
+        placement: None,
+        name: "raft",
+    };
+    let addr = starling_rt::start_with(driver, opts);
+    RaftHandle {
+        addr,
+        metrics,
+        raft_priority: cfg.raft_priority,
+    }
+}
+
+impl<T> Pending<T> {
+    fn new(
+        now: Instant,
+        timeout: Duration,
+        retry: Duration,
+        reply: Reply<Result<T, RequestError>>,
+    ) -> Self {
+        Pending {
+            deadline: now + timeout,
+            next_try: now + retry,
+            replies: vec![reply],
+        }
+    }
+
+    fn finish(self, r: Result<T, RequestError>)
+    where
+        T: Clone,
+    {
+        for reply in self.replies {
+            let _ = reply.send(r.clone());
+        }
+    }
+}
+
+impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
+    fn pending_count(&self) -> usize {
+        self.proposals.len() + self.reads.len() + self.changes.len()
+    }
+
+    fn token(&mut self) -> u64 {
+        let t = self.next_token;
+        self.next_token += 1;
+        t
+    }
+
+    /// Runs raft's ready cycle, a bounded apply batch, and carries out the effects.
+    async fn drive(&mut self, ctx: &mut Ctx<Self>) {
+        if let Err(e) = self.cycle() {
+            // A storage failure leaves the replica unable to keep raft's promises: stop
+            // rather than vote or acknowledge without durability.
+            tracing::error!(node_id = self.node.id(), error = %e, "raft storage failed; stopping");
+            ctx.stop();
+            return;
+        }
+        while let Some(effect) = self.node.poll_effect() {
+            match effect {
+                Effect::Send(m) => self.transport.send(m),
+                Effect::Applied { id, result, .. } => {
+                    self.metrics.applied.fetch_add(1, Ordering::Relaxed);
+                    if let Some(p) = self.proposals.remove(&id) {
+                        p.wait.finish(result);
+                    }
+                }
+                Effect::ReadReady { token } => {
+                    if let Some(r) = self.reads.remove(&token) {
+                        let out = self.node.state_machine().query(&r.query).await;
+                        r.wait.finish(Ok(out));
+                    }
+                }
+                Effect::MembershipChanged { token, conf } => {
+                    if let Some(p) = self.changes.remove(&token) {
+                        p.finish(Ok(conf));
+                    }
+                }
+                Effect::LeaderChanged { term, leader } => {
+                    self.metrics.leader_changes.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.term.store(term, Ordering::Relaxed);
+                    self.metrics
+                        .leader
+                        .store(leader.unwrap_or(0), Ordering::Relaxed);
+                }
+            }
+        }
+        if self.node.has_pending_apply() && !self.apply_scheduled {
+            // Continue on the normal lane, behind raft traffic: a long backlog never delays a
+            // heartbeat by more than one batch.
+            self.apply_scheduled = ctx.addr().try_send(Msg::Apply).is_ok();
+        }
+    }
+
+    fn cycle(&mut self) -> crate::Result<()> {
+        self.node.handle_ready()?;
+        self.node
+            .apply_committed(self.node.config().apply_batch_max)?;
+        self.node.handle_ready()
+    }
+
+    fn on_tick(&mut self) {
+        self.node.tick();
+        let now = time::now();
+        let retry = self.retry_after;
+        // Expire what is past its deadline; retry what waited a retry interval.
+        let expired: Vec<RequestId> = self
+            .proposals
+            .iter()
+            .filter(|(_, p)| p.wait.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            if let Some(p) = self.proposals.remove(&id) {
+                p.wait.finish(Err(RequestError::Timeout));
+            }
+        }
+        let due: Vec<RequestId> = self
+            .proposals
+            .iter()
+            .filter(|(_, p)| p.wait.next_try <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            if let Some(p) = self.proposals.get_mut(&id) {
+                p.wait.next_try = now + retry;
+                let cmd = p.command.clone();
+                // Safe to repeat: the state machine layer applies a request id once.
+                let _ = self.node.propose(id, &cmd);
+            }
+        }
+        let expired: Vec<u64> = self
+            .reads
+            .iter()
+            .filter(|(_, r)| r.wait.deadline <= now)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in expired {
+            if let Some(r) = self.reads.remove(&t) {
+                r.wait.finish(Err(RequestError::Timeout));
+            }
+        }
+        let due: Vec<u64> = self
+            .reads
+            .iter()
+            .filter(|(_, r)| r.wait.next_try <= now)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in due {
+            if let Some(r) = self.reads.get_mut(&t) {
+                r.wait.next_try = now + retry;
+                self.node.read_index(t);
+            }
+        }
+        let expired: Vec<u64> = self
+            .changes
+            .iter()
+            .filter(|(_, c)| c.deadline <= now)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in expired {
+            if let Some(c) = self.changes.remove(&t) {
+                c.finish(Err(RequestError::Timeout));
+            }
+        }
+    }
+}
+
+impl<L: LogStore, S: StateMachine, T: Transport> Actor for Driver<L, S, T> {
+    type Msg = Msg;
+
+    async fn started(&mut self, ctx: &mut Ctx<Self>) {
+        let period = self.node.config().tick_interval;
+        ctx.every(period, || Msg::Tick);
+        self.drive(ctx).await;
+    }
+
+    async fn handle(&mut self, msg: Msg, ctx: &mut Ctx<Self>) {
+        let span = tracing::debug_span!(
+            "raft",
+            node_id = self.node.id(),
+            term = self.node.term(),
+            leader_id = self.node.leader().unwrap_or(0)
+        );
+        self.turn(msg, ctx).instrument(span).await
+    }
+}
+
+impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
+    async fn turn(&mut self, msg: Msg, ctx: &mut Ctx<Self>) {
+        let now = time::now();
+        let cfg = self.node.config().clone();
+        match msg {
+            Msg::Raft(m) => self.node.step(m),
+            Msg::Tick => self.on_tick(),
+            Msg::Apply => self.apply_scheduled = false,
+            Msg::Propose { id, command, reply } => {
+                if let Some(p) = self.proposals.get_mut(&id) {
+                    // The same request again while it is pending: answer both at once.
+                    p.wait.replies.push(reply);
+                } else if self.pending_count() >= cfg.pending_max {
+                    let _ = reply.send(Err(RequestError::Overloaded {
+                        max: cfg.pending_max,
+                    }));
+                } else {
+                    let r = self.node.propose(id, &command);
+                    let mut wait = Pending::new(now, cfg.request_timeout, self.retry_after, reply);
+                    if let Err(ProposeError::NoLeader) = r {
+                        // Try again at the next tick rather than after a whole interval.
+                        wait.next_try = now;
+                    }
+                    if let Err(ProposeError::Refused(why)) = r {
+                        wait.finish(Err(RequestError::Refused(why)));
+                    } else {
+                        self.proposals.insert(id, PendingProposal { command, wait });
+                    }
+                }
+            }
+            Msg::Read {
+                query,
+                consistency,
+                reply,
+            } => match consistency {
+                Consistency::Stale => {
+                    let out = self.node.state_machine().query(&query).await;
+                    let _ = reply.send(Ok(out));
+                }
+                Consistency::Linearizable => {
+                    if self.pending_count() >= cfg.pending_max {
+                        let _ = reply.send(Err(RequestError::Overloaded {
+                            max: cfg.pending_max,
+                        }));
+                    } else {
+                        let token = self.token();
+                        self.node.read_index(token);
+                        let wait = Pending::new(now, cfg.request_timeout, self.retry_after, reply);
+                        self.reads.insert(token, PendingRead { query, wait });
+                    }
+                }
+            },
+            Msg::ChangeMembership { change, reply } => {
+                let token = self.token();
+                let wait = Pending::new(now, cfg.request_timeout, cfg.request_timeout, reply);
+                match self.node.change_membership(token, change) {
+                    Ok(()) => {
+                        self.changes.insert(token, wait);
+                    }
+                    Err(ProposeError::NoLeader) => {
+                        wait.finish(Err(RequestError::Refused("no leader".to_string())))
+                    }
+                    Err(ProposeError::Refused(why)) => wait.finish(Err(RequestError::Refused(why))),
+                }
+            }
+            Msg::TransferLeader { to } => self.node.transfer_leader(to),
+            Msg::Campaign => {
+                let _ = self.node.campaign();
+            }
+            Msg::Status { reply } => {
+                let _ = reply.send(self.node.status());
+            }
+        }
+        self.drive(ctx).await;
+    }
+}
