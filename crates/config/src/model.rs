@@ -1,0 +1,395 @@
+//! The typed configuration. Sections that the file maps one-to-one derive `Deserialize`;
+//! listeners go through a raw form because their defaults depend on their kind.
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// The whole validated configuration. `Config::default()` is what an empty file gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// `[node]`: this broker's identity and storage.
+    pub node: NodeConfig,
+    /// `[[listeners]]`: the listeners to start, in file order, without the ones disabled
+    /// by a [`crate::Warning`]. Never empty.
+    pub listeners: Vec<ListenerConfig>,
+    /// `[mqtt]`: protocol limits and features.
+    pub mqtt: MqttConfig,
+    /// `[auth]`: password file and ACL.
+    pub auth: AuthConfig,
+    /// `[log]`: logging.
+    pub log: LogConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            node: NodeConfig::default(),
+            listeners: vec![ListenerConfig::default()],
+            mqtt: MqttConfig::default(),
+            auth: AuthConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+/// `[node]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Node id in the cluster, at least 1 (raft ids are non-zero). Default 1.
+    pub id: u64,
+    /// Node name, used in `$SYS/brokers/{name}/...`. Default `starling@127.0.0.1`.
+    pub name: String,
+    /// Directory for durable state. Default `data` (next to the config file when loaded).
+    pub data_dir: PathBuf,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            id: 1,
+            name: "starling@127.0.0.1".to_owned(),
+            data_dir: PathBuf::from("data"),
+        }
+    }
+}
+
+/// A listener's transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListenerKind {
+    /// MQTT over TCP (default port 1883).
+    Tcp,
+    /// MQTT over TLS (8883).
+    Tls,
+    /// MQTT over WebSocket (8080).
+    Ws,
+    /// MQTT over WebSocket over TLS (8443).
+    Wss,
+    /// MQTT over QUIC, one bidirectional stream (UDP 14567).
+    Quic,
+}
+
+impl ListenerKind {
+    /// The port a listener of this kind binds when `bind` is absent.
+    pub fn default_port(self) -> u16 {
+        match self {
+            Self::Tcp => 1883,
+            Self::Tls => 8883,
+            Self::Ws => 8080,
+            Self::Wss => 8443,
+            Self::Quic => 14567,
+        }
+    }
+
+    /// Whether the transport needs a certificate (TLS, or QUIC which embeds TLS 1.3).
+    pub fn needs_tls(self) -> bool {
+        matches!(self, Self::Tls | Self::Wss | Self::Quic)
+    }
+
+    /// Whether the transport is a WebSocket.
+    pub fn is_websocket(self) -> bool {
+        matches!(self, Self::Ws | Self::Wss)
+    }
+
+    /// Whether the transport runs over UDP (ports do not clash with TCP ones).
+    pub fn is_udp(self) -> bool {
+        self == Self::Quic
+    }
+}
+
+impl fmt::Display for ListenerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Tcp => "tcp",
+            Self::Tls => "tls",
+            Self::Ws => "ws",
+            Self::Wss => "wss",
+            Self::Quic => "quic",
+        })
+    }
+}
+
+/// One validated `[[listeners]]` entry. `tls` is `Some` exactly for tls, wss and quic;
+/// `ws` exactly for ws and wss; `quic` exactly for quic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerConfig {
+    /// The transport.
+    pub kind: ListenerKind,
+    /// Address and port; default `0.0.0.0` and the kind's port.
+    pub bind: SocketAddr,
+    /// Open connections at most; further ones are refused. Default 100000.
+    pub max_connections: u32,
+    /// Handshakes (TCP accept to CONNACK, including TLS) in flight at most. Default 1000.
+    pub max_handshakes: u32,
+    /// Seconds from accept to a complete CONNECT before the connection is closed. Default 10.
+    pub handshake_timeout_secs: u32,
+    /// Whether clients without a username may connect. Default true.
+    pub allow_anonymous: bool,
+    /// Whether connections start with a PROXY protocol v1/v2 header (tcp and tls only).
+    /// Default false.
+    pub proxy_protocol: bool,
+    /// Certificate settings.
+    pub tls: Option<TlsConfig>,
+    /// WebSocket settings.
+    pub ws: Option<WsConfig>,
+    /// QUIC settings.
+    pub quic: Option<QuicConfig>,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        Self {
+            kind: ListenerKind::Tcp,
+            bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, ListenerKind::Tcp.default_port())),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_handshakes: DEFAULT_MAX_HANDSHAKES,
+            handshake_timeout_secs: DEFAULT_HANDSHAKE_TIMEOUT_SECS,
+            allow_anonymous: true,
+            proxy_protocol: false,
+            tls: None,
+            ws: None,
+            quic: None,
+        }
+    }
+}
+
+pub(crate) const DEFAULT_MAX_CONNECTIONS: u32 = 100_000;
+pub(crate) const DEFAULT_MAX_HANDSHAKES: u32 = 1000;
+pub(crate) const DEFAULT_HANDSHAKE_TIMEOUT_SECS: u32 = 10;
+pub(crate) const DEFAULT_WS_PATH: &str = "/mqtt";
+pub(crate) const DEFAULT_QUIC_IDLE_TIMEOUT_SECS: u32 = 30;
+
+/// A listener's certificate material.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// PEM certificate chain.
+    pub cert_file: PathBuf,
+    /// PEM private key.
+    pub key_file: PathBuf,
+    /// PEM CA bundle that client certificates are verified against.
+    pub ca_file: Option<PathBuf>,
+    /// Whether clients must present a certificate signed by `ca_file`.
+    pub verify_client: bool,
+    /// Whether the client certificate's CN becomes the username.
+    pub cn_as_username: bool,
+}
+
+/// A WebSocket listener's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WsConfig {
+    /// The HTTP path of the upgrade. Default `/mqtt`.
+    pub path: String,
+    /// Whether the client's address is taken from `X-Forwarded-For` (behind a proxy).
+    pub x_forwarded_for: bool,
+}
+
+/// A QUIC listener's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuicConfig {
+    /// Seconds without traffic before the connection is closed. Default 30.
+    pub idle_timeout_secs: u32,
+}
+
+/// A `[[listeners]]` entry as written; every field but `kind` is optional so that keys
+/// which do not apply to the kind can be reported.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawListener {
+    pub kind: ListenerKind,
+    pub bind: Option<String>,
+    pub max_connections: Option<u32>,
+    pub max_handshakes: Option<u32>,
+    pub handshake_timeout_secs: Option<u32>,
+    pub allow_anonymous: Option<bool>,
+    pub proxy_protocol: Option<bool>,
+    pub tls: Option<RawTls>,
+    pub ws_path: Option<String>,
+    pub ws_x_forwarded_for: Option<bool>,
+    pub idle_timeout_secs: Option<u32>,
+}
+
+/// `[listeners.tls]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTls {
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+    pub verify_client: Option<bool>,
+    pub cn_as_username: Option<bool>,
+}
+
+/// The file's top level as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    pub node: NodeConfig,
+    pub listeners: Option<Vec<RawListener>>,
+    pub mqtt: MqttConfig,
+    pub auth: AuthConfig,
+    pub log: LogConfig,
+}
+
+/// What to drop when a client's message queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum DropPolicy {
+    /// Drop the oldest QoS 0 message, else the oldest message.
+    #[default]
+    #[serde(rename = "drop_oldest_qos0_first")]
+    DropOldestQos0First,
+    /// Drop the message that does not fit.
+    #[serde(rename = "drop_new")]
+    DropNew,
+}
+
+/// How a shared subscription group picks a member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SharedStrategy {
+    /// Members take turns.
+    #[default]
+    RoundRobin,
+    /// A random member.
+    Random,
+    /// The same member until it leaves.
+    Sticky,
+    /// A member chosen by a hash of the publisher's client id.
+    HashClientid,
+}
+
+/// `[mqtt]`: protocol limits and features; every limit is finite.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MqttConfig {
+    /// Largest packet accepted or sent, in bytes, whole packet. 2..=268435455, default 1 MiB.
+    pub max_packet_size: u32,
+    /// QoS 1/2 messages in flight to one client. 1..=65535, default 16.
+    pub max_inflight: u16,
+    /// Messages queued for one client (offline or over the window). Default 1000.
+    pub max_mqueue_len: u32,
+    /// What a full queue drops. Default `drop_oldest_qos0_first`.
+    pub mqueue_drop_policy: DropPolicy,
+    /// Largest keep alive accepted; larger requests get this (v5 Server Keep Alive). Default 65535.
+    pub keepalive_max_secs: u16,
+    /// Smallest non-zero keep alive accepted. Default 0.
+    pub keepalive_min_secs: u16,
+    /// Whether keep alive 0 (no keep alive) is accepted. Default true.
+    pub allow_zero_keepalive: bool,
+    /// Largest session expiry granted. Default 7200 (2 hours).
+    pub session_expiry_max_secs: u32,
+    /// Largest message expiry; messages without one get this. Default 86400.
+    pub message_expiry_max_secs: u32,
+    /// Seconds before an unacknowledged QoS 1/2 message is resent. Default 30.
+    pub retry_interval_secs: u32,
+    /// Topic Alias Maximum announced to clients (0 = no aliases). Default 16.
+    pub topic_alias_max: u16,
+    /// Receive Maximum announced to clients. Default 128.
+    pub receive_max: u16,
+    /// Longest client id, in bytes (at least 23, MQTT 3.1.1 §3.1.3.1). Default 256.
+    pub client_id_len_max: u16,
+    /// Most levels in a topic or filter. Default 128.
+    pub topic_levels_max: u16,
+    /// Longest topic or filter, in bytes. Default 65535.
+    pub topic_len_max: u16,
+    /// Subscriptions per client. Default 1000.
+    pub subscriptions_max: u32,
+    /// Whether retained messages are stored. Default true.
+    pub retain_available: bool,
+    /// Retained messages stored at most. Default 1000000.
+    pub retained_max: u64,
+    /// Retained payload bytes stored at most. Default 1 GiB.
+    pub retained_bytes_max: u64,
+    /// Highest QoS granted. 0..=2, default 2.
+    pub max_qos: u8,
+    /// Whether filters with `+`/`#` are accepted. Default true.
+    pub wildcard_subscription: bool,
+    /// Whether `$share/` subscriptions are accepted. Default true.
+    pub shared_subscription: bool,
+    /// How shared groups pick a member. Default `round_robin`.
+    pub shared_strategy: SharedStrategy,
+    /// `$delayed/` messages pending at most. Default 100000.
+    pub delayed_publish_max: u32,
+    /// Longest `$delayed/{secs}` accepted. Default 604800 (7 days).
+    pub delayed_max_secs: u32,
+    /// Response Information sent to v5 clients that request it. Default none.
+    pub response_information: Option<String>,
+    /// Seconds between `$SYS` publications. Default 10.
+    pub sys_interval_secs: u32,
+}
+
+impl Default for MqttConfig {
+    fn default() -> Self {
+        Self {
+            max_packet_size: 1024 * 1024,
+            max_inflight: 16,
+            max_mqueue_len: 1000,
+            mqueue_drop_policy: DropPolicy::DropOldestQos0First,
+            keepalive_max_secs: 65535,
+            keepalive_min_secs: 0,
+            allow_zero_keepalive: true,
+            session_expiry_max_secs: 2 * 60 * 60,
+            message_expiry_max_secs: 24 * 60 * 60,
+            retry_interval_secs: 30,
+            topic_alias_max: 16,
+            receive_max: 128,
+            client_id_len_max: 256,
+            topic_levels_max: 128,
+            topic_len_max: 65535,
+            subscriptions_max: 1000,
+            retain_available: true,
+            retained_max: 1_000_000,
+            retained_bytes_max: 1024 * 1024 * 1024,
+            max_qos: 2,
+            wildcard_subscription: true,
+            shared_subscription: true,
+            shared_strategy: SharedStrategy::RoundRobin,
+            delayed_publish_max: 100_000,
+            delayed_max_secs: 7 * 24 * 60 * 60,
+            response_information: None,
+            sys_interval_secs: 10,
+        }
+    }
+}
+
+/// The decision when no ACL rule matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AclDefault {
+    /// Permit.
+    #[default]
+    Allow,
+    /// Refuse.
+    Deny,
+}
+
+/// `[auth]`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Password file (`username:$argon2id$...` lines); none = usernames are not verified.
+    pub password_file: Option<PathBuf>,
+    /// ACL file (TOML rules); none = every operation gets `acl_default`.
+    pub acl_file: Option<PathBuf>,
+    /// Decision when no rule matches. Default `allow`.
+    pub acl_default: AclDefault,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// A level (`info`) or tracing directives (`info,starling_net=debug`). Default `info`.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".to_owned(),
+        }
+    }
+}
