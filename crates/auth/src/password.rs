@@ -285,3 +285,20 @@ fn write_atomically(path: &Path, lines: &[String]) -> Result<(), AuthError> {
     fs::rename(&tmp, path).map_err(io_err(path))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dummy_hash_is_a_valid_argon2id_phc_string() {
+        let parsed = parse_hash(DUMMY_HASH).expect("valid");
+        assert_eq!(parsed.algorithm(), argon2::Algorithm::Argon2id.ident());
+    }
+
+    #[test]
+    fn unknown_user_is_refused() {
+        let file = PasswordFile::parse("").expect("empty file parses");
+        assert!(!file.verify("nobody", b"secret"));
+    }
+}
