@@ -1,4 +1,6 @@
-use std::{io, net::SocketAddr, path::PathBuf};
+use std::{io, net::SocketAddr, path::PathBuf, time::Duration};
+
+use crate::{proxy::ProxyError, ws::WsRefusal};
 
 /// Everything that can go wrong in the transport seam.
 ///
@@ -97,6 +99,96 @@ pub enum NetError {
     /// A QUIC stream was already finished or reset when we tried to finish it.
     #[error("QUIC stream: {0}")]
     QuicStreamClosed(#[from] quinn::ClosedStream),
+
+    /// A certificate chain and private key loaded but do not form a usable identity (the key
+    /// does not match the certificate, or its algorithm is unsupported).
+    #[error("{} with {}: {source}", cert.display(), key.display())]
+    TlsIdentity {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The private key file.
+        key: PathBuf,
+        /// rustls' reason.
+        source: rustls::Error,
+    },
+    /// A file (a generated certificate or key) could not be written.
+    #[error("write {}: {source}", path.display())]
+    WriteFile {
+        /// The file.
+        path: PathBuf,
+        /// The reason (`AlreadyExists` when we refused to overwrite it).
+        source: io::Error,
+    },
+    /// The listener was closed; no more connections will arrive.
+    #[error("listener {addr} closed")]
+    ListenerClosed {
+        /// The listener's address.
+        addr: SocketAddr,
+    },
+    /// A listener's settings do not fit its kind (e.g. PROXY protocol on QUIC).
+    #[error("listener config: {reason}")]
+    ListenerConfig {
+        /// What is wrong.
+        reason: &'static str,
+    },
+
+    /// A connection's handshake (PROXY header, TLS, WebSocket upgrade, QUIC stream) did not
+    /// finish in time.
+    #[error("handshake with {peer} timed out after {after:?}")]
+    HandshakeTimeout {
+        /// The connection's address.
+        peer: SocketAddr,
+        /// The limit that expired.
+        after: Duration,
+    },
+    /// A PROXY protocol header was malformed or too long.
+    #[error("PROXY header from {peer}: {source}")]
+    ProxyHeader {
+        /// The socket's peer (the proxy).
+        peer: SocketAddr,
+        /// What was wrong.
+        source: ProxyError,
+    },
+    /// The stream failed or ended before a complete PROXY header.
+    #[error("reading PROXY header from {peer}: {source}")]
+    ProxyIo {
+        /// The socket's peer (the proxy).
+        peer: SocketAddr,
+        /// The reason (`UnexpectedEof` when the peer closed).
+        source: io::Error,
+    },
+    /// A TLS handshake failed: a wrong or missing client certificate, no shared version or
+    /// cipher suite, a peer that does not speak TLS, or an I/O error.
+    #[error("TLS handshake with {peer}: {source}")]
+    TlsHandshake {
+        /// The peer.
+        peer: SocketAddr,
+        /// The reason (rustls errors arrive wrapped as `InvalidData`).
+        source: io::Error,
+    },
+    /// A server name given to a TLS client is neither a DNS name nor an IP address.
+    #[error("invalid TLS server name {name:?}")]
+    InvalidServerName {
+        /// The name.
+        name: String,
+    },
+    /// A WebSocket upgrade was refused by our policy (wrong path, no `mqtt` subprotocol).
+    #[error("WebSocket upgrade from {peer} refused: {reason}")]
+    WsRefused {
+        /// The client's address.
+        peer: SocketAddr,
+        /// Why.
+        reason: WsRefusal,
+    },
+    /// A WebSocket handshake failed (not HTTP, bad upgrade request, I/O error), or a client
+    /// upgrade was refused by the server.
+    #[error("WebSocket handshake with {peer}: {source}")]
+    WsHandshake {
+        /// The peer.
+        peer: SocketAddr,
+        /// tungstenite's reason (boxed: it is large and this path is cold).
+        source: Box<tokio_tungstenite::tungstenite::Error>,
+    },
 }
 
 impl NetError {

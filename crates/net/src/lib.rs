@@ -10,6 +10,12 @@
 //!   streams [`QuicSend`] / [`QuicRecv`].
 //! - TLS: [`Identity`], [`CertAuthority`] (Ed25519 CA and node certificates), [`ServerTls`] and
 //!   [`ClientTls`] building rustls configurations with the ring provider.
+//! - MQTT listeners of every kind (tcp, tls, ws, wss, quic): [`MqttListener::accept`] then
+//!   [`PendingConnection::handshake`] give an [`AnyStream`] and its [`ConnInfo`], under
+//!   per-listener [`HandshakeLimits`], optional PROXY protocol ([`ProxyProtocol`]) and
+//!   [`ListenerCounters`]; [`TlsReloader`] swaps certificates without dropping connections.
+//! - Pieces for clients and tests: [`tls_connect`], [`ws_connect`], [`QuicBiStream::connect`];
+//!   [`write_dev_certificates`] for a first run without certificates.
 //!
 //! A cluster node with one mutual-TLS QUIC endpoint that both accepts and dials; the same code
 //! runs in production and on a simulated node:
@@ -41,20 +47,37 @@
 // simulator, so it may use the clock and spawn APIs banned elsewhere.
 #![allow(clippy::disallowed_methods)]
 
+mod devcert;
 mod error;
+mod listener;
+pub mod proxy;
 mod quic;
 #[cfg(madsim)]
 mod sim;
 mod tcp;
 mod tls;
+mod tls_stream;
+mod ws;
 
+pub use devcert::{write_dev_certificates, DevCertFiles};
 pub use error::NetError;
-pub use quic::{QuicConfig, QuicConnection, QuicEndpoint, QuicIncoming, QuicRecv, QuicSend};
+pub use listener::{
+    AnyStream, ConnInfo, CounterSnapshot, HandshakeLimits, ListenerCounters, ListenerKind,
+    ListenerSettings, MqttListener, PendingConnection, TlsReloader, Transport,
+};
+pub use proxy::{ProxyError, ProxyHeader, ProxyProtocol};
+pub use quic::{
+    QuicBiStream, QuicConfig, QuicConnection, QuicEndpoint, QuicIncoming, QuicRecv, QuicSend,
+};
 pub use tcp::{connect, listen, Listener, Stream};
 pub use tls::{
     crypto_provider, load_certs, load_private_key, CertAuthority, ClientTls, Identity, IssuedCert,
     ServerTls, TlsVersions, ALPN_MQTT, ALPN_RAFT,
 };
+pub use tls_stream::{
+    common_name, tls_connect, ClientAuth, ClientTlsStream, ServerTlsStream, TlsAcceptor, TlsFiles,
+};
+pub use ws::{ws_connect, WsConfig, WsRefusal, WsStream, WS_PATH_DEFAULT};
 
 /// Re-exported so callers can name certificate types without their own dependency.
 pub use rustls_pki_types::{CertificateDer, PrivateKeyDer};

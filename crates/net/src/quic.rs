@@ -142,12 +142,7 @@ impl QuicEndpoint {
         endpoint_config.rng_seed(Some(config.rng_seed));
         let server_config = match server {
             None => None,
-            Some(tls) => {
-                let crypto = QuicServerConfig::try_from(tls.rustls_config(TlsVersions::Tls13)?)?;
-                let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-                server_config.transport_config(transport.clone());
-                Some(server_config)
-            }
+            Some(tls) => Some(server_config(tls, transport.clone())?),
         };
         let mut inner = bind_endpoint(bind, endpoint_config, server_config).await?;
         if let Some(tls) = client {
@@ -165,6 +160,18 @@ impl QuicEndpoint {
     /// The bound address (with the real port when bound to port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Replaces the server TLS configuration (and transport knobs) for connections accepted
+    /// from now on, e.g. after a certificate rotation; established connections are untouched.
+    /// Also turns a client-only endpoint into one that accepts.
+    ///
+    /// # Errors
+    /// As [`QuicEndpoint::new`]; on error the previous configuration stays in force.
+    pub fn set_server_tls(&self, tls: &ServerTls, config: &QuicConfig) -> Result<(), NetError> {
+        let server_config = server_config(tls, config.transport()?)?;
+        self.inner.set_server_config(Some(server_config));
+        Ok(())
     }
 
     /// Dials `addr` and completes the handshake; `server_name` must match a name in the
@@ -208,6 +215,16 @@ impl QuicEndpoint {
     pub async fn wait_idle(&self) {
         self.inner.wait_idle().await;
     }
+}
+
+fn server_config(
+    tls: &ServerTls,
+    transport: Arc<quinn::TransportConfig>,
+) -> Result<quinn::ServerConfig, NetError> {
+    let crypto = QuicServerConfig::try_from(tls.rustls_config(TlsVersions::Tls13)?)?;
+    let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    server_config.transport_config(transport);
+    Ok(server_config)
 }
 
 #[cfg(not(madsim))]
@@ -414,5 +431,81 @@ impl AsyncRead for QuicRecv {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         AsyncRead::poll_read(Pin::new(&mut self.inner), cx, buf)
+    }
+}
+
+/// One bidirectional QUIC stream as a single byte stream ([`AsyncRead`] + [`AsyncWrite`]),
+/// holding its connection: MQTT over QUIC carries a whole MQTT session on the first stream
+/// the client opens.
+///
+/// `shutdown` finishes the sending side. Dropping the last handle to the connection closes
+/// it at once, which may cut off bytes still in flight: shut down and let the peer close
+/// first when the last bytes matter.
+#[derive(Debug)]
+pub struct QuicBiStream {
+    send: QuicSend,
+    recv: QuicRecv,
+    connection: QuicConnection,
+}
+
+impl QuicBiStream {
+    /// Joins the two halves of a stream of `connection`.
+    pub fn new(connection: QuicConnection, send: QuicSend, recv: QuicRecv) -> Self {
+        Self {
+            send,
+            recv,
+            connection,
+        }
+    }
+
+    /// The connection carrying the stream (peer address after migration, certificates, close).
+    pub fn connection(&self) -> &QuicConnection {
+        &self.connection
+    }
+
+    /// Dials `addr` from `endpoint` (which needs client TLS offering [`crate::ALPN_MQTT`])
+    /// and opens the stream that carries the MQTT session.
+    ///
+    /// QUIC tells the server about a stream only with its first bytes: the server's accept
+    /// completes once the client has written (its CONNECT packet).
+    ///
+    /// # Errors
+    /// As [`QuicEndpoint::connect`] and [`QuicConnection::open_bi`].
+    pub async fn connect(
+        endpoint: &QuicEndpoint,
+        addr: SocketAddr,
+        server_name: &str,
+    ) -> Result<Self, NetError> {
+        let connection = endpoint.connect(addr, server_name).await?;
+        let (send, recv) = connection.open_bi().await?;
+        Ok(Self::new(connection, send, recv))
+    }
+}
+
+impl AsyncRead for QuicBiStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.recv).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for QuicBiStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.send).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.send).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.send).poll_shutdown(cx)
     }
 }

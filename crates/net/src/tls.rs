@@ -301,6 +301,8 @@ fn root_store(cas: &[CertificateDer<'static>]) -> Result<RootCertStore, NetError
 pub struct ServerTls {
     identity: Identity,
     client_cas: Option<Vec<CertificateDer<'static>>>,
+    /// With `client_cas`: a client may also present no certificate at all.
+    client_cert_optional: bool,
     alpn: Vec<Vec<u8>>,
 }
 
@@ -310,6 +312,7 @@ impl ServerTls {
         Self {
             identity,
             client_cas: None,
+            client_cert_optional: false,
             alpn: Vec::new(),
         }
     }
@@ -318,6 +321,15 @@ impl ServerTls {
     /// other clients fail the handshake.
     pub fn require_client_cert(mut self, cas: Vec<CertificateDer<'static>>) -> Self {
         self.client_cas = Some(cas);
+        self.client_cert_optional = false;
+        self
+    }
+
+    /// Asks clients for a certificate chaining to one of `cas` but also accepts clients that
+    /// present none; a client presenting a certificate that does not verify still fails.
+    pub fn optional_client_cert(mut self, cas: Vec<CertificateDer<'static>>) -> Self {
+        self.client_cas = Some(cas);
+        self.client_cert_optional = true;
         self
     }
 
@@ -346,7 +358,12 @@ impl ServerTls {
                 let verifier = WebPkiClientVerifier::builder_with_provider(
                     Arc::new(root_store(cas)?),
                     provider,
-                )
+                );
+                let verifier = if self.client_cert_optional {
+                    verifier.allow_unauthenticated()
+                } else {
+                    verifier
+                }
                 .build()?;
                 builder.with_client_cert_verifier(verifier)
             }
