@@ -56,10 +56,13 @@ fn comments_blank_lines_and_crlf_are_accepted() {
     assert!(file.verify("alice", b"pw"));
 }
 
+/// Password file text, the line expected in the error, and a check of the problem.
+type ParseCase = (String, usize, fn(&PasswordLineProblem) -> bool);
+
 #[test]
 fn parse_errors_name_the_line_and_problem() {
     let hash = hash_password(b"pw").expect("hash");
-    let cases: [(String, usize, fn(&PasswordLineProblem) -> bool); 5] = [
+    let cases: [ParseCase; 5] = [
         (format!("alice:{hash}\nbob\n"), 2, |p| *p == PasswordLineProblem::MissingColon),
         (format!(":{hash}\n"), 1, |p| *p == PasswordLineProblem::EmptyUsername),
         ("alice:plaintext\n".to_owned(), 1, |p| matches!(p, PasswordLineProblem::BadHash(_))),

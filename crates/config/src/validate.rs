@@ -42,10 +42,31 @@ fn parse(text: &str, base: Option<&Path>) -> Result<(Config, Vec<Warning>), Conf
         serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
             ConfigError::BadValue {
                 key: e.path().to_string(),
-                message: e.into_inner().message().to_owned(),
+                message: plain_words(e.into_inner().message()),
             }
         })?;
     validate(raw, base)
+}
+
+/// serde speaks Rust ("expected u16", "expected struct MqttConfig"); say it in the
+/// file's terms.
+fn plain_words(message: &str) -> String {
+    let mut out = message.to_owned();
+    for (rust, words) in [
+        ("expected u8", "expected an integer from 0 to 255"),
+        ("expected u16", "expected an integer from 0 to 65535"),
+        ("expected u32", "expected an integer from 0 to 4294967295"),
+        ("expected u64", "expected a non-negative integer"),
+    ] {
+        if let Some(head) = out.strip_suffix(rust) {
+            out = format!("{head}{words}");
+        }
+    }
+    if let Some(idx) = out.find("expected struct ") {
+        out.truncate(idx);
+        out.push_str("expected a table");
+    }
+    out
 }
 
 fn validate(raw: RawConfig, base: Option<&Path>) -> Result<(Config, Vec<Warning>), ConfigError> {
