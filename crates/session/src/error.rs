@@ -1,0 +1,102 @@
+//! Errors of the session: a peer breaking the protocol, or the broker calling
+//! out of order.
+
+use starling_codec::{PacketType, QoS, ReasonCode};
+
+/// Why [`Session::handle_packet`](crate::Session::handle_packet) or
+/// [`Session::attach`](crate::Session::attach) failed.
+///
+/// Protocol violations by the client have already closed the session's side
+/// of the connection (an [`Effect::Close`](crate::Effect::Close) with
+/// [`SessionError::reason_code`] is queued) when they are returned; the
+/// error is for logs and counters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    /// A second CONNECT on one connection (MQTT 5 §3.1: protocol error).
+    #[error("second CONNECT on the connection")]
+    SecondConnect,
+    /// A packet a client never sends (CONNACK, SUBACK, ...), or AUTH, which
+    /// needs an enhanced authentication the session does not do.
+    #[error("unexpected {packet_type:?} from the client")]
+    UnexpectedPacket {
+        /// Its type.
+        packet_type: PacketType,
+    },
+    /// A PUBLISH from a client with a Subscription Identifier (MQTT 5 §3.3.4).
+    #[error("PUBLISH from a client with a subscription identifier")]
+    SubscriptionIdInPublish,
+    /// A Topic Alias of 0 or above the maximum we announced (MQTT 5 §3.3.2.3.4).
+    #[error("topic alias {alias} not in 1..={max}")]
+    TopicAliasInvalid {
+        /// The alias sent.
+        alias: u16,
+        /// Our Topic Alias Maximum.
+        max: u16,
+    },
+    /// An empty topic with an alias that names no topic yet (MQTT 5 §3.3.4).
+    #[error("topic alias {alias} used before it was set")]
+    TopicAliasUnknown {
+        /// The alias sent.
+        alias: u16,
+    },
+    /// More unreleased QoS 2 PUBLISHes than our Receive Maximum (MQTT 5 §3.3.4).
+    #[error("more than {max} QoS 2 messages awaiting PUBREL")]
+    ReceiveMaximumExceeded {
+        /// Our Receive Maximum.
+        max: u16,
+    },
+    /// A PUBLISH above our Maximum QoS (MQTT 5 §3.2.2.3.4).
+    #[error("PUBLISH with {qos:?} above the maximum {max:?}")]
+    QosNotSupported {
+        /// The QoS sent.
+        qos: QoS,
+        /// Our maximum.
+        max: QoS,
+    },
+    /// A retained PUBLISH where retain is not available (MQTT 5 §3.2.2.3.5).
+    #[error("retained PUBLISH but retain is not available")]
+    RetainNotSupported,
+    /// A SUBSCRIBE with a Subscription Identifier where they are not
+    /// available (MQTT 5 §3.2.2.3.12).
+    #[error("subscription identifiers are not available")]
+    SubscriptionIdsNotSupported,
+    /// No Local on a shared subscription (MQTT 5 §3.8.3.1).
+    #[error("no local set on shared subscription {filter}")]
+    NoLocalOnShared {
+        /// The filter.
+        filter: String,
+    },
+    /// DISCONNECT setting a session expiry when CONNECT had 0 (MQTT 5 §3.14.2.2.2).
+    #[error("session expiry set on DISCONNECT after 0 on CONNECT")]
+    SessionExpiryAfterZero,
+    /// The broker called [`Session::handle_packet`](crate::Session::handle_packet)
+    /// while no connection is attached.
+    #[error("no connection attached")]
+    NotAttached,
+    /// The broker called [`Session::attach`](crate::Session::attach) while a
+    /// connection is attached; detach it first (takeover).
+    #[error("a connection is already attached")]
+    AlreadyAttached,
+}
+
+impl SessionError {
+    /// The MQTT 5 DISCONNECT reason code for this error: the one place that
+    /// maps what a client did wrong to a reason code.
+    pub fn reason_code(&self) -> ReasonCode {
+        use SessionError::*;
+        match self {
+            SecondConnect
+            | UnexpectedPacket { .. }
+            | SubscriptionIdInPublish
+            | TopicAliasUnknown { .. }
+            | NoLocalOnShared { .. }
+            | SessionExpiryAfterZero => ReasonCode::ProtocolError,
+            TopicAliasInvalid { .. } => ReasonCode::TopicAliasInvalid,
+            ReceiveMaximumExceeded { .. } => ReasonCode::ReceiveMaximumExceeded,
+            QosNotSupported { .. } => ReasonCode::QoSNotSupported,
+            RetainNotSupported => ReasonCode::RetainNotSupported,
+            SubscriptionIdsNotSupported => ReasonCode::SubscriptionIdentifiersNotSupported,
+            NotAttached | AlreadyAttached => ReasonCode::ImplementationSpecificError,
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! One MQTT client's session state machine (QoS flows, inflight window, queue, will, expiry, aliases), sans-IO.
+//!
+//! A [`Session`] is driven like quinn-proto's `Connection`: the broker feeds
+//! it the client's packets ([`Session::handle_packet`]), routed messages
+//! ([`Session::deliver`]), the router's answers ([`Session::subscribed`],
+//! [`Session::unsubscribed`]), connection changes ([`Session::attach`],
+//! [`Session::detach`]) and timer expiries ([`Session::handle_timeout`]),
+//! each with the current time; after every call it drains
+//! [`Session::poll_effect`] and re-arms its timer with
+//! [`Session::poll_timeout`]. The session never reads a clock, draws a random
+//! number or touches a socket.
+//!
+//! One session serves MQTT 3.1, 3.1.1 and 5.0 connections; it answers each in
+//! its own protocol's terms (reason codes and properties only for 5.0).
+
+mod effect;
+mod error;
+mod limits;
+mod message;
+mod session;
+#[cfg(test)]
+mod tests;
+
+pub use effect::{DropReason, Effect, OutgoingPublish, SubscribeRequest};
+pub use error::SessionError;
+pub use limits::{check_connect, refusal, ClientIdentity, QueueFullPolicy, SessionLimits};
+pub use message::{DeliveryOptions, Message};
+pub use session::{AllowAll, Attached, DetachReason, Gate, Session};
+
+/// The monotonic instant every input takes: the runtime's, so that the broker
+/// passes `starling_rt::time::now()` and the simulator controls it.
+pub use starling_rt::time::Instant;

@@ -1,0 +1,123 @@
+//! The application message shared by every subscriber, and the options of the
+//! subscription a delivery comes through.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use starling_codec::{Properties, QoS, SubscriptionOptions};
+
+use crate::Instant;
+
+/// An application message as routed: built once from a client's PUBLISH (or
+/// a will, or by the broker) and shared by all subscribers as `Arc<Message>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// The topic name (never empty: inbound aliases are already resolved).
+    pub topic: Arc<str>,
+    /// The payload, shared with the receive buffer.
+    pub payload: Bytes,
+    /// The QoS it was published with.
+    pub qos: QoS,
+    /// The RETAIN flag it was published with.
+    pub retain: bool,
+    /// The application properties of MQTT 5 (payload format, content type,
+    /// response topic, correlation data, user properties), passed through to
+    /// subscribers. Never holds a topic alias, subscription identifiers or a
+    /// message expiry interval: those are per delivery, and expiry is
+    /// `expires_at`.
+    pub properties: Properties,
+    /// When it expires (MQTT 5 §3.3.2.3.3); `None`: never.
+    pub expires_at: Option<Instant>,
+    /// The client identifier of the publisher, for No Local; `None` for
+    /// messages the broker itself publishes.
+    pub publisher: Option<Arc<str>>,
+}
+
+impl Message {
+    /// True when the message expired at or before `now`.
+    pub fn is_expired(&self, now: Instant) -> bool {
+        self.expires_at.is_some_and(|at| at <= now)
+    }
+
+    /// The Message Expiry Interval to send at `now`: the seconds left,
+    /// rounded up so that a live message never says 0 (MQTT 5 §3.3.2.3.3:
+    /// the received value minus the time waited in the server). `None` for a
+    /// message without expiry.
+    pub fn remaining_expiry_secs(&self, now: Instant) -> Option<u32> {
+        self.expires_at.map(|at| {
+            let left = at.saturating_duration_since(now);
+            let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+            u32::try_from(secs).unwrap_or(u32::MAX)
+        })
+    }
+
+    /// Application properties of a PUBLISH or a will, with the per-hop
+    /// fields (topic alias, subscription identifiers, expiry, will delay)
+    /// removed.
+    pub(crate) fn application_properties(mut p: Properties) -> Properties {
+        p.topic_alias = None;
+        p.subscription_identifiers = Vec::new();
+        p.message_expiry_interval = None;
+        p.will_delay_interval = None;
+        p
+    }
+
+    /// The deadline for a message received at `now` with this Message
+    /// Expiry Interval, capped by the broker's `max`.
+    pub(crate) fn deadline(
+        now: Instant,
+        interval_secs: Option<u32>,
+        max: Option<Duration>,
+    ) -> Option<Instant> {
+        let asked = interval_secs.map(|s| Duration::from_secs(u64::from(s)));
+        let d = match (asked, max) {
+            (Some(a), Some(m)) => Some(a.min(m)),
+            (a, m) => a.or(m),
+        }?;
+        // An instant past the clock's range means "never" in practice.
+        now.checked_add(d)
+    }
+}
+
+/// How one delivery reaches a session: the options of the matching
+/// subscription, or of the subscribe that found a retained message.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeliveryOptions {
+    /// The subscription's maximum QoS; the message goes out at
+    /// `min(message qos, this)` (MQTT 5 §3.8.4).
+    pub qos: QoS,
+    /// No Local: skip messages this client published (MQTT 5 §3.8.3.1).
+    pub no_local: bool,
+    /// Retain As Published: keep the RETAIN flag on normal delivery;
+    /// otherwise it is cleared (MQTT 5 §3.3.1.3).
+    pub retain_as_published: bool,
+    /// Subscription Identifiers of the matching subscriptions (MQTT 5
+    /// §3.3.4), in the order to send them. Sent to MQTT 5 clients only.
+    pub subscription_ids: Vec<u32>,
+    /// True when the broker sends a retained message because of a new
+    /// SUBSCRIBE: RETAIN stays 1 whatever `retain_as_published` says
+    /// (MQTT 5 §3.3.1.3).
+    pub from_retained: bool,
+}
+
+impl DeliveryOptions {
+    /// Options for normal delivery through a subscription.
+    pub fn subscription(options: &SubscriptionOptions, subscription_id: Option<u32>) -> Self {
+        Self {
+            qos: options.qos,
+            no_local: options.no_local,
+            retain_as_published: options.retain_as_published,
+            subscription_ids: subscription_id.into_iter().collect(),
+            from_retained: false,
+        }
+    }
+
+    /// Options for a retained message sent in answer to a SUBSCRIBE.
+    pub fn retained(options: &SubscriptionOptions, subscription_id: Option<u32>) -> Self {
+        Self {
+            from_retained: true,
+            ..Self::subscription(options, subscription_id)
+        }
+    }
+}
