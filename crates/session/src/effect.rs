@@ -144,13 +144,8 @@ pub struct OutgoingPublish {
 }
 
 impl OutgoingPublish {
-    /// The packet's size on the wire.
-    pub fn len(&self) -> usize {
+    /// The packet's size on the wire, header and payload.
+    pub fn size(&self) -> usize {
         self.header.len() + self.msg.payload.len()
-    }
-
-    /// Never true: a PUBLISH has a header.
-    pub fn is_empty(&self) -> bool {
-        false
     }
 }

@@ -240,7 +240,8 @@ impl Session {
     }
 
     /// The client's Maximum Packet Size, to encode [`Effect::Send`] packets
-    /// with (the codec then leaves out optional properties that do not fit).
+    /// with. The session's own packets carry no optional properties, so only
+    /// an absurdly small maximum refuses one; then close the connection.
     pub fn client_packet_size_max(&self) -> u32 {
         self.conn().map_or(PACKET_SIZE_MAX, |c| c.packet_size_max)
     }
@@ -646,6 +647,8 @@ impl Session {
                     }
                 }
                 self.enqueue(pending);
+                // An eviction may have put QoS 0 at the front, which needs no slot.
+                self.pump(now);
             }
             _ => {
                 if qos == QoS::AtMostOnce && !self.limits.queue_qos0_offline {
@@ -932,6 +935,16 @@ impl Session {
     }
 
     fn on_unsubscribe(&mut self, u: Unsubscribe) {
+        if self.pending_unsubscribes.contains_key(&u.packet_id) {
+            // 3.x UNSUBACK has no codes; the codec leaves them out.
+            self.effects
+                .push_back(Effect::Send(Packet::Unsuback(Unsuback {
+                    packet_id: u.packet_id,
+                    reason_codes: vec![ReasonCode::PacketIdentifierInUse; u.filters.len()],
+                    properties: Properties::default(),
+                })));
+            return;
+        }
         self.effects.push_back(Effect::Unsubscribe {
             packet_id: u.packet_id,
             filters: u.filters.clone(),
@@ -1356,6 +1369,11 @@ impl Session {
         assert!(self.inflight.len() <= usize::from(self.limits.inflight_max.max(1)));
         assert!(self.queue.len() <= self.limits.mqueue_len_max);
         assert!(self.inbound_qos2.len() <= usize::from(self.limits.receive_max.max(1)));
+        // Nothing waits in the queue while the window has room: the queue
+        // drains whenever a slot frees.
+        if let (Some(conn), Some(front)) = (self.conn(), self.queue.front()) {
+            assert!(front.qos != QoS::AtMostOnce && self.inflight.len() >= conn.window);
+        }
     }
 }
 

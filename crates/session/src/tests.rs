@@ -702,6 +702,132 @@ fn qos1_redelivered_with_dup_after_reconnect() {
 }
 
 #[test]
+fn smaller_receive_maximum_on_reconnect_resends_all_but_sends_nothing_new() {
+    let mut h = H::attached(SessionLimits::default(), &v5_persistent("c1"));
+    for _ in 0..3 {
+        h.s.deliver(
+            h.now,
+            &msg("t", QoS::AtLeastOnce, b"a"),
+            &sub(QoS::AtLeastOnce),
+        );
+    }
+    let ids: Vec<_> = published(&h.drain())
+        .iter()
+        .map(|p| p.packet_id.unwrap())
+        .collect();
+    h.s.detach(h.now, DetachReason::ConnectionLost);
+    let mut c = v5_persistent("c1");
+    c.properties.receive_maximum = Some(1);
+    h.s.attach(h.now, &c).unwrap();
+    h.s.deliver(
+        h.now,
+        &msg("t", QoS::AtLeastOnce, b"new"),
+        &sub(QoS::AtLeastOnce),
+    );
+    // MQTT 5 §4.4 asks for every unacknowledged PUBLISH again.
+    assert_eq!(published(&h.drain()).len(), 3);
+    h.packet(Packet::Puback(PubAck::new(ids[0]))).unwrap();
+    h.packet(Packet::Puback(PubAck::new(ids[1]))).unwrap();
+    assert!(
+        published(&h.drain()).is_empty(),
+        "still 1 in flight, window 1"
+    );
+    h.packet(Packet::Puback(PubAck::new(ids[2]))).unwrap();
+    assert_eq!(&published(&h.drain())[0].msg.payload[..], b"new");
+}
+
+#[test]
+fn expired_inflight_qos1_not_resent_and_qos2_released() {
+    let mut h = H::attached(SessionLimits::default(), &v5_persistent("c1"));
+    for qos in [QoS::AtLeastOnce, QoS::ExactlyOnce] {
+        let mut m = (*msg("t", qos, b"x")).clone();
+        m.expires_at = Some(h.now + Duration::from_secs(5));
+        h.s.deliver(h.now, &Arc::new(m), &sub(qos));
+    }
+    let e = h.drain();
+    let q2 = published(&e)[1].packet_id.unwrap();
+    h.s.detach(h.now, DetachReason::ConnectionLost);
+    h.now += Duration::from_secs(10);
+    h.s.attach(h.now, &v5_persistent("c1")).unwrap();
+    let e = h.drain();
+    assert!(published(&e).is_empty());
+    assert_eq!(drops(&e), [DropReason::Expired; 2]);
+    // The QoS 2 id may be held by the client: release it rather than reuse it.
+    assert_eq!(sent(&e)[1..], [&Packet::Pubrel(PubAck::new(q2))]);
+    h.packet(Packet::Pubcomp(PubAck::new(q2))).unwrap();
+    assert_eq!(h.s.inflight_len(), 0);
+}
+
+#[test]
+fn inflight_message_resent_with_remaining_expiry() {
+    let mut h = H::attached(SessionLimits::default(), &v5_persistent("c1"));
+    let mut m = (*msg("t", QoS::AtLeastOnce, b"x")).clone();
+    m.expires_at = Some(h.now + Duration::from_secs(30));
+    h.s.deliver(h.now, &Arc::new(m), &sub(QoS::AtLeastOnce));
+    h.drain();
+    h.s.detach(h.now, DetachReason::ConnectionLost);
+    h.now += Duration::from_secs(10);
+    h.s.attach(h.now, &v5_persistent("c1")).unwrap();
+    let e = h.drain();
+    let w = wire(published(&e)[0], Protocol::V5);
+    assert_eq!(w.properties.message_expiry_interval, Some(20));
+}
+
+#[test]
+fn queued_qos0_evicted_to_front_is_sent_without_a_slot() {
+    let l = SessionLimits {
+        inflight_max: 1,
+        mqueue_len_max: 2,
+        mqueue_policy: QueueFullPolicy::DropOldest,
+        ..SessionLimits::default()
+    };
+    let mut h = H::attached(l, &connect(Protocol::V5, "c1", true));
+    h.s.deliver(
+        h.now,
+        &msg("t", QoS::AtLeastOnce, b"1"),
+        &sub(QoS::AtLeastOnce),
+    );
+    h.s.deliver(
+        h.now,
+        &msg("t", QoS::AtLeastOnce, b"2"),
+        &sub(QoS::AtLeastOnce),
+    );
+    h.s.deliver(
+        h.now,
+        &msg("t", QoS::AtMostOnce, b"3"),
+        &sub(QoS::AtMostOnce),
+    );
+    h.s.deliver(
+        h.now,
+        &msg("t", QoS::AtLeastOnce, b"4"),
+        &sub(QoS::AtLeastOnce),
+    );
+    let e = h.drain();
+    let payloads: Vec<u8> = published(&e).iter().map(|p| p.msg.payload[0]).collect();
+    assert_eq!(payloads, b"13");
+    assert_eq!(drops(&e), [DropReason::QueueFull]);
+    assert_eq!(h.s.queue_len(), 1);
+}
+
+#[test]
+fn unsubscribe_with_packet_id_in_use_answered_0x91() {
+    let mut h = H::attached(SessionLimits::default(), &connect(Protocol::V5, "c1", true));
+    let u = Unsubscribe {
+        packet_id: pid(4),
+        filters: vec!["a".into()],
+        properties: Properties::default(),
+    };
+    h.packet(Packet::Unsubscribe(u.clone())).unwrap();
+    h.drain();
+    h.packet(Packet::Unsubscribe(u)).unwrap();
+    let e = h.drain();
+    let Packet::Unsuback(ack) = sent(&e)[0] else {
+        panic!("{e:?}")
+    };
+    assert_eq!(ack.reason_codes, [ReasonCode::PacketIdentifierInUse]);
+}
+
+#[test]
 fn qos2_pubrel_resent_after_reconnect() {
     let mut h = H::attached(SessionLimits::default(), &v5_persistent("c1"));
     h.s.deliver(
@@ -838,7 +964,7 @@ fn oversize_message_dropped_for_client_maximum_packet_size() {
     let e = h.drain();
     assert_eq!(drops(&e), [DropReason::TooLarge]);
     assert_eq!(published(&e).len(), 1);
-    assert!(published(&e)[0].len() <= 20);
+    assert!(published(&e)[0].size() <= 20);
     assert_eq!(h.s.inflight_len(), 1, "the dropped one took no slot");
 }
 
