@@ -200,6 +200,14 @@ impl MemDisk {
         }
     }
 
+    /// An independent copy of the current files (a checker inspects a copy so that its
+    /// recovery cannot change the disk of a running node).
+    pub fn fork(&self) -> MemDisk {
+        MemDisk {
+            files: Arc::new(Mutex::new(self.lock().clone())),
+        }
+    }
+
     /// Bytes written but not yet synced, over all files.
     pub fn unsynced_bytes(&self) -> usize {
         self.lock().values().map(|f| f.data.len() - f.synced).sum()

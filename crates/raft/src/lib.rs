@@ -20,3 +20,5 @@ pub use wal::{DiskLog, FsyncPolicy, LogOptions, LogStore, Recovery};
 
 /// raft-rs's wire types, re-exported so that transports need no direct dependency.
 pub use raft::eraftpb;
+/// raft-rs's storage read trait, implemented by every [`LogStore`].
+pub use raft::{GetEntriesContext, Storage};
