@@ -71,7 +71,7 @@ pub struct ProxyHeader {
 /// The outcome of [`parse`] on the bytes received so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProxyParse {
-    /// More bytes are needed: read exactly `needed` more (at least 1) and call again with all
+    /// More bytes are needed: read up to `needed` more (at least 1) and call again with all
     /// bytes so far. Reading that many never goes past the end of the header.
     Incomplete {
         /// How many more bytes to read.
@@ -307,11 +307,21 @@ pub(crate) async fn read_header<S: AsyncRead + Unpin>(
                     return Ok(header);
                 }
                 Ok(ProxyParse::Incomplete { needed }) => {
+                    // Take whatever has arrived, up to `needed`: garbage shorter than a
+                    // header is refused on its first bytes instead of waiting for more.
                     let at = buf.len();
                     buf.resize(at + needed, 0);
-                    io.read_exact(&mut buf[at..])
+                    let n = io
+                        .read(&mut buf[at..])
                         .await
                         .map_err(|source| NetError::ProxyIo { peer, source })?;
+                    if n == 0 {
+                        return Err(NetError::ProxyIo {
+                            peer,
+                            source: std::io::ErrorKind::UnexpectedEof.into(),
+                        });
+                    }
+                    buf.truncate(at + n);
                 }
                 Err(source) => return Err(NetError::ProxyHeader { peer, source }),
             }
@@ -361,6 +371,11 @@ pub(crate) mod tests {
     /// Drives `parse` as the async reader does, from `stream`; returns the header and how
     /// many bytes of `stream` were consumed.
     fn feed(stream: &[u8]) -> Result<(ProxyHeader, usize), ProxyError> {
+        feed_in_chunks(stream, usize::MAX)
+    }
+
+    /// As `feed`, with reads returning at most `chunk` bytes (short reads).
+    fn feed_in_chunks(stream: &[u8], chunk: usize) -> Result<(ProxyHeader, usize), ProxyError> {
         let mut seen = 0usize;
         loop {
             match parse(&stream[..seen], MAX)? {
@@ -371,7 +386,7 @@ pub(crate) mod tests {
                 ProxyParse::Incomplete { needed } => {
                     assert!(needed >= 1);
                     assert!(seen + needed <= stream.len(), "ran out of input");
-                    seen += needed;
+                    seen += needed.min(chunk);
                 }
             }
         }
@@ -505,11 +520,12 @@ pub(crate) mod tests {
         fn encoded_v2_headers_consume_exactly_their_bytes(
             a in any::<[u8; 4]>(), b in any::<[u8; 4]>(), p in any::<u16>(), q in any::<u16>(),
             tlv in 0usize..200, tail in proptest::collection::vec(any::<u8>(), 0..50),
+            chunk in 1usize..40,
         ) {
             let src = SocketAddr::new(IpAddr::from(a), p);
             let dst = SocketAddr::new(IpAddr::from(b), q);
             let header = v2_header(src, dst, tlv);
-            let (h, len) = feed(&[&header[..], &tail[..]].concat()).unwrap();
+            let (h, len) = feed_in_chunks(&[&header[..], &tail[..]].concat(), chunk).unwrap();
             prop_assert_eq!(len, header.len());
             prop_assert_eq!(h.source, Some(src));
         }
@@ -518,10 +534,11 @@ pub(crate) mod tests {
         fn formatted_v1_headers_consume_exactly_their_bytes(
             a in any::<[u8; 4]>(), b in any::<[u8; 4]>(), p in any::<u16>(), q in any::<u16>(),
             tail in proptest::collection::vec(any::<u8>(), 0..50),
+            chunk in 1usize..40,
         ) {
             let (sa, sb) = (Ipv4Addr::from(a), Ipv4Addr::from(b));
             let header = format!("PROXY TCP4 {sa} {sb} {p} {q}\r\n").into_bytes();
-            let (h, len) = feed(&[&header[..], &tail[..]].concat()).unwrap();
+            let (h, len) = feed_in_chunks(&[&header[..], &tail[..]].concat(), chunk).unwrap();
             prop_assert_eq!(len, header.len());
             prop_assert_eq!(h.source, Some(SocketAddr::new(IpAddr::V4(sa), p)));
         }

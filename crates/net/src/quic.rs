@@ -5,6 +5,7 @@
 //! socket shims, so callers are identical in both builds.
 
 use std::{
+    future::Future,
     io,
     net::SocketAddr,
     pin::Pin,
@@ -438,14 +439,30 @@ impl AsyncRead for QuicRecv {
 /// holding its connection: MQTT over QUIC carries a whole MQTT session on the first stream
 /// the client opens.
 ///
-/// `shutdown` finishes the sending side. Dropping the last handle to the connection closes
-/// it at once, which may cut off bytes still in flight: shut down and let the peer close
-/// first when the last bytes matter.
-#[derive(Debug)]
+/// `shutdown` finishes the sending side and completes once the peer has acknowledged every
+/// byte (or stopped the stream, or the connection ended): dropping the last handle to a
+/// connection closes it at once and would cut off bytes still in flight, so shut down before
+/// dropping when the last bytes matter (a DISCONNECT, a refusing CONNACK).
 pub struct QuicBiStream {
     send: QuicSend,
     recv: QuicRecv,
     connection: QuicConnection,
+    /// Set by `poll_shutdown` once the stream is finished: resolves when the peer has it all.
+    acked: Option<Pin<Box<StoppedFuture>>>,
+}
+
+type StoppedFuture =
+    dyn Future<Output = Result<Option<quinn::VarInt>, quinn::StoppedError>> + Send + Sync;
+
+impl std::fmt::Debug for QuicBiStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuicBiStream")
+            .field("send", &self.send)
+            .field("recv", &self.recv)
+            .field("connection", &self.connection)
+            .field("shutting_down", &self.acked.is_some())
+            .finish()
+    }
 }
 
 impl QuicBiStream {
@@ -455,6 +472,7 @@ impl QuicBiStream {
             send,
             recv,
             connection,
+            acked: None,
         }
     }
 
@@ -506,6 +524,15 @@ impl AsyncWrite for QuicBiStream {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.send).poll_shutdown(cx)
+        let this = &mut *self;
+        if this.acked.is_none() {
+            std::task::ready!(Pin::new(&mut this.send).poll_shutdown(cx))?;
+        }
+        let send = &this.send.inner;
+        let acked = this.acked.get_or_insert_with(|| Box::pin(send.stopped()));
+        // Stopped by the peer, or the connection gone: either way nothing more will be
+        // delivered, and shutdown has nothing left to wait for.
+        std::task::ready!(acked.as_mut().poll(cx)).ok();
+        Poll::Ready(Ok(()))
     }
 }
