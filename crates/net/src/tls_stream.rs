@@ -191,4 +191,53 @@ mod tests {
         );
         assert_eq!(common_name(&CertificateDer::from(vec![1, 2, 3])), None);
     }
+
+    #[test]
+    fn tls_files_errors_name_the_file_that_did_not_load() {
+        let dir =
+            std::env::temp_dir().join(format!("starling-net-tlsfiles-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let dev = crate::write_dev_certificates(&dir, &[]).unwrap();
+        let good = dev.tls_files();
+        good.load().unwrap();
+
+        let missing = TlsFiles {
+            cert: dir.join("absent.pem"),
+            ..good.clone()
+        };
+        let err = missing.load().unwrap_err();
+        assert!(err.to_string().contains("absent.pem"), "{err}");
+
+        // A key file holding only a certificate: no key in it.
+        let no_key = TlsFiles {
+            key: dev.server_cert.clone(),
+            ..good.clone()
+        };
+        let err = no_key.load().unwrap_err();
+        assert!(
+            matches!(&err, NetError::Pem { path, .. } if *path == dev.server_cert),
+            "{err}"
+        );
+
+        // The CA's key with the server's certificate: both files named.
+        let mismatch = TlsFiles {
+            key: dev.ca_key.clone(),
+            ..good.clone()
+        };
+        let err = mismatch.load().unwrap_err();
+        assert!(matches!(err, NetError::TlsIdentity { .. }), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("server.pem") && text.contains("ca.key"),
+            "{text}"
+        );
+
+        let bad_ca = TlsFiles {
+            client_auth: ClientAuth::Required(dev.server_key.clone()),
+            ..good
+        };
+        let err = bad_ca.load().unwrap_err();
+        assert!(err.to_string().contains("server.key"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
