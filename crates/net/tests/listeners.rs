@@ -673,3 +673,22 @@ async fn proxy_protocol_on_quic_is_a_config_error() {
     .unwrap_err();
     assert!(matches!(err, NetError::ListenerConfig { .. }), "{err}");
 }
+
+#[tokio::test]
+async fn ws_text_frame_ends_the_connection() {
+    let echo = Echo::start(
+        Transport::Ws(WsConfig::default()),
+        ListenerSettings::default(),
+    )
+    .await;
+    let mut ws = raw_ws(echo.addr, "/mqtt", Some("mqtt"), None)
+        .await
+        .unwrap();
+    // MQTT 5 §6.0: packets travel in binary frames; anything else closes the connection.
+    ws.send(Message::Text("\u{10}\u{0}".into())).await.unwrap();
+    match within("server ends the connection", ws.next()).await {
+        None | Some(Err(_)) | Some(Ok(Message::Close(_))) => {}
+        Some(Ok(other)) => panic!("echoed a text frame: {other:?}"),
+    }
+    echo.counters_until(|c| c.accepted == 1).await;
+}
