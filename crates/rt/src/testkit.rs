@@ -394,3 +394,127 @@ pub async fn parent_stop_stops_children() {
     assert_eq!(exit.await, Exit::Stopped);
     rx.await.expect("the child was not stopped with its parent");
 }
+
+// ---------------------------------------------------------------------------------------
+// Cost measurements (not assertions): `cargo run --release -p starling-rt --example
+// actor_cost` on actix, `cd sim && cargo run --release --example actor_cost` on madsim.
+
+/// What [`measure_costs`] found.
+#[derive(Debug, Clone)]
+pub struct Costs {
+    pub backend: &'static str,
+    pub idle_actors: usize,
+    /// Resident memory added per idle actor (bytes), from /proc/self/statm.
+    pub idle_bytes_per_actor: f64,
+    pub hops: u64,
+    /// CPU time of the whole process per message hop (ns), from each thread's schedstat:
+    /// real CPU time even under madsim, whose clocks are virtual.
+    pub ns_per_hop: f64,
+}
+
+fn rss_bytes() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = s
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// CPU nanoseconds of the whole process: the sum of each thread's schedstat (utime and
+/// stime tick in 10 ms, too coarse).
+fn process_cpu_ns() -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read_to_string(e.path().join("schedstat")).ok())
+        .filter_map(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+struct Idle;
+impl Actor for Idle {
+    type Msg = ();
+    async fn handle(&mut self, _msg: (), _ctx: &mut Ctx<Self>) {}
+}
+
+enum Ball {
+    Meet(crate::Addr<Ball>),
+    Serve(crate::Addr<Ball>, u64, Reply<()>),
+    Hit(u64),
+}
+
+/// Bounces a counter back and forth with a peer; answers when it reaches zero.
+struct Player {
+    peer: Option<crate::Addr<Ball>>,
+    done: Option<Reply<()>>,
+}
+
+impl Actor for Player {
+    type Msg = Ball;
+    async fn handle(&mut self, msg: Ball, _ctx: &mut Ctx<Self>) {
+        let n = match msg {
+            Ball::Meet(peer) => {
+                self.peer = Some(peer);
+                return;
+            }
+            Ball::Serve(peer, n, done) => {
+                self.peer = Some(peer);
+                self.done = Some(done);
+                n
+            }
+            Ball::Hit(n) => n,
+        };
+        if n == 0 {
+            if let Some(d) = self.done.take() {
+                let _ = d.send(());
+            }
+            if let Some(p) = &self.peer {
+                let _ = p.send(Ball::Hit(0)).await;
+            }
+            self.peer = None;
+            return;
+        }
+        if let Some(p) = &self.peer {
+            let _ = p.send(Ball::Hit(n - 1)).await;
+        }
+    }
+}
+
+/// Spawns `idle` idle actors and bounces `hops` messages between two actors.
+pub async fn measure_costs(idle: usize, hops: u64) -> Costs {
+    let before = rss_bytes();
+    let addrs: Vec<_> = (0..idle).map(|_| start(Idle)).collect();
+    // Let every actor run its start-up and park on its mailbox.
+    time::sleep(Duration::from_millis(200)).await;
+    let after = rss_bytes();
+    drop(addrs);
+
+    let a = start(Player {
+        peer: None,
+        done: None,
+    });
+    let b = start(Player {
+        peer: None,
+        done: None,
+    });
+    let (tx, rx) = oneshot::channel();
+    b.send(Ball::Meet(a.clone())).await.unwrap();
+    let cpu0 = process_cpu_ns();
+    a.send(Ball::Serve(b.clone(), hops, tx)).await.unwrap();
+    rx.await.unwrap();
+    let cpu1 = process_cpu_ns();
+    Costs {
+        backend: crate::BACKEND,
+        idle_actors: idle,
+        idle_bytes_per_actor: after.saturating_sub(before) as f64 / idle as f64,
+        hops,
+        ns_per_hop: cpu1.saturating_sub(cpu0) as f64 / hops as f64,
+    }
+}

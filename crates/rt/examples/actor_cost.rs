@@ -1,0 +1,13 @@
+//! Measures an idle actor's memory and a message hop's CPU cost on the actix backend.
+//! `cargo run --release -p starling-rt --features testkit --example actor_cost [actors] [hops]`
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let idle = args.next().and_then(|a| a.parse().ok()).unwrap_or(100_000);
+    let hops = args
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1_000_000);
+    let c = starling_rt::Runtime::new(2).block_on(starling_rt::testkit::measure_costs(idle, hops));
+    println!("{c:?}");
+}

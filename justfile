@@ -1,0 +1,44 @@
+# Starling tasks. `just --list` shows them all.
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# Run the broker (embedded defaults unless given `--config FILE`).
+run *ARGS:
+    cargo run --release --bin starling -- {{ARGS}}
+
+# Build everything.
+build:
+    cargo build --workspace
+
+# Every test: workspace unit/integration tests, then the simulation suites.
+test: test-workspace sim
+
+test-workspace:
+    cargo test --workspace
+
+# The chaos suites under the deterministic simulator, plus a determinism check.
+sim:
+    cd sim && cargo test --features sim
+    cd sim && MADSIM_TEST_CHECK_DETERMINISM=1 MADSIM_TEST_NUM=5 cargo test --features sim --test rt_relay
+
+# One simulation test on one seed, e.g. `just sim-one rt_relay relay_ordered_and_complete_under_partitions_and_restarts 42`.
+sim-one SUITE TEST SEED:
+    cd sim && MADSIM_TEST_SEED={{SEED}} cargo test --features sim --test {{SUITE}} -- {{TEST}} --exact --nocapture
+
+# Explore new seeds (not run in CI): `just sim-explore rt_relay 1000`.
+sim-explore SUITE NUM="1000":
+    cd sim && MADSIM_TEST_SEED=$(date +%s) MADSIM_TEST_NUM={{NUM}} cargo test --features sim --test {{SUITE}}
+
+# Formatting and clippy, production and simulation builds.
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+    cd sim && cargo fmt -- --check
+    cd sim && cargo clippy --features sim --all-targets -- -D warnings
+
+fmt:
+    cargo fmt --all
+    cd sim && cargo fmt
+
+# Criterion benchmarks of the workspace crates.
+bench:
+    cargo bench --workspace
