@@ -1,0 +1,571 @@
+//! The client actor: one per client identifier. It owns the [`Session`] for the session's
+//! whole life and, while a connection is attached, that connection's socket (the read half
+//! as its input stream of decoded packets, the write half for batched writes).
+//!
+//! One actor per client rather than a connection actor plus a session actor: an idle
+//! connection then costs one task and one mailbox, and a takeover is a message to the actor
+//! that owns the client id (the registry guarantees there is one), which closes the old
+//! socket (v5: DISCONNECT 0x8E) and adopts the new one.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures::Stream;
+use starling_codec::{
+    decode, encode, Connect, Disconnect, Error as CodecError, Packet, Properties, Protocol,
+    ReasonCode, PACKET_SIZE_MAX,
+};
+use starling_rt::{time, Actor, Addr, Ctx, Reply, TimerId, WeakAddr};
+use starling_session::{DetachReason, DropReason, Effect, Instant, Message, Session};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::OwnedSemaphorePermit;
+use tracing::{debug, Instrument};
+
+use crate::gate::AclGate;
+use crate::metrics::{add, dec};
+use crate::registry::RegistryMsg;
+use crate::routing::{RouterMsg, SubscribeResult};
+use crate::settings::Shared;
+
+/// A byte stream a client connection can run on: TCP, TLS, WebSocket, QUIC or a test pipe.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
+
+/// Packets decoded per input item: a turn's work budget, and the unit of write batching.
+const INPUT_BATCH_MAX: usize = 64;
+/// First read buffer, allocated when the connection is adopted; it grows only for a larger
+/// packet and shrinks back once drained, so idle connections stay small.
+const READ_BUF_INITIAL: usize = 256;
+/// A drained read buffer larger than this is released.
+const READ_BUF_KEEP_MAX: usize = 64 * 1024;
+/// Pending output past this is written at once rather than at the deferred flush.
+const WRITE_BATCH_MAX: usize = 64 * 1024;
+/// A write that makes no progress for this long means the peer is gone or stuck.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A connection whose CONNECT was accepted (authenticated and checked), on its way to the
+/// actor that owns its client id.
+pub(crate) struct NewConn {
+    pub connect: Connect,
+    pub io: Box<dyn Io>,
+    /// Bytes read after the CONNECT (a client may pipeline packets behind it).
+    pub buf: BytesMut,
+    pub peer: SocketAddr,
+    pub username: Option<String>,
+    /// Held while the connection lives: the listener's max_connections.
+    pub permit: Option<OwnedSemaphorePermit>,
+}
+
+pub(crate) enum ClientMsg {
+    /// A new connection for this client id (first, resumed, or a takeover).
+    Attach(Box<NewConn>),
+    /// Packets decoded from one read, then the decoder's error if it failed after them.
+    Input(Vec<Packet>, Option<CodecError>),
+    /// The socket's read side ended (EOF or error).
+    InputEnd,
+    /// A routed message.
+    Deliver(Arc<Message>, starling_session::DeliveryOptions),
+    /// The session's timer.
+    Timeout,
+    /// Write what the last turns encoded.
+    Flush,
+    /// The broker is stopping.
+    Shutdown(Reply<()>),
+}
+
+struct Conn {
+    writer: WriteHalf<Box<dyn Io>>,
+    out: BytesMut,
+    protocol: Protocol,
+    username: Option<String>,
+    peer: SocketAddr,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+pub(crate) struct Client {
+    shared: Arc<Shared>,
+    router: Addr<RouterMsg>,
+    registry: WeakAddr<RegistryMsg>,
+    session: Session,
+    gate: AclGate,
+    conn: Option<Conn>,
+    first: Option<Box<NewConn>>,
+    timer: Option<(Instant, TimerId)>,
+    /// Attach messages handled, for the registry's retire handshake.
+    attaches: u64,
+    retiring: bool,
+    flush_queued: bool,
+}
+
+impl Client {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        router: Addr<RouterMsg>,
+        registry: WeakAddr<RegistryMsg>,
+        client_id: Arc<str>,
+        first: Box<NewConn>,
+    ) -> Self {
+        let gate = AclGate::new(
+            shared.clone(),
+            first.username.clone(),
+            client_id.clone(),
+            first.peer.ip(),
+        );
+        Self {
+            session: Session::new(client_id, shared.limits.clone()),
+            shared,
+            router,
+            registry,
+            gate,
+            conn: None,
+            first: Some(first),
+            timer: None,
+            attaches: 0,
+            retiring: false,
+            flush_queued: false,
+        }
+    }
+
+    fn client_id(&self) -> Arc<str> {
+        self.session.client_id().clone()
+    }
+
+    async fn attach(&mut self, nc: Box<NewConn>, ctx: &mut Ctx<Self>) {
+        self.attaches += 1;
+        self.retiring = false;
+        if self.session.is_attached() {
+            // Takeover (MQTT 5 §3.1.4): the old connection is closed (0x8E), the session
+            // moves to the new one.
+            debug!(peer = %nc.peer, "session taken over");
+            self.session.detach(time::now(), DetachReason::TakenOver);
+            self.run_effects(ctx).await;
+        }
+        // A connection the session no longer knows (it was closed above, or broke while a
+        // write failed) must not linger.
+        self.close_conn(None, ctx).await;
+        let NewConn {
+            connect,
+            io,
+            buf,
+            peer,
+            username,
+            permit,
+        } = *nc;
+        self.gate = AclGate::new(
+            self.shared.clone(),
+            username.clone(),
+            self.client_id(),
+            peer.ip(),
+        );
+        let protocol = connect.protocol;
+        let (rd, wr) = tokio::io::split(io);
+        self.conn = Some(Conn {
+            writer: wr,
+            out: BytesMut::new(),
+            protocol,
+            username,
+            peer,
+            _permit: permit,
+        });
+        ctx.add_stream(
+            reader(
+                rd,
+                buf,
+                protocol,
+                self.shared.limits.packet_size_max,
+                self.shared.clone(),
+            ),
+            None,
+        );
+        match self.session.attach(time::now(), &connect) {
+            Ok(a) => {
+                add(&self.shared.metrics.clients_connected, 1);
+                self.presence(true).await;
+                self.event("connected", Some((&connect, a.keep_alive_secs)))
+                    .await;
+            }
+            Err(e) => {
+                // Cannot happen (the old connection was detached above); close rather than
+                // leave a connection the session does not serve.
+                debug!(error = %e, "attach failed");
+                self.close_conn(None, ctx).await;
+                return;
+            }
+        }
+        self.run_effects(ctx).await;
+    }
+
+    async fn presence(&mut self, online: bool) {
+        let _ = self
+            .router
+            .send(RouterMsg::Presence {
+                client_id: self.client_id(),
+                online,
+            })
+            .await;
+    }
+
+    /// `$SYS/brokers/{node}/clients/{client_id}/{connected|disconnected}`.
+    async fn event(&mut self, what: &str, connect: Option<(&Connect, u16)>) {
+        let id = self.client_id();
+        let topic = format!("{}/clients/{}/{}", self.shared.sys_prefix, id, what);
+        let mut payload = format!(
+            "{{\"clientid\":\"{}\",\"ts\":{}",
+            json_escape(&id),
+            time::unix_secs()
+        );
+        if let (Some((c, keep_alive)), Some(conn)) = (connect, &self.conn) {
+            payload.push_str(&format!(
+                ",\"username\":{},\"ipaddress\":\"{}\",\"proto_ver\":{},\"keepalive\":{},\"clean_start\":{}",
+                conn.username
+                    .as_deref()
+                    .map_or("null".to_owned(), |u| format!("\"{}\"", json_escape(u))),
+                conn.peer.ip(),
+                c.protocol.level(),
+                keep_alive,
+                c.clean_start
+            ));
+        }
+        payload.push('}');
+        let msg = crate::sys::message(topic, payload, false);
+        let _ = self.router.send(RouterMsg::Publish(msg)).await;
+    }
+
+    /// Applies every pending effect of the session, in order.
+    async fn run_effects(&mut self, ctx: &mut Ctx<Self>) {
+        while let Some(effect) = self.session.poll_effect() {
+            match effect {
+                Effect::Send(p) => self.encode(&p),
+                Effect::SendPublish(op) => {
+                    if let Some(c) = &mut self.conn {
+                        c.out.extend_from_slice(&op.header);
+                        c.out.extend_from_slice(&op.msg.payload);
+                        add(&self.shared.metrics.messages_sent, 1);
+                    }
+                }
+                Effect::Publish(m) => {
+                    add(&self.shared.metrics.messages_received, 1);
+                    // Awaited: a full router mailbox holds this client's reads back, which
+                    // is the back-pressure a fast publisher meets.
+                    let _ = self.router.send(RouterMsg::Publish(m)).await;
+                }
+                Effect::Subscribe { packet_id, filters } => {
+                    let client_id = self.client_id();
+                    let me = ctx.weak_addr();
+                    let r = self
+                        .router
+                        .ask(|reply| RouterMsg::Subscribe {
+                            client_id,
+                            client: me,
+                            filters,
+                            reply,
+                        })
+                        .await
+                        .unwrap_or_else(|_| SubscribeResult::default());
+                    let now = time::now();
+                    // SUBACK first, then the retained messages (MQTT 5 §3.8.4).
+                    self.session.subscribed(now, packet_id, r.results);
+                    for (m, o) in r.retained {
+                        self.session.deliver(now, &m, &o);
+                    }
+                }
+                Effect::Unsubscribe { packet_id, filters } => {
+                    let client_id = self.client_id();
+                    let codes = self
+                        .router
+                        .ask(|reply| RouterMsg::Unsubscribe {
+                            client_id,
+                            filters,
+                            reply,
+                        })
+                        .await
+                        .unwrap_or_default();
+                    self.session.unsubscribed(time::now(), packet_id, codes);
+                }
+                Effect::Will(m) => {
+                    if self.gate_allows_will(&m) {
+                        let _ = self.router.send(RouterMsg::Publish(m)).await;
+                    }
+                }
+                Effect::Close(code) => self.close_conn(code, ctx).await,
+                Effect::SessionEnded { subscriptions } => {
+                    let _ = self
+                        .router
+                        .send(RouterMsg::SessionEnded {
+                            client_id: self.client_id(),
+                            actor: ctx.id(),
+                            filters: subscriptions,
+                        })
+                        .await;
+                }
+                Effect::Dropped { reason, .. } => {
+                    let m = &self.shared.metrics;
+                    add(
+                        match reason {
+                            DropReason::QueueFull => &m.dropped_queue_full,
+                            DropReason::Expired => &m.dropped_expired,
+                            _ => &m.dropped_other,
+                        },
+                        1,
+                    );
+                }
+            }
+        }
+    }
+
+    fn gate_allows_will(&mut self, m: &Message) -> bool {
+        use starling_session::Gate;
+        self.gate.allow_publish(&m.topic, m.qos, m.retain)
+    }
+
+    fn encode(&mut self, p: &Packet) {
+        let max = self.session.client_packet_size_max();
+        if let Some(c) = &mut self.conn {
+            if let Err(e) = encode(p, c.protocol, max, &mut c.out) {
+                debug!(error = %e, packet = ?p.packet_type(), "packet not encodable, not sent");
+            }
+        }
+    }
+
+    /// Writes the pending output; on failure the session loses its connection.
+    async fn flush(&mut self, ctx: &mut Ctx<Self>) {
+        self.flush_queued = false;
+        let Some(c) = &mut self.conn else { return };
+        if c.out.is_empty() {
+            return;
+        }
+        let n = c.out.len();
+        let ok = write_out(c).await;
+        if ok {
+            add(&self.shared.metrics.bytes_sent, n as u64);
+            return;
+        }
+        debug!("write failed; connection lost");
+        // Nothing more can be written: drop the socket before the session's Close.
+        self.drop_conn(ctx).await;
+        self.session
+            .detach(time::now(), DetachReason::ConnectionLost);
+        self.run_effects(ctx).await;
+    }
+
+    /// Writes the last bytes (a DISCONNECT with `code` for v5), then closes the socket.
+    async fn close_conn(&mut self, code: Option<ReasonCode>, ctx: &mut Ctx<Self>) {
+        let Some(c) = &mut self.conn else { return };
+        if let Some(code) = code.filter(|_| c.protocol.is_v5()) {
+            let d = Packet::Disconnect(Disconnect {
+                reason_code: code,
+                properties: Properties::default(),
+            });
+            let _ = encode(&d, c.protocol, PACKET_SIZE_MAX, &mut c.out);
+        }
+        let n = c.out.len();
+        if write_out(c).await {
+            add(&self.shared.metrics.bytes_sent, n as u64);
+        }
+        let _ = time::timeout(WRITE_TIMEOUT, c.writer.shutdown()).await;
+        self.drop_conn(ctx).await;
+    }
+
+    async fn drop_conn(&mut self, ctx: &mut Ctx<Self>) {
+        if self.conn.take().is_none() {
+            return;
+        }
+        // Replacing the input drops the read half; with the write half gone the socket closes.
+        ctx.add_stream(futures::stream::empty::<ClientMsg>(), None);
+        dec(&self.shared.metrics.clients_connected);
+        self.presence(false).await;
+        self.event("disconnected", None).await;
+    }
+
+    /// After a turn: arm the session's timer, schedule the write, retire an ended session.
+    async fn after_turn(&mut self, ctx: &mut Ctx<Self>) {
+        if let Some(c) = &self.conn {
+            if !c.out.is_empty() && !self.flush_queued {
+                // Deferred: deliveries already in the mailbox are encoded before the write,
+                // so a burst goes out in one write.
+                if c.out.len() < WRITE_BATCH_MAX && ctx.addr().try_send(ClientMsg::Flush).is_ok() {
+                    self.flush_queued = true;
+                } else {
+                    self.flush(ctx).await;
+                }
+            }
+        }
+        self.rearm(ctx);
+        if self.conn.is_none() && self.session.is_ended() && !self.retiring {
+            self.retiring = true;
+            match self.registry.upgrade() {
+                Some(r) => {
+                    let _ = r
+                        .send(RegistryMsg::Retire {
+                            client_id: self.client_id(),
+                            actor: ctx.id(),
+                            attaches: self.attaches,
+                        })
+                        .await;
+                }
+                None => ctx.stop(),
+            }
+        }
+    }
+
+    fn rearm(&mut self, ctx: &mut Ctx<Self>) {
+        let next = self.session.poll_timeout();
+        if self.timer.map(|t| t.0) == next {
+            return;
+        }
+        if let Some((_, id)) = self.timer.take() {
+            ctx.cancel(id);
+        }
+        if let Some(at) = next {
+            let delay = at.saturating_duration_since(time::now());
+            self.timer = Some((at, ctx.after(delay, ClientMsg::Timeout)));
+        }
+    }
+
+    async fn turn(&mut self, msg: ClientMsg, ctx: &mut Ctx<Self>) {
+        match msg {
+            ClientMsg::Attach(nc) => self.attach(nc, ctx).await,
+            ClientMsg::Input(packets, error) => {
+                for p in packets {
+                    if !self.session.is_attached() {
+                        break;
+                    }
+                    let r = self.session.handle_packet(time::now(), p, &mut self.gate);
+                    self.run_effects(ctx).await;
+                    if r.is_err() {
+                        break;
+                    }
+                }
+                if let Some(e) = error {
+                    if self.session.is_attached() {
+                        debug!(error = %e, "malformed packet; closing");
+                        self.session
+                            .detach(time::now(), DetachReason::ProtocolError(e.reason_code()));
+                        self.run_effects(ctx).await;
+                    }
+                }
+            }
+            ClientMsg::InputEnd => {
+                self.session
+                    .detach(time::now(), DetachReason::ConnectionLost);
+                self.run_effects(ctx).await;
+                // The session may have had nothing to close (already detached).
+                self.drop_conn(ctx).await;
+            }
+            ClientMsg::Deliver(m, o) => {
+                self.session.deliver(time::now(), &m, &o);
+                self.run_effects(ctx).await;
+            }
+            ClientMsg::Timeout => {
+                self.timer = None;
+                self.session.handle_timeout(time::now());
+                self.run_effects(ctx).await;
+            }
+            ClientMsg::Flush => self.flush(ctx).await,
+            ClientMsg::Shutdown(reply) => {
+                self.session
+                    .detach(time::now(), DetachReason::ServerShutdown);
+                self.run_effects(ctx).await;
+                let _ = reply.send(());
+                return;
+            }
+        }
+        self.after_turn(ctx).await;
+    }
+}
+
+async fn write_out(c: &mut Conn) -> bool {
+    let ok = matches!(
+        time::timeout(WRITE_TIMEOUT, async {
+            c.writer.write_all(&c.out).await?;
+            c.writer.flush().await
+        })
+        .await,
+        Some(Ok(()))
+    );
+    c.out.clear();
+    if c.out.capacity() > WRITE_BATCH_MAX {
+        c.out = BytesMut::new();
+    }
+    ok
+}
+
+impl Actor for Client {
+    type Msg = ClientMsg;
+
+    async fn started(&mut self, ctx: &mut Ctx<Self>) {
+        if let Some(nc) = self.first.take() {
+            let span = tracing::debug_span!("client", client_id = %self.session.client_id());
+            async {
+                self.attach(nc, ctx).await;
+                self.after_turn(ctx).await;
+            }
+            .instrument(span)
+            .await;
+        }
+    }
+
+    async fn handle(&mut self, msg: ClientMsg, ctx: &mut Ctx<Self>) {
+        let span = tracing::debug_span!("client", client_id = %self.session.client_id());
+        self.turn(msg, ctx).instrument(span).await;
+    }
+}
+
+/// The socket's read side as a stream of decoded packet batches: streaming decode over a
+/// buffer that grows only as a packet needs.
+fn reader(
+    rd: ReadHalf<Box<dyn Io>>,
+    buf: BytesMut,
+    protocol: Protocol,
+    max: u32,
+    shared: Arc<Shared>,
+) -> impl Stream<Item = ClientMsg> + Send + 'static {
+    futures::stream::unfold(Some((rd, buf)), move |state| {
+        let shared = shared.clone();
+        async move {
+            let (mut rd, mut buf) = state?;
+            loop {
+                let mut batch = Vec::new();
+                while batch.len() < INPUT_BATCH_MAX {
+                    match decode(&mut buf, protocol, max) {
+                        Ok(Some(p)) => batch.push(p),
+                        Ok(None) => break,
+                        // Nothing after a decode error is read: the connection is closing.
+                        Err(e) => return Some((ClientMsg::Input(batch, Some(e)), None)),
+                    }
+                }
+                if !batch.is_empty() {
+                    return Some((ClientMsg::Input(batch, None), Some((rd, buf))));
+                }
+                if buf.is_empty() && buf.capacity() > READ_BUF_KEEP_MAX {
+                    buf = BytesMut::new();
+                }
+                if buf.capacity() - buf.len() < READ_BUF_INITIAL / 2 {
+                    // Doubling: a large packet arrives in O(log n) reads and reallocations;
+                    // the decoder refuses one past `max` from its header, before this grows.
+                    buf.reserve(buf.len().max(READ_BUF_INITIAL));
+                }
+                match rd.read_buf(&mut buf).await {
+                    Ok(0) | Err(_) => return Some((ClientMsg::InputEnd, None)),
+                    Ok(n) => add(&shared.metrics.bytes_received, n as u64),
+                }
+            }
+        }
+    })
+}
+
+/// Escapes a string for a JSON string literal.
+pub(crate) fn json_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}

@@ -1,0 +1,22 @@
+//! The broker's one error type: what can stop it from starting.
+
+use std::net::SocketAddr;
+
+/// Why the broker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// A listener could not be bound (address in use, bad TLS material, ...).
+    #[error("listener {kind} on {addr}: {source}")]
+    Listener {
+        /// The listener kind.
+        kind: starling_config::ListenerKind,
+        /// The configured address.
+        addr: SocketAddr,
+        /// What the transport said.
+        #[source]
+        source: starling_net::NetError,
+    },
+    /// The password file or the ACL file did not load.
+    #[error(transparent)]
+    Auth(#[from] starling_auth::AuthError),
+}

@@ -1,0 +1,249 @@
+//! The Starling MQTT broker on one node: listener, client, registry, router and `$SYS` actors over the session core.
+//!
+//! # Actors and message flow
+//! - **Listener** (one per configured listener): accepts connections (the accept loop is its
+//!   input stream), enforces `max_connections`, and runs each connection's transport
+//!   handshake and CONNECT handshake (read under a timeout, authenticate, `check_connect`)
+//!   in a task of its own, then hands the stream to the registry.
+//! - **Registry**: maps each client id to its client actor; a client id is owned by one
+//!   actor at a time. A CONNECT for a known id goes to that actor (resume or takeover),
+//!   otherwise a new actor starts.
+//! - **Client** (one per client id): owns the sans-IO [`starling_session::Session`] for the
+//!   session's whole life and, while connected, the socket: decoded packets arrive as its
+//!   input stream, effects are encoded into one buffer and written once per batch. It
+//!   outlives its connection for persistent sessions (queue, will delay, expiry timers) and
+//!   asks the registry to retire it when the session ends.
+//! - **Router**: subscription trie, retained store, `$delayed/` timers; fans a publish out
+//!   as `Arc<Message>` with `try_send` into bounded client mailboxes (a full one drops and
+//!   counts). Publishers `send` to it and so meet back-pressure.
+//! - **Sys**: `$SYS/brokers/{node}/...` statistics every `sys_interval_secs`; client
+//!   actors publish `.../clients/{id}/connected|disconnected` events.
+
+mod client;
+mod error;
+mod gate;
+mod listener;
+mod metrics;
+mod registry;
+mod routing;
+mod settings;
+mod sys;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::RngCore;
+use starling_auth::Authenticator;
+use starling_config::{Config, ListenerConfig, ListenerKind};
+use starling_net::{
+    ClientAuth, HandshakeLimits, ListenerSettings, MqttListener, ProxyProtocol, QuicConfig,
+    TlsFiles, Transport, WsConfig,
+};
+use starling_rt::{start_with, Addr, Options};
+use tokio::sync::Semaphore;
+
+pub use client::Io;
+pub use error::BrokerError;
+pub use metrics::MetricsSnapshot;
+
+use listener::{ListenerActor, ListenerCtx, ListenerMsg};
+use registry::{Registry, RegistryMsg};
+use routing::{RouterActor, RouterMsg};
+use settings::Shared;
+use sys::{SysActor, SysMsg};
+
+/// Mailbox of the router: deep enough to absorb a burst from many publishers; a full one
+/// makes publishers wait (back-pressure), never grows.
+const ROUTER_MAILBOX: usize = 4096;
+
+/// A running broker. Start it inside the runtime (`Runtime::block_on`, or a tokio test).
+pub struct Broker {
+    shared: Arc<Shared>,
+    listeners: Vec<(ListenerKind, SocketAddr, Addr<ListenerMsg>)>,
+    registry: Addr<RegistryMsg>,
+    _router: Addr<RouterMsg>,
+    sys: Addr<SysMsg>,
+}
+
+impl Broker {
+    /// Validates the auth files, binds every listener and starts the actors.
+    ///
+    /// # Errors
+    /// [`BrokerError::Listener`] when a listener cannot bind or its TLS material does not
+    /// load; [`BrokerError::Auth`] when the password or ACL file does not load.
+    pub async fn start(config: Config) -> Result<Broker, BrokerError> {
+        let shared = Shared::new(config)?;
+        let router = start_with(
+            RouterActor::new(shared.clone()),
+            Options::named("router").capacity(ROUTER_MAILBOX),
+        );
+        let registry = start_with(
+            Registry::new(shared.clone(), router.clone()),
+            Options::named("registry").capacity(1024),
+        );
+        let mut listeners = Vec::new();
+        for lc in &shared.config.listeners {
+            let bound = bind(lc, shared.config.mqtt.max_packet_size).await?;
+            let addr = bound.local_addr();
+            let lctx = ListenerCtx {
+                shared: shared.clone(),
+                registry: registry.clone(),
+                auth: Authenticator::new(lc.allow_anonymous, shared.passwords.clone()),
+                connect_timeout: Duration::from_secs(u64::from(lc.handshake_timeout_secs.max(1))),
+                connections: Arc::new(Semaphore::new(
+                    (lc.max_connections as usize).clamp(1, Semaphore::MAX_PERMITS),
+                )),
+                cn_as_username: lc.tls.as_ref().is_some_and(|t| t.cn_as_username),
+            };
+            let actor = start_with(ListenerActor::new(bound, lctx), Options::named("listener"));
+            tracing::info!(kind = %lc.kind, %addr, "listening");
+            listeners.push((lc.kind, addr, actor));
+        }
+        let sys = start_with(
+            SysActor::new(shared.clone(), router.clone()),
+            Options::named("sys"),
+        );
+        Ok(Broker {
+            shared,
+            listeners,
+            registry,
+            _router: router,
+            sys,
+        })
+    }
+
+    /// The bound address of each listener, in config order (the real port when the config
+    /// said port 0).
+    pub fn local_addrs(&self) -> Vec<(ListenerKind, SocketAddr)> {
+        self.listeners.iter().map(|(k, a, _)| (*k, *a)).collect()
+    }
+
+    /// The first listener of `kind`, if any.
+    pub fn local_addr(&self, kind: ListenerKind) -> Option<SocketAddr> {
+        self.listeners
+            .iter()
+            .find(|(k, _, _)| *k == kind)
+            .map(|(_, a, _)| *a)
+    }
+
+    /// The counters now.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.shared.metrics.snapshot()
+    }
+
+    /// Hands an already accepted stream (any transport) to the broker, as a listener would:
+    /// the CONNECT handshake runs in the caller's task.
+    pub async fn serve_stream(
+        &self,
+        io: Box<dyn Io>,
+        peer: SocketAddr,
+        kind: starling_net::ListenerKind,
+    ) {
+        let lc = ListenerConfig::default();
+        let lctx = Arc::new(ListenerCtx {
+            shared: self.shared.clone(),
+            registry: self.registry.clone(),
+            auth: Authenticator::new(lc.allow_anonymous, self.shared.passwords.clone()),
+            connect_timeout: Duration::from_secs(u64::from(lc.handshake_timeout_secs)),
+            connections: Arc::new(Semaphore::new(1)),
+            cn_as_username: false,
+        });
+        let info = starling_net::ConnInfo {
+            peer,
+            transport_peer: peer,
+            local: peer,
+            kind,
+            tls_client_cn: None,
+        };
+        listener::serve(io, info, None, lctx).await;
+    }
+
+    /// Stops accepting, closes every connection (MQTT 5: DISCONNECT 0x8B) and stops the
+    /// actors.
+    pub async fn shutdown(self) {
+        for (_, _, l) in &self.listeners {
+            l.stop();
+        }
+        let _ = self.registry.ask(RegistryMsg::Shutdown).await;
+        self.registry.stop();
+        self.sys.stop();
+    }
+}
+
+async fn bind(lc: &ListenerConfig, max_packet_size: u32) -> Result<MqttListener, BrokerError> {
+    let err = |source| BrokerError::Listener {
+        kind: lc.kind,
+        addr: lc.bind,
+        source,
+    };
+    let tls = || -> Result<_, BrokerError> {
+        let t = lc.tls.as_ref().ok_or_else(|| {
+            err(starling_net::NetError::ListenerConfig {
+                reason: "listener needs TLS settings",
+            })
+        })?;
+        let client_auth = match (&t.ca_file, t.verify_client) {
+            (Some(ca), true) => ClientAuth::Required(ca.clone()),
+            (Some(ca), false) => ClientAuth::Optional(ca.clone()),
+            (None, _) => ClientAuth::None,
+        };
+        TlsFiles {
+            cert: t.cert_file.clone(),
+            key: t.key_file.clone(),
+            client_auth,
+        }
+        .load()
+        .map_err(err)
+    };
+    let ws = || {
+        let w = lc.ws.clone().unwrap_or_default_ws();
+        WsConfig {
+            path: w.0,
+            trust_x_forwarded_for: w.1,
+            // Some clients send each packet as one WebSocket message.
+            message_size_max: max_packet_size as usize + 16,
+        }
+    };
+    let transport = match lc.kind {
+        ListenerKind::Tcp => Transport::Tcp,
+        ListenerKind::Tls => Transport::Tls(tls()?),
+        ListenerKind::Ws => Transport::Ws(ws()),
+        ListenerKind::Wss => Transport::Wss(tls()?, ws()),
+        ListenerKind::Quic => {
+            let mut seed = [0u8; 32];
+            starling_rt::rng::rng().fill_bytes(&mut seed);
+            let mut q = QuicConfig::new(seed);
+            if let Some(c) = &lc.quic {
+                q.idle_timeout = Duration::from_secs(u64::from(c.idle_timeout_secs.max(1)));
+                if q.keep_alive_interval.is_some_and(|k| k >= q.idle_timeout) {
+                    q.keep_alive_interval = Some(q.idle_timeout / 2);
+                }
+            }
+            Transport::Quic(tls()?, q)
+        }
+    };
+    let settings = ListenerSettings {
+        limits: HandshakeLimits {
+            handshakes_in_flight_max: (lc.max_handshakes as usize).max(1),
+            handshake_timeout: Duration::from_secs(u64::from(lc.handshake_timeout_secs.max(1))),
+        },
+        proxy_protocol: lc.proxy_protocol.then(ProxyProtocol::default),
+    };
+    MqttListener::bind(lc.bind, transport, settings)
+        .await
+        .map_err(err)
+}
+
+trait WsDefaults {
+    fn unwrap_or_default_ws(self) -> (String, bool);
+}
+
+impl WsDefaults for Option<starling_config::WsConfig> {
+    fn unwrap_or_default_ws(self) -> (String, bool) {
+        match self {
+            Some(w) => (w.path, w.x_forwarded_for),
+            None => (starling_net::WS_PATH_DEFAULT.to_owned(), false),
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! Broker-wide counters, for `$SYS` and tests.
+//!
+//! Relaxed atomics behind an `Arc`: every actor bumps them, only the `$SYS` actor and
+//! [`crate::Broker::metrics`] read them. They are metrics, not state: nothing decides on
+//! them, so they are not a channel between actors.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The live counters.
+#[derive(Debug, Default)]
+pub(crate) struct Metrics {
+    pub clients_connected: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub messages_received: AtomicU64,
+    pub messages_sent: AtomicU64,
+    pub bytes_received: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub dropped_queue_full: AtomicU64,
+    pub dropped_mailbox_full: AtomicU64,
+    pub dropped_expired: AtomicU64,
+    pub dropped_other: AtomicU64,
+    pub delayed_refused: AtomicU64,
+    pub retained_refused: AtomicU64,
+}
+
+/// Adds `n` to a counter.
+pub(crate) fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Subtracts 1, never below 0.
+pub(crate) fn dec(c: &AtomicU64) {
+    let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+}
+
+fn get(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+/// A copy of the counters at one moment (each read on its own).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MetricsSnapshot {
+    /// Clients with an attached connection.
+    pub clients_connected: u64,
+    /// Connections refused at accept (max_connections) or at CONNECT (auth, bad CONNECT).
+    pub connections_refused: u64,
+    /// PUBLISH packets accepted from clients.
+    pub messages_received: u64,
+    /// PUBLISH packets written to clients.
+    pub messages_sent: u64,
+    /// Bytes read from client sockets.
+    pub bytes_received: u64,
+    /// Bytes written to client sockets.
+    pub bytes_sent: u64,
+    /// Messages a session's full queue dropped (its drop policy).
+    pub dropped_queue_full: u64,
+    /// Deliveries dropped because the subscriber's mailbox was full (a slow subscriber).
+    pub dropped_mailbox_full: u64,
+    /// Messages dropped because their expiry passed.
+    pub dropped_expired: u64,
+    /// Messages dropped for any other reason (offline QoS 0, too large, not authorized...).
+    pub dropped_other: u64,
+    /// `$delayed/` publishes refused (malformed, too long a delay, too many pending).
+    pub delayed_refused: u64,
+    /// Retained messages the store refused (its caps).
+    pub retained_refused: u64,
+}
+
+impl Metrics {
+    pub(crate) fn snapshot(&self) -> MetricsSnapshot {
+        MetricsSnapshot {
+            clients_connected: get(&self.clients_connected),
+            connections_refused: get(&self.connections_refused),
+            messages_received: get(&self.messages_received),
+            messages_sent: get(&self.messages_sent),
+            bytes_received: get(&self.bytes_received),
+            bytes_sent: get(&self.bytes_sent),
+            dropped_queue_full: get(&self.dropped_queue_full),
+            dropped_mailbox_full: get(&self.dropped_mailbox_full),
+            dropped_expired: get(&self.dropped_expired),
+            dropped_other: get(&self.dropped_other),
+            delayed_refused: get(&self.delayed_refused),
+            retained_refused: get(&self.retained_refused),
+        }
+    }
+}

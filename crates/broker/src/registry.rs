@@ -1,0 +1,124 @@
+//! The registry actor: which client actor owns each client identifier. A client id is owned
+//! by one actor at a time, so every connection for it goes through that actor (resume,
+//! takeover) and no two sessions for one id ever coexist.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use starling_rt::{start_with, time, Actor, ActorId, Addr, Ctx, Options, Reply, TrySendError};
+use tracing::debug;
+
+use crate::client::{Client, ClientMsg, NewConn};
+use crate::routing::RouterMsg;
+use crate::settings::Shared;
+
+/// How long shutdown waits for each client to say goodbye.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
+
+pub(crate) enum RegistryMsg {
+    /// An accepted CONNECT for `client_id`.
+    Connect {
+        client_id: Arc<str>,
+        conn: Box<NewConn>,
+    },
+    /// A client actor whose session ended asks to go; honoured only if no connection was
+    /// sent to it since (`attaches` matches), else the Attach in its mailbox wins.
+    Retire {
+        client_id: Arc<str>,
+        actor: ActorId,
+        attaches: u64,
+    },
+    /// Close every connection (v5 0x8B) and stop every client actor.
+    Shutdown(Reply<()>),
+}
+
+struct Entry {
+    addr: Addr<ClientMsg>,
+    attaches: u64,
+}
+
+pub(crate) struct Registry {
+    shared: Arc<Shared>,
+    router: Addr<RouterMsg>,
+    clients: HashMap<Arc<str>, Entry>,
+}
+
+impl Registry {
+    pub(crate) fn new(shared: Arc<Shared>, router: Addr<RouterMsg>) -> Self {
+        Self {
+            shared,
+            router,
+            clients: HashMap::new(),
+        }
+    }
+
+    async fn connect(&mut self, client_id: Arc<str>, conn: Box<NewConn>, ctx: &mut Ctx<Self>) {
+        let conn = match self.clients.get_mut(&client_id) {
+            Some(e) if !e.addr.is_closed() => {
+                e.attaches += 1;
+                // Urgent lane: a takeover must not wait behind a slow subscriber's backlog.
+                match e.addr.try_send_urgent(ClientMsg::Attach(conn)) {
+                    Ok(()) => return,
+                    Err(TrySendError::Full(m)) => match e.addr.send(m).await {
+                        Ok(()) => return,
+                        Err(c) => take_conn(c.0),
+                    },
+                    Err(TrySendError::Closed(m)) => take_conn(m),
+                }
+            }
+            _ => Some(conn),
+        };
+        let Some(conn) = conn else { return };
+        let client = Client::new(
+            self.shared.clone(),
+            self.router.clone(),
+            ctx.weak_addr(),
+            client_id.clone(),
+            conn,
+        );
+        let opts = Options::named("client").capacity(self.shared.client_mailbox);
+        let addr = start_with(client, opts);
+        self.clients.insert(client_id, Entry { addr, attaches: 1 });
+    }
+}
+
+fn take_conn(m: ClientMsg) -> Option<Box<NewConn>> {
+    match m {
+        ClientMsg::Attach(c) => Some(c),
+        _ => None,
+    }
+}
+
+impl Actor for Registry {
+    type Msg = RegistryMsg;
+
+    async fn handle(&mut self, msg: RegistryMsg, ctx: &mut Ctx<Self>) {
+        match msg {
+            RegistryMsg::Connect { client_id, conn } => self.connect(client_id, conn, ctx).await,
+            RegistryMsg::Retire {
+                client_id,
+                actor,
+                attaches,
+            } => {
+                let retire = self
+                    .clients
+                    .get(&client_id)
+                    .is_some_and(|e| e.addr.id() == actor && e.attaches == attaches);
+                if retire {
+                    debug!(client_id = %client_id, "session ended; client actor retired");
+                    if let Some(e) = self.clients.remove(&client_id) {
+                        e.addr.stop();
+                    }
+                }
+            }
+            RegistryMsg::Shutdown(reply) => {
+                for (_, e) in self.clients.drain() {
+                    let _ = time::timeout(SHUTDOWN_WAIT, e.addr.ask(ClientMsg::Shutdown)).await;
+                    e.addr.stop();
+                }
+                let _ = reply.send(());
+            }
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! The router actor: owns the subscription trie, the retained store and the `$delayed/`
+//! timers; fans each publish out to the subscribers' client actors.
+//!
+//! It never waits on a client: deliveries are `try_send`s into bounded mailboxes, and a full
+//! mailbox drops the delivery and counts it (a slow subscriber costs itself, not the
+//! others). Publishers do wait on the router (`send`), which is the back-pressure that
+//! reaches a fast publisher's socket.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::RngCore;
+use starling_codec::{QoS, ReasonCode, SubscriptionOptions};
+use starling_router::{
+    parse_subscription, validate_topic_name, PublishContext, RetainedIndex, Router, RouterError,
+};
+use starling_rt::{rng, Actor, ActorId, Ctx, Reply, TrySendError, WeakAddr};
+use starling_session::{DeliveryOptions, Message, SubscribeRequest};
+use tracing::debug;
+
+use crate::client::ClientMsg;
+use crate::metrics::add;
+use crate::settings::Shared;
+
+/// Subscription options as the router stores them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SubOpts {
+    options: SubscriptionOptions,
+    subscription_id: Option<u32>,
+}
+
+/// The router's answer to a SUBSCRIBE.
+#[derive(Debug, Default)]
+pub(crate) struct SubscribeResult {
+    /// One per request, in order.
+    pub results: Vec<Result<QoS, ReasonCode>>,
+    /// Retained messages to deliver after the SUBACK, with their options.
+    pub retained: Vec<(Arc<Message>, DeliveryOptions)>,
+}
+
+/// Counts for `$SYS`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RouterStats {
+    pub subscriptions: usize,
+    pub retained: usize,
+    pub delayed: usize,
+}
+
+pub(crate) enum RouterMsg {
+    /// Route (and retain, or schedule if `$delayed/`) a message.
+    Publish(Arc<Message>),
+    Subscribe {
+        client_id: Arc<str>,
+        client: WeakAddr<ClientMsg>,
+        filters: Vec<SubscribeRequest>,
+        reply: Reply<SubscribeResult>,
+    },
+    Unsubscribe {
+        client_id: Arc<str>,
+        filters: Vec<String>,
+        reply: Reply<Vec<ReasonCode>>,
+    },
+    /// The session ended: forget its subscriptions and its address (if still `actor`'s).
+    SessionEnded {
+        client_id: Arc<str>,
+        actor: ActorId,
+        filters: Vec<String>,
+    },
+    /// A client attached or detached: shared groups prefer online members.
+    Presence {
+        client_id: Arc<str>,
+        online: bool,
+    },
+    DelayedDue(Arc<Message>),
+    Stats(Reply<RouterStats>),
+}
+
+pub(crate) struct RouterActor {
+    shared: Arc<Shared>,
+    router: Router<Arc<str>, SubOpts>,
+    retained: RetainedIndex<Arc<Message>>,
+    clients: HashMap<Arc<str>, Client>,
+    delayed: usize,
+    rng: starling_rt::rng::Rng,
+    /// Reused per publish.
+    out: Vec<starling_router::Delivery<Arc<str>, SubOpts>>,
+}
+
+struct Client {
+    addr: WeakAddr<ClientMsg>,
+    online: bool,
+}
+
+impl RouterActor {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        let mut rng = rng::rng();
+        // Seeds drawn from the runtime: deterministic under simulation, secret otherwise.
+        let router = Router::new(shared.router_config(rng.next_u64()));
+        let retained = RetainedIndex::new(shared.retained_config(rng.next_u64()));
+        Self {
+            shared,
+            router,
+            retained,
+            clients: HashMap::new(),
+            delayed: 0,
+            rng,
+            out: Vec::new(),
+        }
+    }
+
+    fn publish(&mut self, msg: Arc<Message>, ctx: &mut Ctx<Self>) {
+        if let Some(rest) = msg.topic.strip_prefix("$delayed/") {
+            self.schedule(rest, &msg, ctx);
+            return;
+        }
+        if msg.retain {
+            self.store_retained(&msg);
+        }
+        let pctx = PublishContext {
+            random: self.rng.next_u64(),
+            publisher_hash: msg
+                .publisher
+                .as_deref()
+                .map_or(0, |p| self.router.publisher_hash(p)),
+        };
+        let clients = &self.clients;
+        let mut out = std::mem::take(&mut self.out);
+        self.router.route(
+            &msg.topic,
+            &pctx,
+            |s| clients.get(s).is_some_and(|c| c.online),
+            &mut out,
+        );
+        for d in out.drain(..) {
+            let Some(client) = self.clients.get(&d.subscriber) else {
+                continue;
+            };
+            let Some(addr) = client.addr.upgrade() else {
+                continue;
+            };
+            let opts = DeliveryOptions::subscription(&d.options.options, d.options.subscription_id);
+            match addr.try_send(ClientMsg::Deliver(msg.clone(), opts)) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) => {
+                    add(&self.shared.metrics.dropped_mailbox_full, 1);
+                    debug!(client_id = %d.subscriber, topic = %msg.topic, "delivery dropped: mailbox full");
+                }
+                Err(TrySendError::Closed(_)) => {}
+            }
+        }
+        self.out = out;
+    }
+
+    fn store_retained(&mut self, msg: &Arc<Message>) {
+        // MQTT 5 §3.3.1.3: an empty retained payload removes the topic's retained message.
+        if msg.payload.is_empty() {
+            self.retained.remove(&msg.topic);
+            return;
+        }
+        let size = msg.topic.len() + msg.payload.len();
+        if let Err(e) = self.retained.retain(&msg.topic, msg.clone(), size) {
+            add(&self.shared.metrics.retained_refused, 1);
+            debug!(topic = %msg.topic, error = %e, "retained message refused");
+        }
+    }
+
+    /// `$delayed/{secs}/{topic}`: publish `topic` after `secs` seconds.
+    fn schedule(&mut self, rest: &str, msg: &Arc<Message>, ctx: &mut Ctx<Self>) {
+        let m = &self.shared.config.mqtt;
+        let parsed = rest.split_once('/').and_then(|(secs, topic)| {
+            let secs: u32 = secs.parse().ok()?;
+            (secs <= m.delayed_max_secs
+                && validate_topic_name(topic, &self.shared.topic_limits).is_ok()
+                && !topic.starts_with("$delayed/"))
+            .then_some((secs, topic))
+        });
+        let Some((secs, topic)) = parsed else {
+            add(&self.shared.metrics.delayed_refused, 1);
+            debug!(topic = %msg.topic, "malformed $delayed publish dropped");
+            return;
+        };
+        if self.delayed >= m.delayed_publish_max as usize {
+            add(&self.shared.metrics.delayed_refused, 1);
+            debug!(topic = %msg.topic, max = m.delayed_publish_max, "$delayed publish dropped: too many pending");
+            return;
+        }
+        let mut due = Message::clone(msg);
+        due.topic = Arc::from(topic);
+        self.delayed += 1;
+        ctx.after(
+            Duration::from_secs(u64::from(secs)),
+            RouterMsg::DelayedDue(Arc::new(due)),
+        );
+    }
+
+    fn subscribe(
+        &mut self,
+        client_id: Arc<str>,
+        client: WeakAddr<ClientMsg>,
+        filters: Vec<SubscribeRequest>,
+    ) -> SubscribeResult {
+        let entry = self.clients.entry(client_id.clone()).or_insert(Client {
+            addr: client.clone(),
+            online: true,
+        });
+        entry.addr = client;
+        let mut res = SubscribeResult::default();
+        for req in filters {
+            let opts = SubOpts {
+                options: req.options,
+                subscription_id: req.subscription_id,
+            };
+            match self.router.subscribe(client_id.clone(), &req.filter, opts) {
+                Ok(old) => {
+                    res.results.push(Ok(req.options.qos));
+                    if req.wants_retained(old.is_none()) {
+                        let plain = parse_subscription(&req.filter, &self.shared.topic_limits)
+                            .map(|s| s.filter)
+                            .unwrap_or(&req.filter);
+                        let options = DeliveryOptions::retained(&req.options, req.subscription_id);
+                        if let Ok(found) = self.retained.matching(plain) {
+                            for (_, m) in found {
+                                res.retained.push((m.clone(), options.clone()));
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    debug!(client_id = %client_id, filter = %req.filter, error = %e, "subscribe refused");
+                    res.results.push(Err(subscribe_refusal(&e)));
+                }
+            }
+        }
+        res
+    }
+}
+
+/// The one place a router refusal becomes a SUBACK code.
+fn subscribe_refusal(e: &RouterError) -> ReasonCode {
+    match e {
+        RouterError::ExclusiveHeld
+        | RouterError::LimitReached { .. }
+        | RouterError::SubscriptionsFull { .. } => ReasonCode::QuotaExceeded,
+        RouterError::RetainedFull { .. } | RouterError::RetainedBytesFull { .. } => {
+            ReasonCode::ImplementationSpecificError
+        }
+        _ => ReasonCode::TopicFilterInvalid,
+    }
+}
+
+impl Actor for RouterActor {
+    type Msg = RouterMsg;
+
+    async fn handle(&mut self, msg: RouterMsg, ctx: &mut Ctx<Self>) {
+        match msg {
+            RouterMsg::Publish(m) => self.publish(m, ctx),
+            RouterMsg::DelayedDue(m) => {
+                self.delayed = self.delayed.saturating_sub(1);
+                self.publish(m, ctx);
+            }
+            RouterMsg::Subscribe {
+                client_id,
+                client,
+                filters,
+                reply,
+            } => {
+                let r = self.subscribe(client_id, client, filters);
+                let _ = reply.send(r);
+            }
+            RouterMsg::Unsubscribe {
+                client_id,
+                filters,
+                reply,
+            } => {
+                let codes = filters
+                    .iter()
+                    .map(|f| match self.router.unsubscribe(&client_id, f) {
+                        Ok(Some(_)) => ReasonCode::Success,
+                        Ok(None) => ReasonCode::NoSubscriptionExisted,
+                        Err(_) => ReasonCode::TopicFilterInvalid,
+                    })
+                    .collect();
+                let _ = reply.send(codes);
+            }
+            RouterMsg::SessionEnded {
+                client_id,
+                actor,
+                filters,
+            } => {
+                for f in &filters {
+                    let _ = self.router.unsubscribe(&client_id, f);
+                }
+                if self
+                    .clients
+                    .get(&client_id)
+                    .is_some_and(|c| c.addr.id() == actor)
+                {
+                    self.clients.remove(&client_id);
+                }
+            }
+            RouterMsg::Presence { client_id, online } => {
+                if let Some(c) = self.clients.get_mut(&client_id) {
+                    c.online = online;
+                }
+            }
+            RouterMsg::Stats(reply) => {
+                let _ = reply.send(RouterStats {
+                    subscriptions: self.router.subscription_count(),
+                    retained: self.retained.len(),
+                    delayed: self.delayed,
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! The configuration turned, once, into what each actor needs: session limits, router and
+//! retained configs, the ACL. Shared read-only behind an `Arc`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use starling_auth::{Acl, Decision, PasswordFile};
+use starling_codec::QoS;
+use starling_config::{AclDefault, Config, DropPolicy, SharedStrategy as CfgStrategy};
+use starling_router::{RetainedConfig, RouterConfig, SharedStrategy, TopicLimits};
+use starling_session::{QueueFullPolicy, SessionLimits};
+
+use crate::metrics::Metrics;
+use crate::BrokerError;
+
+/// Read-mostly broker state every actor may hold.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub config: Config,
+    pub limits: SessionLimits,
+    pub topic_limits: TopicLimits,
+    pub acl: Acl,
+    pub passwords: Option<PasswordFile>,
+    pub metrics: Metrics,
+    /// `$SYS/brokers/{node}`.
+    pub sys_prefix: String,
+    /// Mailbox bound of a client actor: deliveries wait here before the session's queue.
+    pub client_mailbox: usize,
+}
+
+impl Shared {
+    pub(crate) fn new(config: Config) -> Result<Arc<Self>, BrokerError> {
+        let m = &config.mqtt;
+        let limits = SessionLimits {
+            inflight_max: m.max_inflight.max(1),
+            receive_max: m.receive_max.max(1),
+            mqueue_len_max: m.max_mqueue_len as usize,
+            mqueue_policy: match m.mqueue_drop_policy {
+                DropPolicy::DropOldestQos0First => QueueFullPolicy::DropOldestQos0,
+                DropPolicy::DropNew => QueueFullPolicy::DropNew,
+            },
+            queue_qos0_offline: false,
+            retry_interval: Some(Duration::from_secs(u64::from(m.retry_interval_secs.max(1)))),
+            topic_alias_max: m.topic_alias_max,
+            packet_size_max: m.max_packet_size,
+            keepalive_secs_max: m.keepalive_max_secs,
+            keepalive_zero_allowed: m.allow_zero_keepalive,
+            session_expiry_secs_max: m.session_expiry_max_secs,
+            message_expiry_max: Some(Duration::from_secs(u64::from(m.message_expiry_max_secs))),
+            qos_max: QoS::from_u8(m.max_qos).unwrap_or(QoS::ExactlyOnce),
+            retain_available: m.retain_available,
+            wildcard_available: m.wildcard_subscription,
+            subscription_ids_available: true,
+            shared_available: m.shared_subscription,
+            subscriptions_max: m.subscriptions_max as usize,
+            client_id_len_max: usize::from(m.client_id_len_max),
+            response_information: m.response_information.clone(),
+            validate_utf8_payload: false,
+        };
+        let topic_limits = TopicLimits {
+            topic_len_max: usize::from(m.topic_len_max),
+            topic_levels_max: usize::from(m.topic_levels_max),
+        };
+        let default = match config.auth.acl_default {
+            AclDefault::Allow => Decision::Allow,
+            AclDefault::Deny => Decision::Deny,
+        };
+        let acl = match &config.auth.acl_file {
+            Some(path) => Acl::load(path)?.with_default(default),
+            None => Acl::empty(default),
+        };
+        let passwords = match &config.auth.password_file {
+            Some(path) => Some(PasswordFile::load(path)?),
+            None => None,
+        };
+        let sys_prefix = format!("$SYS/brokers/{}", config.node.name);
+        // The mailbox is the queue in front of the session's own: as deep as it (a burst of
+        // one queue's worth is absorbed), but within fixed bounds so one slow subscriber never
+        // holds more than a bounded number of deliveries.
+        let client_mailbox = (m.max_mqueue_len as usize).clamp(64, 4096);
+        Ok(Arc::new(Self {
+            config,
+            limits,
+            topic_limits,
+            acl,
+            passwords,
+            metrics: Metrics::default(),
+            sys_prefix,
+            client_mailbox,
+        }))
+    }
+
+    pub(crate) fn router_config(&self, hash_seed: u64) -> RouterConfig {
+        let m = &self.config.mqtt;
+        RouterConfig {
+            limits: self.topic_limits,
+            // The per-client cap is the session's; the router's is a node-wide backstop.
+            subscriptions_max: 10_000_000,
+            shared_strategy: match m.shared_strategy {
+                CfgStrategy::RoundRobin => SharedStrategy::RoundRobin,
+                CfgStrategy::Random => SharedStrategy::Random,
+                CfgStrategy::Sticky => SharedStrategy::Sticky,
+                CfgStrategy::HashClientid => SharedStrategy::PublisherHash,
+            },
+            hash_seed,
+        }
+    }
+
+    pub(crate) fn retained_config(&self, hash_seed: u64) -> RetainedConfig {
+        let m = &self.config.mqtt;
+        RetainedConfig {
+            limits: self.topic_limits,
+            retained_max: usize::try_from(m.retained_max).unwrap_or(usize::MAX),
+            retained_bytes_max: usize::try_from(m.retained_bytes_max).unwrap_or(usize::MAX),
+            hash_seed,
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! The `$SYS` actor: publishes the broker's statistics under `$SYS/brokers/{node}/` every
+//! `mqtt.sys_interval_secs`, retained so that a new subscriber sees the latest values.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use starling_codec::{Properties, QoS};
+use starling_rt::{time, Actor, Addr, Ctx};
+use starling_session::Message;
+
+use crate::routing::RouterMsg;
+use crate::settings::Shared;
+
+/// A message the broker itself publishes (QoS 0, no publisher, no expiry).
+pub(crate) fn message(topic: String, payload: String, retain: bool) -> Arc<Message> {
+    Arc::new(Message {
+        topic: Arc::from(topic),
+        payload: Bytes::from(payload),
+        qos: QoS::AtMostOnce,
+        retain,
+        properties: Properties::default(),
+        expires_at: None,
+        publisher: None,
+    })
+}
+
+pub(crate) enum SysMsg {
+    Tick,
+}
+
+pub(crate) struct SysActor {
+    shared: Arc<Shared>,
+    router: Addr<RouterMsg>,
+    started_at: time::Instant,
+}
+
+impl SysActor {
+    pub(crate) fn new(shared: Arc<Shared>, router: Addr<RouterMsg>) -> Self {
+        Self {
+            shared,
+            router,
+            started_at: time::now(),
+        }
+    }
+
+    async fn publish(&self, name: &str, value: String) {
+        let topic = format!("{}/{}", self.shared.sys_prefix, name);
+        let _ = self
+            .router
+            .send(RouterMsg::Publish(message(topic, value, true)))
+            .await;
+    }
+
+    async fn tick(&self) {
+        let m = self.shared.metrics.snapshot();
+        let stats = self.router.ask(RouterMsg::Stats).await.unwrap_or_default();
+        let uptime = time::now().saturating_duration_since(self.started_at);
+        let values = [
+            ("version", env!("CARGO_PKG_VERSION").to_owned()),
+            ("uptime", uptime.as_secs().to_string()),
+            ("clients/connected", m.clients_connected.to_string()),
+            ("messages/received", m.messages_received.to_string()),
+            ("messages/sent", m.messages_sent.to_string()),
+            ("bytes/received", m.bytes_received.to_string()),
+            ("bytes/sent", m.bytes_sent.to_string()),
+            (
+                "messages/dropped",
+                (m.dropped_queue_full
+                    + m.dropped_mailbox_full
+                    + m.dropped_expired
+                    + m.dropped_other)
+                    .to_string(),
+            ),
+            ("subscriptions/count", stats.subscriptions.to_string()),
+            ("retained/count", stats.retained.to_string()),
+            ("delayed/count", stats.delayed.to_string()),
+        ];
+        for (name, value) in values {
+            self.publish(name, value).await;
+        }
+    }
+}
+
+impl Actor for SysActor {
+    type Msg = SysMsg;
+
+    async fn started(&mut self, ctx: &mut Ctx<Self>) {
+        let secs = u64::from(self.shared.config.mqtt.sys_interval_secs.max(1));
+        ctx.every(Duration::from_secs(secs), || SysMsg::Tick);
+        // Publish once at start so the values exist before the first period ends.
+        self.tick().await;
+    }
+
+    async fn handle(&mut self, msg: SysMsg, _ctx: &mut Ctx<Self>) {
+        match msg {
+            SysMsg::Tick => self.tick().await,
+        }
+    }
+}
