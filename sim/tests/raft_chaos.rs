@@ -1,6 +1,6 @@
 //! Raft under chaos: three replicas of a key-value register while a nemesis partitions them
-//! (random node, the leader, one-way links), kills and restarts them with power loss (one
-//! or two at once, unsynced bytes lost or torn). Safety during chaos: at most one leader per
+//! (random node, the leader, one-way links), delays and drops messages, kills and restarts
+//! them with power loss (one or two at once, unsynced bytes lost or torn). Safety during chaos: at most one leader per
 //! term. After the heal: a leader within a deadline, a proposal through every node
 //! completes, replicas converge, logs match, and the whole client history is linearizable.
 //!
@@ -46,6 +46,10 @@ struct Knobs {
     chaos_secs: u64,
     fault_ms_max: u64,
     kill_weight: u32,
+    /// Datagram loss during the chaos phase.
+    loss: f64,
+    /// Upper bound of one-way latency during the chaos phase.
+    latency_ms_max: u64,
 }
 
 #[madsim::test]
@@ -56,6 +60,8 @@ async fn raft_chaos_partitions_and_power_loss_keep_kv_linearizable() {
         chaos_secs: rng.gen_range(15..25),
         fault_ms_max: rng.gen_range(1000..4000),
         kill_weight: rng.gen_range(1..4),
+        loss: rng.gen_range(0.0..0.05),
+        latency_ms_max: rng.gen_range(5..60),
     };
     println!("seed {seed} knobs {knobs:?}");
 
@@ -143,6 +149,14 @@ async fn raft_chaos_partitions_and_power_loss_keep_kv_linearizable() {
 
     // Nemesis.
     let net = NetSim::current();
+    let normal_latency = Duration::from_millis(1)..Duration::from_millis(knobs.latency_ms_max);
+    {
+        let (loss, latency) = (knobs.loss, normal_latency.clone());
+        net.update_config(move |c| {
+            c.packet_loss_rate = loss;
+            c.send_latency = latency;
+        });
+    }
     let mut dead: BTreeSet<u64> = BTreeSet::new();
     let mut faults = Vec::new();
     while time::now() < chaos_end {
@@ -173,8 +187,14 @@ async fn raft_chaos_partitions_and_power_loss_keep_kv_linearizable() {
                 net.unclog_link(cluster.node_id(victim), cluster.node_id(other));
             }
             3 => {
-                faults.push("calm".to_string());
+                // A latency spike: messages slower than the election timeout.
+                let slow =
+                    Duration::from_millis(100)..Duration::from_millis(rng.gen_range(200..1500));
+                faults.push(format!("delay {slow:?}"));
+                net.update_config(move |c| c.send_latency = slow);
                 time::sleep(hold).await;
+                let normal = normal_latency.clone();
+                net.update_config(move |c| c.send_latency = normal);
             }
             p if p < 4 + w => {
                 faults.push(format!("kill {victim}"));
@@ -207,6 +227,10 @@ async fn raft_chaos_partitions_and_power_loss_keep_kv_linearizable() {
     for id in IDS {
         net.unclog_node(cluster.node_id(id));
     }
+    net.update_config(|c| {
+        c.packet_loss_rate = 0.0;
+        c.send_latency = Duration::from_millis(1)..Duration::from_millis(10);
+    });
     let heal_deadline = time::now() + Duration::from_secs(15);
     for id in IDS {
         loop {

@@ -499,7 +499,10 @@ impl<L: LogStore, S: StateMachine> Node<L, S> {
         // raft validates a change when it is proposed; a change that fails here fails the
         // same way on every replica, which leaves membership as it was everywhere.
         match self.raw.apply_conf_change(cc) {
-            Ok(cs) => {
+            Ok(mut cs) => {
+                // raft-rs keeps members in hash sets: sort, so that snapshots and answers
+                // do not depend on hash order.
+                sort_conf(&mut cs);
                 self.conf = cs.clone();
                 if let Ok(b) = <[u8; 8]>::try_from(ctx) {
                     self.effects.push_back(Effect::MembershipChanged {
@@ -600,7 +603,8 @@ impl<L: LogStore, S: StateMachine> Node<L, S> {
                 );
             }
         }
-        let cs = r.prs().conf().to_conf_state();
+        let mut cs = r.prs().conf().to_conf_state();
+        sort_conf(&mut cs);
         Status {
             id: self.cfg.id,
             term: r.term,
@@ -613,6 +617,13 @@ impl<L: LogStore, S: StateMachine> Node<L, S> {
             progress,
         }
     }
+}
+
+fn sort_conf(cs: &mut ConfState) {
+    cs.voters.sort_unstable();
+    cs.learners.sort_unstable();
+    cs.voters_outgoing.sort_unstable();
+    cs.learners_next.sort_unstable();
 }
 
 /// True for message types that carry no client data and must never wait (for metrics and
