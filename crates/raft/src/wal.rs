@@ -7,8 +7,10 @@
 //!   (`1`, protobuf `Entry`) or the hard state (`2`, protobuf `HardState`). An entry at index
 //!   `i` replaces every entry at or after `i`, which is how raft truncates a log. Every new
 //!   segment opens with the hard state, so the newest hard state is always in the last one.
-//! - `snap-<index>.snap`: the newest snapshot, one record of kind `3`; written to
-//!   `snap.tmp`, synced, then renamed, so a snapshot file is whole or absent.
+//! - `snap-<index>.snap`: the newest snapshot, one record of kind `3`, and for a snapshot
+//!   received from the leader a record of kind `4` naming the first segment whose entries
+//!   follow it (older segments' entries were replaced; their hard states still count).
+//!   Written to `snap.tmp`, synced, then renamed, so a snapshot file is whole or absent.
 //!
 //! Group commit: `append` and `set_hard_state` write records; `sync` makes them all durable
 //! with one fsync. Recovery cuts a torn tail (the last record of the last segment running off
@@ -26,6 +28,9 @@ use crate::error::{io_err, Error, Result};
 const KIND_ENTRY: u8 = 1;
 const KIND_HARD_STATE: u8 = 2;
 const KIND_SNAPSHOT: u8 = 3;
+/// In a snapshot file after the snapshot: `seq u64`, the first segment whose entries follow
+/// it. Entries of older segments are void (a leader's snapshot replaced that log).
+const KIND_LOG_FROM: u8 = 4;
 const HEADER: usize = 8;
 /// No record may claim more: a larger length is garbage, not data.
 const RECORD_LEN_MAX: usize = 1 << 30;
@@ -209,6 +214,7 @@ impl<D: Disk> DiskLog<D> {
         }
 
         let mut snapshot = Snapshot::default();
+        let mut log_from = 0u64;
         if let Some(&newest) = snaps.last() {
             let name = snap_name(newest);
             let data = disk.read(&name).map_err(io_err("read", &name))?;
@@ -217,8 +223,23 @@ impl<D: Disk> DiskLog<D> {
                 Parsed::Record {
                     kind: KIND_SNAPSHOT,
                     payload,
-                    ..
-                } => snapshot = decode("snapshot", payload)?,
+                    next,
+                } => {
+                    snapshot = decode("snapshot", payload)?;
+                    if let Parsed::Record {
+                        kind: KIND_LOG_FROM,
+                        payload,
+                        ..
+                    } = parse(&data, next)
+                    {
+                        let b: [u8; 8] = payload.try_into().map_err(|_| Error::Corrupt {
+                            file: name.clone(),
+                            offset: next as u64,
+                            reason: "bad log-from record",
+                        })?;
+                        log_from = u64::from_le_bytes(b);
+                    }
+                }
                 Parsed::Record { .. } => {
                     return Err(Error::Corrupt {
                         file: name,
@@ -253,7 +274,7 @@ impl<D: Disk> DiskLog<D> {
         };
         let count = seqs.len();
         for (i, seq) in seqs.into_iter().enumerate() {
-            log.replay_segment(seq, i + 1 == count, snap_index)?;
+            log.replay_segment(seq, i + 1 == count, snap_index, seq >= log_from)?;
         }
         log.recovery.segments = log.segments.len();
         log.recovery.entries = log.entries.len();
@@ -273,13 +294,36 @@ impl<D: Disk> DiskLog<D> {
                 last,
             });
         }
-        if log.segments.is_empty() {
-            log.start_segment(1)?;
+        // A crash between installing a leader's snapshot and switching segments: the new log
+        // must start in a segment whose entries count, and the void ones can go (their hard
+        // state lives on in the new segment).
+        if log.segments.last().is_none_or(|a| a.seq < log_from) {
+            log.start_segment(log_from.max(1))?;
+        }
+        // Delete them now: a later compaction snapshot no longer carries the marker.
+        {
+            let void: Vec<u64> = log
+                .segments
+                .iter()
+                .map(|s| s.seq)
+                .filter(|&q| q < log_from)
+                .collect();
+            for q in void {
+                let n = segment_name(q);
+                log.disk.remove(&n).map_err(io_err("remove", &n))?;
+            }
+            log.segments.retain(|s| s.seq >= log_from);
         }
         Ok(log)
     }
 
-    fn replay_segment(&mut self, seq: u64, is_last: bool, snap_index: u64) -> Result<()> {
+    fn replay_segment(
+        &mut self,
+        seq: u64,
+        is_last: bool,
+        snap_index: u64,
+        entries_count: bool,
+    ) -> Result<()> {
         let name = segment_name(seq);
         let data = self.disk.read(&name).map_err(io_err("read", &name))?;
         let mut seg = Segment {
@@ -298,8 +342,10 @@ impl<D: Disk> DiskLog<D> {
                     match kind {
                         KIND_ENTRY => {
                             let e: Entry = decode("entry", payload)?;
-                            seg.max_index = seg.max_index.max(e.index);
-                            self.replay_entry(e, snap_index, &name)?;
+                            if entries_count {
+                                seg.max_index = seg.max_index.max(e.index);
+                                self.replay_entry(e, snap_index, &name)?;
+                            }
                         }
                         KIND_HARD_STATE => self.hard_state = decode("hard state", payload)?,
                         _ => {
@@ -431,9 +477,12 @@ impl<D: Disk> DiskLog<D> {
     }
 
     /// Writes the snapshot file durably and removes older ones.
-    fn write_snapshot(&mut self, snap: &Snapshot) -> Result<()> {
+    fn write_snapshot(&mut self, snap: &Snapshot, log_from: Option<u64>) -> Result<()> {
         let mut buf = Vec::new();
         frame(&mut buf, KIND_SNAPSHOT, &encode(snap));
+        if let Some(seq) = log_from {
+            frame(&mut buf, KIND_LOG_FROM, &seq.to_le_bytes());
+        }
         let d = &mut self.disk;
         d.create(SNAP_TMP).map_err(io_err("create", SNAP_TMP))?;
         d.append(SNAP_TMP, &buf)
@@ -518,15 +567,16 @@ impl<D: Disk> LogStore for DiskLog<D> {
     fn apply_snapshot(&mut self, snap: Snapshot) -> Result<()> {
         self.check_newer(&snap)?;
         let (index, term) = (snap.get_metadata().index, snap.get_metadata().term);
-        self.write_snapshot(&snap)?;
+        let next = self.active().seq + 1;
+        // The snapshot names the segment the new log starts in, so that a crash before the
+        // old segments are gone cannot bring their entries back after it.
+        self.write_snapshot(&snap, Some(next))?;
         self.snapshot = snap;
         // The leader's snapshot replaces our whole log: nothing we held can be kept.
         self.entries.clear();
         self.hard_state.commit = self.hard_state.commit.max(index);
         self.hard_state.term = self.hard_state.term.max(term);
-        // A fresh segment with the new hard state, then the old segments (whose entries would
-        // otherwise come back on replay) can go.
-        let next = self.active().seq + 1;
+        // A fresh segment with the new hard state, then the old segments can go.
         self.start_segment(next)?;
         let old: Vec<u64> = self.segments[..self.segments.len() - 1]
             .iter()
@@ -555,7 +605,7 @@ impl<D: Disk> LogStore for DiskLog<D> {
         if self.dirty {
             self.sync_active()?;
         }
-        self.write_snapshot(&snap)?;
+        self.write_snapshot(&snap, None)?;
         let drop = (index + 1 - self.first()) as usize;
         self.entries.drain(..drop);
         self.snapshot = snap;
@@ -797,6 +847,83 @@ mod tests {
         assert_eq!(l.first_index().unwrap(), 11);
         assert_eq!(l.last_index().unwrap(), 10);
         assert_eq!(l.hard_state().commit, 10);
+    }
+
+    /// A disk whose next segment creation fails once armed: a crash at that point.
+    struct FailingCreate {
+        inner: MemDisk,
+        armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Disk for FailingCreate {
+        fn list(&self) -> std::io::Result<Vec<String>> {
+            self.inner.list()
+        }
+        fn read(&self, name: &str) -> std::io::Result<Vec<u8>> {
+            self.inner.read(name)
+        }
+        fn create(&mut self, name: &str) -> std::io::Result<()> {
+            if name.starts_with("wal-") && self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(std::io::Error::other("power lost"));
+            }
+            self.inner.create(name)
+        }
+        fn append(&mut self, name: &str, data: &[u8]) -> std::io::Result<()> {
+            self.inner.append(name, data)
+        }
+        fn sync(&mut self, name: &str) -> std::io::Result<()> {
+            self.inner.sync(name)
+        }
+        fn truncate(&mut self, name: &str, len: u64) -> std::io::Result<()> {
+            self.inner.truncate(name, len)
+        }
+        fn rename(&mut self, from: &str, to: &str) -> std::io::Result<()> {
+            self.inner.rename(from, to)
+        }
+        fn remove(&mut self, name: &str) -> std::io::Result<()> {
+            self.inner.remove(name)
+        }
+    }
+
+    #[test]
+    fn crash_while_installing_leader_snapshot_does_not_resurrect_the_old_log() {
+        let disk = MemDisk::new();
+        let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let fd = FailingCreate {
+            inner: disk.clone(),
+            armed: armed.clone(),
+        };
+        let mut l = DiskLog::open(fd, LogOptions::default()).unwrap();
+        let batch: Vec<Entry> = (1..=5).map(|i| ent(i, 1)).collect();
+        l.append(&batch).unwrap();
+        let hs = HardState {
+            term: 2,
+            vote: 3,
+            commit: 2,
+            ..Default::default()
+        };
+        l.set_hard_state(&hs).unwrap();
+        l.sync().unwrap();
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        // The leader's snapshot at 3 (term 2) conflicts with our entries 3..5 at term 1.
+        assert!(l
+            .apply_snapshot(make_snapshot(3, 2, ConfState::default(), vec![]))
+            .is_err());
+        drop(l);
+        disk.crash(Crash::LoseUnsynced);
+        let mut l = DiskLog::open(disk.clone(), LogOptions::default()).unwrap();
+        assert_eq!(l.last_index().unwrap(), 3, "entries 4 and 5 stay void");
+        assert_eq!(l.hard_state().vote, 3, "the vote survives");
+        assert_eq!(l.hard_state().commit, 3);
+        // A later compaction snapshot carries no marker; the old log must still stay gone.
+        l.append(&[ent(4, 2)]).unwrap();
+        l.sync().unwrap();
+        l.compact(make_snapshot(4, 2, ConfState::default(), vec![]))
+            .unwrap();
+        drop(l);
+        let l = DiskLog::open(disk, LogOptions::default()).unwrap();
+        assert_eq!(l.last_index().unwrap(), 4);
+        assert_eq!(l.term(4).unwrap(), 2);
     }
 
     #[test]
