@@ -25,6 +25,11 @@ enum Op {
     Compact {
         at: u64,
     },
+    /// Install a leader's snapshot `ahead` entries past the current last index (it replaces
+    /// the whole log), at a new term.
+    LeaderSnapshot {
+        ahead: u64,
+    },
     Crash {
         torn: bool,
         seed: u64,
@@ -37,6 +42,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (1u64..5).prop_map(|by| Op::Commit { by }),
         3 => Just(Op::Sync),
         1 => (0u64..100).prop_map(|at| Op::Compact { at }),
+        1 => (0u64..4).prop_map(|ahead| Op::LeaderSnapshot { ahead }),
         1 => (any::<bool>(), any::<u64>()).prop_map(|(torn, seed)| Op::Crash { torn, seed }),
     ]
 }
@@ -185,6 +191,18 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 durable = current.clone();
                 unsynced.clear();
             }
+            Op::LeaderSnapshot { ahead } => {
+                term += 1;
+                let idx = current.last().max(current.hs.1) + ahead + 1;
+                log.apply_snapshot(make_snapshot(idx, term, ConfState::default(), vec![3]))
+                    .unwrap();
+                current.entries.clear();
+                current.snap_index = idx;
+                current.snap_term = term;
+                current.hs = (current.hs.0.max(term), current.hs.1.max(idx));
+                durable = current.clone();
+                unsynced.clear();
+            }
             Op::Crash { torn, seed } => {
                 drop(log);
                 disk.crash(if torn {
@@ -223,7 +241,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(400))]
+    #![proptest_config(ProptestConfig::with_cases(1000))]
     #[test]
     fn recovery_matches_the_model(ops in proptest::collection::vec(op(), 1..80)) {
         run(ops)?;
