@@ -462,7 +462,11 @@ impl<L: LogStore, S: StateMachine, T: Transport> Actor for Driver<L, S, T> {
 impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
     async fn turn(&mut self, msg: Msg, ctx: &mut Ctx<Self>) {
         let now = time::now();
-        let cfg = self.node.config().clone();
+        // Copied out, not cloned: this runs on every turn.
+        let (request_timeout, pending_max) = {
+            let c = self.node.config();
+            (c.request_timeout, c.pending_max)
+        };
         match msg {
             Msg::Raft(m) => self.node.step(m),
             Msg::Tick => self.on_tick(),
@@ -471,13 +475,11 @@ impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
                 if let Some(p) = self.proposals.get_mut(&id) {
                     // The same request again while it is pending: answer both at once.
                     p.wait.replies.push(reply);
-                } else if self.pending_count() >= cfg.pending_max {
-                    let _ = reply.send(Err(RequestError::Overloaded {
-                        max: cfg.pending_max,
-                    }));
+                } else if self.pending_count() >= pending_max {
+                    let _ = reply.send(Err(RequestError::Overloaded { max: pending_max }));
                 } else {
                     let r = self.node.propose(id, &command);
-                    let mut wait = Pending::new(now, cfg.request_timeout, self.retry_after, reply);
+                    let mut wait = Pending::new(now, request_timeout, self.retry_after, reply);
                     if let Err(ProposeError::NoLeader) = r {
                         // Try again at the next tick rather than after a whole interval.
                         wait.next_try = now;
@@ -499,21 +501,19 @@ impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
                     let _ = reply.send(Ok(out));
                 }
                 Consistency::Linearizable => {
-                    if self.pending_count() >= cfg.pending_max {
-                        let _ = reply.send(Err(RequestError::Overloaded {
-                            max: cfg.pending_max,
-                        }));
+                    if self.pending_count() >= pending_max {
+                        let _ = reply.send(Err(RequestError::Overloaded { max: pending_max }));
                     } else {
                         let token = self.token();
                         self.node.read_index(token);
-                        let wait = Pending::new(now, cfg.request_timeout, self.retry_after, reply);
+                        let wait = Pending::new(now, request_timeout, self.retry_after, reply);
                         self.reads.insert(token, PendingRead { query, wait });
                     }
                 }
             },
             Msg::ChangeMembership { change, reply } => {
                 let token = self.token();
-                let wait = Pending::new(now, cfg.request_timeout, cfg.request_timeout, reply);
+                let wait = Pending::new(now, request_timeout, request_timeout, reply);
                 match self.node.change_membership(token, change) {
                     Ok(()) => {
                         self.changes.insert(token, wait);
