@@ -927,6 +927,32 @@ mod tests {
     }
 
     #[test]
+    fn real_files_recover_from_a_torn_tail() {
+        use crate::disk::FsDisk;
+        let dir = std::env::temp_dir().join(format!("starling-raft-wal-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut l = DiskLog::open(FsDisk::open(&dir).unwrap(), small()).unwrap();
+        l.append(&[ent(1, 1), ent(2, 1)]).unwrap();
+        l.sync().unwrap();
+        l.append(&[ent(3, 1)]).unwrap();
+        drop(l);
+        // The last record lost its final bytes, as after a power cut mid-write.
+        let seg = dir.join(segment_name(1));
+        let len = std::fs::metadata(&seg).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&seg)
+            .unwrap()
+            .set_len(len - 3)
+            .unwrap();
+        let l = DiskLog::open(FsDisk::open(&dir).unwrap(), small()).unwrap();
+        assert_eq!(indexes(&l), vec![(1, 1), (2, 1)]);
+        assert!(l.recovery().torn_bytes > 0);
+        drop(l);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn overwritten_suffix_does_not_return_after_compaction() {
         let disk = MemDisk::new();
         let mut l = DiskLog::open(disk.clone(), small()).unwrap();
