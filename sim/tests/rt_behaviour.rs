@@ -1,14 +1,15 @@
-//! The runtime's behavioural suite on the madsim backend (the actix run is
-//! `crates/rt/tests/behaviour.rs`).
+//! The runtime's behavioural suite on the madsim backend, each case on the default seed
+//! range (the actix run is `crates/rt/tests/behaviour.rs`).
 
 use starling_rt::testkit;
+use starling_sim::{run, RunConfig};
 
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
         $(
-            #[madsim::test]
-            async fn $name() {
-                testkit::$name().await;
+            #[test]
+            fn $name() {
+                run(RunConfig::new("rt_behaviour", stringify!($name)), testkit::$name);
             }
         )*
 
