@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use futures::Stream;
 use starling_codec::{
     decode, encode, Connect, Disconnect, Error as CodecError, Packet, Properties, Protocol,
     ReasonCode, PACKET_SIZE_MAX,
@@ -20,7 +19,7 @@ use starling_codec::{
 use starling_rt::{time, Actor, Addr, Ctx, Reply, TimerId, WeakAddr};
 use starling_session::{DetachReason, DropReason, Effect, Instant, Message, Session};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tracing::{debug, Instrument};
 
 use crate::gate::AclGate;
@@ -61,10 +60,11 @@ pub(crate) struct NewConn {
 pub(crate) enum ClientMsg {
     /// A new connection for this client id (first, resumed, or a takeover).
     Attach(Box<NewConn>),
-    /// Packets decoded from one read, then the decoder's error if it failed after them.
-    Input(Vec<Packet>, Option<CodecError>),
-    /// The socket's read side ended (EOF or error).
-    InputEnd,
+    /// Packets decoded from one read of connection `gen`, then the decoder's error if it
+    /// failed after them.
+    Input(u64, Vec<Packet>, Option<CodecError>),
+    /// The read side of connection `gen` ended (EOF or error).
+    InputEnd(u64),
     /// A routed message.
     Deliver(Arc<Message>, starling_session::DeliveryOptions),
     /// The session's timer.
@@ -76,7 +76,12 @@ pub(crate) enum ClientMsg {
 }
 
 struct Conn {
+    /// Tags this connection's input, so that input of a replaced connection still in the
+    /// mailbox is ignored.
+    gen: u64,
     writer: WriteHalf<Box<dyn Io>>,
+    /// Hands the write half to the reader task at close, which lingers (see [`linger`]).
+    closer: oneshot::Sender<WriteHalf<Box<dyn Io>>>,
     out: BytesMut,
     protocol: Protocol,
     username: Option<String>,
@@ -161,23 +166,30 @@ impl Client {
         );
         let protocol = connect.protocol;
         let (rd, wr) = tokio::io::split(io);
+        let (closer, closed) = oneshot::channel();
+        let gen = self.attaches;
         self.conn = Some(Conn {
+            gen,
             writer: wr,
+            closer,
             out: BytesMut::new(),
             protocol,
             username,
             peer,
             _permit: permit,
         });
-        ctx.add_stream(
-            reader(
+        starling_rt::spawn(
+            read_loop(Reader {
                 rd,
                 buf,
                 protocol,
-                self.shared.limits.packet_size_max,
-                self.shared.clone(),
-            ),
-            None,
+                max: self.shared.limits.packet_size_max,
+                shared: self.shared.clone(),
+                client: ctx.weak_addr(),
+                gen,
+                closed,
+            })
+            .instrument(tracing::Span::current()),
         );
         match self.session.attach(time::now(), &connect) {
             Ok(a) => {
@@ -364,16 +376,13 @@ impl Client {
         if write_out(c).await {
             add(&self.shared.metrics.bytes_sent, n as u64);
         }
-        let _ = time::timeout(WRITE_TIMEOUT, c.writer.shutdown()).await;
         self.drop_conn(ctx).await;
     }
 
-    async fn drop_conn(&mut self, ctx: &mut Ctx<Self>) {
-        if self.conn.take().is_none() {
-            return;
-        }
-        // Replacing the input drops the read half; with the write half gone the socket closes.
-        ctx.add_stream(futures::stream::empty::<ClientMsg>(), None);
+    async fn drop_conn(&mut self, _ctx: &mut Ctx<Self>) {
+        let Some(c) = self.conn.take() else { return };
+        // The reader task closes the socket once the peer has read what we wrote.
+        let _ = c.closer.send(c.writer);
         dec(&self.shared.metrics.clients_connected);
         self.presence(false).await;
         self.event("disconnected", None).await;
@@ -424,10 +433,17 @@ impl Client {
         }
     }
 
+    fn is_current(&self, gen: u64) -> bool {
+        self.conn.as_ref().is_some_and(|c| c.gen == gen)
+    }
+
     async fn turn(&mut self, msg: ClientMsg, ctx: &mut Ctx<Self>) {
         match msg {
             ClientMsg::Attach(nc) => self.attach(nc, ctx).await,
-            ClientMsg::Input(packets, error) => {
+            ClientMsg::Input(gen, packets, error) => {
+                if !self.is_current(gen) {
+                    return;
+                }
                 for p in packets {
                     if !self.session.is_attached() {
                         break;
@@ -447,7 +463,10 @@ impl Client {
                     }
                 }
             }
-            ClientMsg::InputEnd => {
+            ClientMsg::InputEnd(gen) => {
+                if !self.is_current(gen) {
+                    return;
+                }
                 self.session
                     .detach(time::now(), DetachReason::ConnectionLost);
                 self.run_effects(ctx).await;
@@ -513,47 +532,100 @@ impl Actor for Client {
     }
 }
 
-/// The socket's read side as a stream of decoded packet batches: streaming decode over a
-/// buffer that grows only as a packet needs.
-fn reader(
+/// The read side of one connection, run as its own task so that it can outlive the
+/// connection's place in the actor (see [`linger`]).
+struct Reader {
     rd: ReadHalf<Box<dyn Io>>,
     buf: BytesMut,
     protocol: Protocol,
     max: u32,
     shared: Arc<Shared>,
-) -> impl Stream<Item = ClientMsg> + Send + 'static {
-    futures::stream::unfold(Some((rd, buf)), move |state| {
-        let shared = shared.clone();
-        async move {
-            let (mut rd, mut buf) = state?;
-            loop {
-                let mut batch = Vec::new();
-                while batch.len() < INPUT_BATCH_MAX {
-                    match decode(&mut buf, protocol, max) {
-                        Ok(Some(p)) => batch.push(p),
-                        Ok(None) => break,
-                        // Nothing after a decode error is read: the connection is closing.
-                        Err(e) => return Some((ClientMsg::Input(batch, Some(e)), None)),
-                    }
-                }
-                if !batch.is_empty() {
-                    return Some((ClientMsg::Input(batch, None), Some((rd, buf))));
-                }
-                if buf.is_empty() && buf.capacity() > READ_BUF_KEEP_MAX {
-                    buf = BytesMut::new();
-                }
-                if buf.capacity() - buf.len() < READ_BUF_INITIAL / 2 {
-                    // Doubling: a large packet arrives in O(log n) reads and reallocations;
-                    // the decoder refuses one past `max` from its header, before this grows.
-                    buf.reserve(buf.len().max(READ_BUF_INITIAL));
-                }
-                match rd.read_buf(&mut buf).await {
-                    Ok(0) | Err(_) => return Some((ClientMsg::InputEnd, None)),
-                    Ok(n) => add(&shared.metrics.bytes_received, n as u64),
+    client: WeakAddr<ClientMsg>,
+    gen: u64,
+    closed: oneshot::Receiver<WriteHalf<Box<dyn Io>>>,
+}
+
+/// Streaming decode into batches for the client actor; `send` waits on a full mailbox, so a
+/// busy client stops reading its socket (back-pressure to the peer).
+async fn read_loop(mut r: Reader) {
+    'read: loop {
+        let mut batch = Vec::new();
+        let mut error = None;
+        while batch.len() < INPUT_BATCH_MAX {
+            match decode(&mut r.buf, r.protocol, r.max) {
+                Ok(Some(p)) => batch.push(p),
+                Ok(None) => break,
+                Err(e) => {
+                    error = Some(e);
+                    break;
                 }
             }
         }
+        if !batch.is_empty() || error.is_some() {
+            let failed = error.is_some();
+            let Some(client) = r.client.upgrade() else {
+                return;
+            };
+            if client
+                .send(ClientMsg::Input(r.gen, batch, error))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            if failed {
+                // Nothing after a decode error is read: the connection is closing.
+                break 'read;
+            }
+            continue;
+        }
+        if r.buf.is_empty() && r.buf.capacity() > READ_BUF_KEEP_MAX {
+            r.buf = BytesMut::new();
+        }
+        if r.buf.capacity() - r.buf.len() < READ_BUF_INITIAL / 2 {
+            // Doubling: a large packet arrives in O(log n) reads and reallocations; the
+            // decoder refuses one past `max` from its header, before this grows.
+            r.buf.reserve(r.buf.len().max(READ_BUF_INITIAL));
+        }
+        tokio::select! {
+            biased;
+            w = &mut r.closed => {
+                if let Ok(w) = w {
+                    linger(r.rd, w).await;
+                }
+                return;
+            }
+            n = r.rd.read_buf(&mut r.buf) => match n {
+                Ok(0) | Err(_) => {
+                    if let Some(client) = r.client.upgrade() {
+                        let _ = client.send(ClientMsg::InputEnd(r.gen)).await;
+                    }
+                    break 'read;
+                }
+                Ok(n) => add(&r.shared.metrics.bytes_received, n as u64),
+            }
+        }
+    }
+    // Wait for the actor to finish writing (a v5 DISCONNECT), bounded.
+    if let Some(Ok(w)) = time::timeout(WRITE_TIMEOUT, r.closed).await {
+        linger(r.rd, w).await;
+    }
+}
+
+/// How long a closed connection keeps reading after our FIN.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Closes a connection gracefully: FIN, then read and discard until the peer closes (or
+/// [`LINGER`] passes). Closing a socket with unread input makes the kernel send RST, and a
+/// RST can destroy our last packets (a DISCONNECT with its reason code) in the peer's
+/// receive buffer before the peer reads them.
+async fn linger(mut rd: ReadHalf<Box<dyn Io>>, mut w: WriteHalf<Box<dyn Io>>) {
+    let _ = time::timeout(LINGER, async {
+        let _ = w.shutdown().await;
+        let mut scratch = [0u8; 512];
+        while matches!(rd.read(&mut scratch).await, Ok(n) if n > 0) {}
     })
+    .await;
 }
 
 /// Escapes a string for a JSON string literal.

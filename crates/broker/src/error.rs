@@ -12,9 +12,9 @@ pub enum BrokerError {
         kind: starling_config::ListenerKind,
         /// The configured address.
         addr: SocketAddr,
-        /// What the transport said.
+        /// What the transport said (boxed: it is large, and this error is rare).
         #[source]
-        source: starling_net::NetError,
+        source: Box<starling_net::NetError>,
     },
     /// The password file or the ACL file did not load.
     #[error(transparent)]

@@ -175,7 +175,7 @@ async fn bind(lc: &ListenerConfig, max_packet_size: u32) -> Result<MqttListener,
     let err = |source| BrokerError::Listener {
         kind: lc.kind,
         addr: lc.bind,
-        source,
+        source: Box::new(source),
     };
     let tls = || -> Result<_, BrokerError> {
         let t = lc.tls.as_ref().ok_or_else(|| {

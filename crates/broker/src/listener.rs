@@ -226,7 +226,12 @@ async fn refuse(io: &mut Box<dyn Io>, protocol: Protocol, code: ReasonCode) {
         let _ = time::timeout(Duration::from_secs(5), async {
             io.write_all(&out).await?;
             io.flush().await?;
-            io.shutdown().await
+            io.shutdown().await?;
+            // Read until the peer closes: closing with unread input sends RST, which can
+            // destroy the CONNACK before the client reads it.
+            let mut scratch = [0u8; 256];
+            while io.read(&mut scratch).await? > 0 {}
+            std::io::Result::Ok(())
         })
         .await;
     }

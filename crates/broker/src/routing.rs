@@ -13,7 +13,8 @@ use std::time::Duration;
 use rand::RngCore;
 use starling_codec::{QoS, ReasonCode, SubscriptionOptions};
 use starling_router::{
-    parse_subscription, validate_topic_name, PublishContext, RetainedIndex, Router, RouterError,
+    parse_subscription, validate_topic_name, DeliveryKind, PublishContext, RetainedIndex, Router,
+    RouterError,
 };
 use starling_rt::{rng, Actor, ActorId, Ctx, Reply, TrySendError, WeakAddr};
 use starling_session::{DeliveryOptions, Message, SubscribeRequest};
@@ -132,19 +133,34 @@ impl RouterActor {
             |s| clients.get(s).is_some_and(|c| c.online),
             &mut out,
         );
+        // MQTT 5 §3.3.4: one copy per subscriber for its overlapping subscriptions, at the
+        // highest QoS, carrying every Subscription Identifier. Shared deliveries stay apart.
+        let mut merged: Vec<(Arc<str>, DeliveryOptions)> = Vec::with_capacity(out.len());
         for d in out.drain(..) {
-            let Some(client) = self.clients.get(&d.subscriber) else {
+            let opts = DeliveryOptions::subscription(&d.options.options, d.options.subscription_id);
+            let plain = !matches!(d.kind, DeliveryKind::Shared { .. });
+            let same = merged
+                .iter_mut()
+                .rev()
+                .take(MERGE_WINDOW)
+                .find(|(s, _)| plain && *s == d.subscriber);
+            match same {
+                Some((_, o)) => merge(o, opts),
+                None => merged.push((d.subscriber, opts)),
+            }
+        }
+        for (subscriber, opts) in merged {
+            let Some(client) = self.clients.get(&subscriber) else {
                 continue;
             };
             let Some(addr) = client.addr.upgrade() else {
                 continue;
             };
-            let opts = DeliveryOptions::subscription(&d.options.options, d.options.subscription_id);
             match addr.try_send(ClientMsg::Deliver(msg.clone(), opts)) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) => {
                     add(&self.shared.metrics.dropped_mailbox_full, 1);
-                    debug!(client_id = %d.subscriber, topic = %msg.topic, "delivery dropped: mailbox full");
+                    debug!(client_id = %subscriber, topic = %msg.topic, "delivery dropped: mailbox full");
                 }
                 Err(TrySendError::Closed(_)) => {}
             }
@@ -234,6 +250,19 @@ impl RouterActor {
         }
         res
     }
+}
+
+/// How far back a delivery looks for the same subscriber to merge with: the trie yields one
+/// subscriber's matches from different levels, not always adjacent; a bounded look-back
+/// keeps a publish to many subscribers linear.
+const MERGE_WINDOW: usize = 64;
+
+fn merge(into: &mut DeliveryOptions, other: DeliveryOptions) {
+    into.qos = into.qos.max(other.qos);
+    // Skip own messages only if every matching subscription says so.
+    into.no_local &= other.no_local;
+    into.retain_as_published |= other.retain_as_published;
+    into.subscription_ids.extend(other.subscription_ids);
 }
 
 /// The one place a router refusal becomes a SUBACK code.
