@@ -1,0 +1,254 @@
+//! A small MQTT test client on our codec, and a broker on an ephemeral port.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::num::NonZeroU16;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use starling_broker::Broker;
+use starling_codec::{
+    decode, encode, Connack, Connect, LastWill, Packet, Properties, Protocol, PubAck, Publish, QoS,
+    Suback, Subscribe, SubscribeFilter, SubscriptionOptions,
+};
+use starling_config::{Config, ListenerKind};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// How long a test waits for a packet it expects.
+pub const WAIT: Duration = Duration::from_secs(5);
+
+/// A broker on 127.0.0.1:0 with `extra` TOML appended (sections other than listeners).
+pub async fn broker(extra: &str) -> (Broker, SocketAddr) {
+    let text = format!("[[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:0\"\n{extra}");
+    let (config, _) = Config::from_str(&text).expect("test config");
+    broker_with(config).await
+}
+
+pub async fn broker_with(config: Config) -> (Broker, SocketAddr) {
+    let b = Broker::start(config).await.expect("broker starts");
+    let addr = b.local_addr(ListenerKind::Tcp).expect("tcp listener");
+    (b, addr)
+}
+
+/// A fresh directory for a test's files.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("starling-broker-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+pub fn pid(n: u16) -> NonZeroU16 {
+    NonZeroU16::new(n).expect("non-zero packet id")
+}
+
+pub fn connect_packet(protocol: Protocol, client_id: &str, clean: bool) -> Connect {
+    Connect {
+        protocol,
+        clean_start: clean,
+        keep_alive: 60,
+        client_id: client_id.to_owned(),
+        will: None,
+        username: None,
+        password: None,
+        properties: Properties::default(),
+    }
+}
+
+pub fn will(topic: &str, payload: &str) -> LastWill {
+    LastWill {
+        topic: topic.to_owned(),
+        payload: Bytes::from(payload.to_owned()),
+        qos: QoS::AtLeastOnce,
+        retain: false,
+        properties: Properties::default(),
+    }
+}
+
+pub struct Client {
+    stream: TcpStream,
+    buf: BytesMut,
+    pub protocol: Protocol,
+}
+
+impl Client {
+    /// Opens a connection and sends `connect`; returns the client and the CONNACK.
+    pub async fn open(addr: SocketAddr, connect: Connect) -> (Client, Connack) {
+        let stream = TcpStream::connect(addr).await.expect("tcp connect");
+        let mut c = Client {
+            stream,
+            buf: BytesMut::new(),
+            protocol: connect.protocol,
+        };
+        c.send(Packet::Connect(Box::new(connect))).await;
+        match c.recv().await {
+            Some(Packet::Connack(ack)) => (c, ack),
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+    }
+
+    /// Connects with defaults (keep alive 60).
+    pub async fn connect(addr: SocketAddr, protocol: Protocol, id: &str, clean: bool) -> Client {
+        let (c, ack) = Client::open(addr, connect_packet(protocol, id, clean)).await;
+        assert!(!ack.reason_code.is_error(), "CONNACK refused: {ack:?}");
+        c
+    }
+
+    pub async fn send(&mut self, p: Packet) {
+        let mut out = BytesMut::new();
+        encode(&p, self.protocol, u32::MAX, &mut out).expect("encodable");
+        self.send_raw(&out).await;
+    }
+
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("write");
+    }
+
+    /// The next packet, or `None` when the broker closed the connection. Panics after
+    /// [`WAIT`].
+    pub async fn recv(&mut self) -> Option<Packet> {
+        match self.recv_within(WAIT).await {
+            Ok(p) => p,
+            Err(()) => panic!("no packet within {WAIT:?}"),
+        }
+    }
+
+    /// `Err(())` if nothing came within `d`.
+    pub async fn recv_within(&mut self, d: Duration) -> Result<Option<Packet>, ()> {
+        tokio::time::timeout(d, self.read_packet())
+            .await
+            .map_err(|_| ())
+    }
+
+    async fn read_packet(&mut self) -> Option<Packet> {
+        loop {
+            match decode(&mut self.buf, self.protocol, u32::MAX) {
+                Ok(Some(p)) => return Some(p),
+                Ok(None) => {}
+                Err(e) => panic!("broker sent a malformed packet: {e}"),
+            }
+            self.buf.reserve(4096);
+            match self.stream.read_buf(&mut self.buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// The next PUBLISH, acknowledging QoS 1/2 as a well-behaved client does.
+    pub async fn recv_publish(&mut self) -> Publish {
+        loop {
+            match self.recv().await {
+                Some(Packet::Publish(p)) => {
+                    match (p.qos, p.packet_id) {
+                        (QoS::AtLeastOnce, Some(id)) => {
+                            self.send(Packet::Puback(PubAck::new(id))).await
+                        }
+                        (QoS::ExactlyOnce, Some(id)) => {
+                            self.send(Packet::Pubrec(PubAck::new(id))).await
+                        }
+                        _ => {}
+                    }
+                    return p;
+                }
+                Some(Packet::Pubrel(r)) => {
+                    self.send(Packet::Pubcomp(PubAck::new(r.packet_id))).await
+                }
+                Some(Packet::Pingresp) => {}
+                other => panic!("expected PUBLISH, got {other:?}"),
+            }
+        }
+    }
+
+    /// Nothing but PUBREL/PINGRESP arrives within `d`.
+    pub async fn expect_no_publish(&mut self, d: Duration) {
+        loop {
+            match self.recv_within(d).await {
+                Err(()) => return,
+                Ok(Some(Packet::Pubrel(r))) => {
+                    self.send(Packet::Pubcomp(PubAck::new(r.packet_id))).await
+                }
+                Ok(other) => panic!("expected nothing, got {other:?}"),
+            }
+        }
+    }
+
+    pub async fn subscribe(&mut self, id: u16, filter: &str, qos: QoS) -> Suback {
+        self.subscribe_with(
+            id,
+            filter,
+            SubscriptionOptions {
+                qos,
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    pub async fn subscribe_with(
+        &mut self,
+        id: u16,
+        filter: &str,
+        options: SubscriptionOptions,
+    ) -> Suback {
+        self.send(Packet::Subscribe(Subscribe {
+            packet_id: pid(id),
+            filters: vec![SubscribeFilter {
+                filter: filter.to_owned(),
+                options,
+            }],
+            properties: Properties::default(),
+        }))
+        .await;
+        match self.recv().await {
+            Some(Packet::Suback(s)) => s,
+            // Retained messages come after the SUBACK; anything before is a test bug.
+            other => panic!("expected SUBACK, got {other:?}"),
+        }
+    }
+
+    /// Publishes and completes the QoS flow.
+    pub async fn publish(&mut self, topic: &str, payload: &[u8], qos: QoS, retain: bool) {
+        let packet_id = (qos != QoS::AtMostOnce).then(|| pid(77));
+        self.send(Packet::Publish(Publish {
+            dup: false,
+            qos,
+            retain,
+            topic: topic.to_owned(),
+            packet_id,
+            properties: Properties::default(),
+            payload: Bytes::copy_from_slice(payload),
+        }))
+        .await;
+        match qos {
+            QoS::AtMostOnce => {}
+            QoS::AtLeastOnce => match self.recv().await {
+                Some(Packet::Puback(a)) => assert!(!a.reason_code.is_error(), "{a:?}"),
+                other => panic!("expected PUBACK, got {other:?}"),
+            },
+            QoS::ExactlyOnce => {
+                match self.recv().await {
+                    Some(Packet::Pubrec(a)) => assert!(!a.reason_code.is_error(), "{a:?}"),
+                    other => panic!("expected PUBREC, got {other:?}"),
+                }
+                self.send(Packet::Pubrel(PubAck::new(pid(77)))).await;
+                match self.recv().await {
+                    Some(Packet::Pubcomp(_)) => {}
+                    other => panic!("expected PUBCOMP, got {other:?}"),
+                }
+            }
+        }
+    }
+
+    pub async fn disconnect(mut self) {
+        self.send(Packet::Disconnect(Default::default())).await;
+        let _ = self.stream.shutdown().await;
+    }
+
+    /// Drops the socket without DISCONNECT.
+    pub fn kill(self) {
+        drop(self);
+    }
+}
