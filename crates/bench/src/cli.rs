@@ -396,7 +396,10 @@ mod tests {
     fn parse(args: &[&str]) -> Result<RunConfig, ArgError> {
         let mut argv = vec!["starling-bench"];
         argv.extend_from_slice(args);
-        Cli::try_parse_from(argv).expect("clap accepts").command.validate(Some(20_000))
+        Cli::try_parse_from(argv)
+            .expect("clap accepts")
+            .command
+            .validate(Some(20_000))
     }
 
     #[test]
@@ -414,12 +417,33 @@ mod tests {
     #[test]
     fn options_reach_the_config() {
         let c = parse(&[
-            "fanin", "-c", "5", "-q", "2", "-V", "5", "-s", "128", "-r", "1000", "-n", "500",
-            "--inflight", "10", "-p", "18830", "--no-source-spread", "-t", "x",
+            "fanin",
+            "-c",
+            "5",
+            "-q",
+            "2",
+            "-V",
+            "5",
+            "-s",
+            "128",
+            "-r",
+            "1000",
+            "-n",
+            "500",
+            "--inflight",
+            "10",
+            "-p",
+            "18830",
+            "--no-source-spread",
+            "-t",
+            "x",
         ])
         .unwrap();
         assert_eq!((c.qos, c.protocol), (QoS::ExactlyOnce, Protocol::V5));
-        assert_eq!((c.payload_size, c.rate, c.count, c.inflight), (128, Some(1000.0), 500, 10));
+        assert_eq!(
+            (c.payload_size, c.rate, c.count, c.inflight),
+            (128, Some(1000.0), 500, 10)
+        );
         assert_eq!(c.target.port(), 18830);
         assert!(!c.source_spread);
         assert_eq!(c.topic, "x");
@@ -439,9 +463,18 @@ mod tests {
 
     #[test]
     fn zero_clients_rate_duration_and_window_are_refused() {
-        assert!(matches!(parse(&["conn", "-c", "0"]), Err(ArgError::ClientsOutOfRange { .. })));
-        assert!(matches!(parse(&["pub", "-r", "0"]), Err(ArgError::ZeroRate { name: "rate" })));
-        assert!(matches!(parse(&["pub", "-d", "0"]), Err(ArgError::DurationOutOfRange { .. })));
+        assert!(matches!(
+            parse(&["conn", "-c", "0"]),
+            Err(ArgError::ClientsOutOfRange { .. })
+        ));
+        assert!(matches!(
+            parse(&["pub", "-r", "0"]),
+            Err(ArgError::ZeroRate { name: "rate" })
+        ));
+        assert!(matches!(
+            parse(&["pub", "-d", "0"]),
+            Err(ArgError::DurationOutOfRange { .. })
+        ));
         assert!(matches!(
             parse(&["pub", "--inflight", "0"]),
             Err(ArgError::InflightOutOfRange { .. })

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use starling_codec::{
-    decode, encode, encode_publish_header, Connect, Disconnect, Packet, PacketId, PacketType, Properties,
-    Protocol, PubAck, PublishHeader, QoS, Subscribe, SubscribeFilter, SubscriptionOptions,
-    PACKET_SIZE_MAX,
+    decode, encode, encode_publish_header, Connect, Disconnect, Packet, PacketId, PacketType,
+    Properties, Protocol, PubAck, PublishHeader, QoS, Subscribe, SubscribeFilter,
+    SubscriptionOptions, PACKET_SIZE_MAX,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -158,6 +158,8 @@ pub struct ClientOutcome {
     pub connack_latency: Option<Duration>,
     /// Whether the client got as far as [`Phase::Run`] readiness.
     pub ready: bool,
+    /// When it became ready.
+    pub ready_at: Option<Instant>,
     /// The error that ended it, if any.
     pub error: Option<ClientError>,
     /// The publisher index, if it published.
@@ -282,6 +284,7 @@ where
             what: "CONNACK/SUBACK",
         })??;
     outcome.ready = true;
+    outcome.ready_at = Some(Instant::now());
     shared.live.ready.fetch_add(1, Relaxed);
 
     let limits = Limits {
@@ -354,7 +357,9 @@ where
             Some(code) if !code.is_error() => Ok(()),
             code => Err(ClientError::SubscribeRefused {
                 filter: sub.filter.clone(),
-                reason: code.copied().unwrap_or(starling_codec::ReasonCode::UnspecifiedError),
+                reason: code
+                    .copied()
+                    .unwrap_or(starling_codec::ReasonCode::UnspecifiedError),
             }),
         },
         other => Err(ClientError::Unexpected {
@@ -484,7 +489,8 @@ impl Conn<'_> {
             && (p.qos == QoS::AtMostOnce || self.inflight < window)
         {
             if let Some(rate) = p.rate {
-                let at = start + Duration::from_secs_f64((self.outcome.sent as f64 + p.phase_offset) / rate);
+                let at = start
+                    + Duration::from_secs_f64((self.outcome.sent as f64 + p.phase_offset) / rate);
                 if at > now {
                     due = Some(at);
                     break;
@@ -543,8 +549,8 @@ impl Conn<'_> {
         let max = self.limits.max_packet_size;
         let received_before = self.outcome.received;
         let acked_before = self.outcome.acked;
-        while let Some(packet) = decode(&mut self.rbuf, protocol, PACKET_SIZE_MAX)
-            .map_err(ClientError::Decode)?
+        while let Some(packet) =
+            decode(&mut self.rbuf, protocol, PACKET_SIZE_MAX).map_err(ClientError::Decode)?
         {
             match packet {
                 Packet::Publish(publish) => {
@@ -564,16 +570,31 @@ impl Conn<'_> {
                     // MQTT 5 §4.3.2, §4.3.3: PUBACK for QoS 1, PUBREC for QoS 2.
                     match (publish.qos, publish.packet_id) {
                         (QoS::AtLeastOnce, Some(id)) => {
-                            put(&Packet::Puback(PubAck::new(id)), protocol, max, &mut self.out)?;
+                            put(
+                                &Packet::Puback(PubAck::new(id)),
+                                protocol,
+                                max,
+                                &mut self.out,
+                            )?;
                         }
                         (QoS::ExactlyOnce, Some(id)) => {
-                            put(&Packet::Pubrec(PubAck::new(id)), protocol, max, &mut self.out)?;
+                            put(
+                                &Packet::Pubrec(PubAck::new(id)),
+                                protocol,
+                                max,
+                                &mut self.out,
+                            )?;
                         }
                         _ => {}
                     }
                 }
                 Packet::Pubrel(rel) => {
-                    put(&Packet::Pubcomp(PubAck::new(rel.packet_id)), protocol, max, &mut self.out)?;
+                    put(
+                        &Packet::Pubcomp(PubAck::new(rel.packet_id)),
+                        protocol,
+                        max,
+                        &mut self.out,
+                    )?;
                 }
                 Packet::Puback(_) => {
                     self.release_slot(PacketType::Puback)?;
@@ -588,7 +609,12 @@ impl Conn<'_> {
                         // MQTT 5 §4.3.3: a failed PUBREC ends the exchange; no PUBREL.
                         self.release_slot(PacketType::Pubrec)?;
                     } else {
-                        put(&Packet::Pubrel(PubAck::new(rec.packet_id)), protocol, max, &mut self.out)?;
+                        put(
+                            &Packet::Pubrel(PubAck::new(rec.packet_id)),
+                            protocol,
+                            max,
+                            &mut self.out,
+                        )?;
                     }
                 }
                 Packet::Pingresp => {}
@@ -609,10 +635,8 @@ impl Conn<'_> {
         if received > 0 {
             let live = &self.shared.live;
             live.received.fetch_add(received, Relaxed);
-            live.last_receive_ns.fetch_max(
-                self.shared.clock.since_start_ns(Instant::now()),
-                Relaxed,
-            );
+            live.last_receive_ns
+                .fetch_max(self.shared.clock.since_start_ns(Instant::now()), Relaxed);
             if self.latencies.len() >= LATENCY_BATCH {
                 self.flush_latencies();
             }
@@ -648,7 +672,12 @@ impl Conn<'_> {
 }
 
 /// Encodes our own packet; a failure is a bug or an absurd broker limit.
-fn put(packet: &Packet, protocol: Protocol, max: u32, out: &mut BytesMut) -> Result<(), ClientError> {
+fn put(
+    packet: &Packet,
+    protocol: Protocol,
+    max: u32,
+    out: &mut BytesMut,
+) -> Result<(), ClientError> {
     encode(packet, protocol, max, out)
         .map(|_| ())
         .map_err(|source| ClientError::Encode {
@@ -658,9 +687,10 @@ fn put(packet: &Packet, protocol: Protocol, max: u32, out: &mut BytesMut) -> Res
 }
 
 async fn flush<W: AsyncWrite + Unpin>(wr: &mut W, out: &mut BytesMut) -> Result<(), ClientError> {
-    wr.write_all(out)
-        .await
-        .map_err(|source| ClientError::Io { op: "write", source })?;
+    wr.write_all(out).await.map_err(|source| ClientError::Io {
+        op: "write",
+        source,
+    })?;
     out.clear();
     Ok(())
 }
@@ -674,7 +704,9 @@ async fn read_packet<R: AsyncRead + Unpin>(
     during: &'static str,
 ) -> Result<Packet, ClientError> {
     loop {
-        if let Some(packet) = decode(rbuf, protocol, PACKET_SIZE_MAX).map_err(ClientError::Decode)? {
+        if let Some(packet) =
+            decode(rbuf, protocol, PACKET_SIZE_MAX).map_err(ClientError::Decode)?
+        {
             return Ok(packet);
         }
         rbuf.reserve(READ_CHUNK);

@@ -111,7 +111,9 @@ pub struct SeqTracker {
 impl SeqTracker {
     /// Records one delivery of `seq`.
     pub fn record(&mut self, seq: u64) {
-        let seen = self.seen.get_or_insert_with(|| Box::new([0; (SEQ_WINDOW / 64) as usize]));
+        let seen = self
+            .seen
+            .get_or_insert_with(|| Box::new([0; (SEQ_WINDOW / 64) as usize]));
         let bit = |s: u64| ((s % SEQ_WINDOW / 64) as usize, 1u64 << (s % 64));
         if seq >= self.next {
             // Forget the bits of the sequences that slide out of the window:

@@ -222,7 +222,12 @@ impl Report {
         let _ = writeln!(
             s,
             "{} against {} over {}, MQTT {}, QoS {}, {} B payload, rate {rate}",
-            self.scenario, self.broker, self.transport, self.mqtt_version, self.qos, self.payload_bytes
+            self.scenario,
+            self.broker,
+            self.transport,
+            self.mqtt_version,
+            self.qos,
+            self.payload_bytes
         );
         let c = &self.connect;
         let _ = writeln!(
@@ -245,11 +250,13 @@ impl Report {
                 self.duplicates, self.reordered
             );
             let l = &self.latency_us;
-            let _ = writeln!(
+            if l.count > 0 {
+                let _ = writeln!(
                 s,
                 "  latency us: p50 {:.0}  p90 {:.0}  p99 {:.0}  p99.9 {:.0}  max {:.0}  ({} samples)",
                 l.p50, l.p90, l.p99, l.p999, l.max, l.count
-            );
+                );
+            }
         }
         if let Some(r) = &self.broker_rss {
             let per = r
@@ -267,7 +274,11 @@ impl Report {
             self.cpu.percent_of_core, self.cpu.cores
         );
         if self.errors > 0 {
-            let kinds: Vec<String> = self.error_kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            let kinds: Vec<String> = self
+                .error_kinds
+                .iter()
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect();
             let _ = writeln!(s, "  errors: {}", kinds.join(", "));
             if let Some(first) = &self.first_error {
                 let _ = writeln!(s, "  first error: {first}");
@@ -335,12 +346,18 @@ pub(crate) mod tests {
         assert!((p.p90 - 900.0).abs() <= 1.0, "{p:?}");
         assert!((p.p99 - 990.0).abs() <= 1.0, "{p:?}");
         assert!((p.p999 - 999.0).abs() <= 1.0, "{p:?}");
-        assert!((p.min - 1.0).abs() < 0.01 && (p.max - 1000.0).abs() <= 1.0, "{p:?}");
+        assert!(
+            (p.min - 1.0).abs() < 0.01 && (p.max - 1000.0).abs() <= 1.0,
+            "{p:?}"
+        );
     }
 
     #[test]
     fn empty_histogram_gives_zero_percentiles() {
-        assert_eq!(Percentiles::from_ns(&latency_histogram()), Percentiles::default());
+        assert_eq!(
+            Percentiles::from_ns(&latency_histogram()),
+            Percentiles::default()
+        );
     }
 
     #[test]
@@ -357,8 +374,18 @@ pub(crate) mod tests {
         assert!(!line.contains('\n'));
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         for key in [
-            "scenario", "sent", "acked", "received", "lost", "duplicates", "delivered_per_s",
-            "latency_us", "connect", "errors", "cpu", "rate_target",
+            "scenario",
+            "sent",
+            "acked",
+            "received",
+            "lost",
+            "duplicates",
+            "delivered_per_s",
+            "latency_us",
+            "connect",
+            "errors",
+            "cpu",
+            "rate_target",
         ] {
             assert!(v.get(key).is_some(), "missing {key} in {line}");
         }

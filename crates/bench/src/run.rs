@@ -74,7 +74,11 @@ pub async fn run(cfg: &RunConfig) -> Report {
             for (i, spec) in specs.into_iter().enumerate() {
                 let at = start + Duration::from_secs_f64(i as f64 / rate);
                 tokio::time::sleep_until(at.into()).await;
-                handles.push(tokio::spawn(run_client(spec, shared.clone(), phase_rx.clone())));
+                handles.push(tokio::spawn(run_client(
+                    spec,
+                    shared.clone(),
+                    phase_rx.clone(),
+                )));
             }
             handles
         })
@@ -108,7 +112,11 @@ pub async fn run(cfg: &RunConfig) -> Report {
                 if connected_at.is_none() && (ready + failed >= total || now >= connect_deadline) {
                     connected_at = Some(now);
                 }
-                let settle = if cfg.broker_pid.is_some() { RSS_SETTLE } else { Duration::ZERO };
+                let settle = if cfg.broker_pid.is_some() {
+                    RSS_SETTLE
+                } else {
+                    Duration::ZERO
+                };
                 if connected_at.is_some_and(|at| now >= at + settle) {
                     rss_after = cfg.broker_pid.and_then(sys::rss_kib);
                     phase = Phase::Run;
@@ -122,7 +130,11 @@ pub async fn run(cfg: &RunConfig) -> Report {
                     && live.publishers_done.load(Relaxed) > 0;
                 if now >= started + cfg.duration || all_done {
                     run_end = Some(now);
-                    phase = if publishers > 0 { Phase::Drain } else { Phase::Stop };
+                    phase = if publishers > 0 {
+                        Phase::Drain
+                    } else {
+                        Phase::Stop
+                    };
                     drain_deadline = Some(now + cfg.drain);
                 }
             }
@@ -173,19 +185,19 @@ pub async fn run(cfg: &RunConfig) -> Report {
     let (mut sent, mut acked, mut received, mut foreign) = (0, 0, 0, 0);
     let (mut unique, mut duplicates, mut reordered) = (0u64, 0, 0);
     let mut expected = Some(0u64);
-    let mut first_ready_err = Vec::new();
+    let mut last_ready = None::<Instant>;
     for o in &outcomes {
         if let Some(l) = o.connack_latency {
             record_ns(&mut connect_h, l.as_nanos() as u64);
         }
         connect_ok += u64::from(o.ready);
+        last_ready = last_ready.max(o.ready_at);
         if let Some(p) = o.publisher {
             sent_by.insert(p, o.sent);
         }
         if let Some(e) = &o.error {
             *errors.entry(e.kind()).or_default() += 1;
             first_error.get_or_insert_with(|| e.to_string());
-            first_ready_err.push(o.ready);
         }
         sent += o.sent;
         acked += o.acked;
@@ -216,12 +228,18 @@ pub async fn run(cfg: &RunConfig) -> Report {
     let run_start = run_start.unwrap_or(wall_end);
     let run_end = run_end.unwrap_or(wall_end);
     let publish_s = run_end.saturating_duration_since(run_start).as_secs_f64();
-    let deliver_s = last_receive.saturating_duration_since(run_start).as_secs_f64();
-    let connect_s = connected_at
+    let deliver_s = last_receive
+        .saturating_duration_since(run_start)
+        .as_secs_f64();
+    // From the first attempt to the last client ready: the handshake rate
+    // the broker sustained (the pacing caps it at --connect-rate).
+    let connect_s = last_ready
         .unwrap_or(wall_end)
         .saturating_duration_since(connect_start)
         .as_secs_f64();
-    let wall_s = wall_end.saturating_duration_since(clock.origin()).as_secs_f64();
+    let wall_s = wall_end
+        .saturating_duration_since(clock.origin())
+        .as_secs_f64();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let cpu = match (cpu_before, sys::cpu_seconds()) {
         (Some((u0, s0)), Some((u1, s1))) => CpuReport::new(u1 - u0, s1 - s0, wall_s, cores),
@@ -229,8 +247,8 @@ pub async fn run(cfg: &RunConfig) -> Report {
     };
     let broker_rss = cfg.broker_pid.and_then(|pid| {
         let (before, after) = (rss_before?, rss_after?);
-        let per = (connect_ok > 0)
-            .then(|| (after as f64 - before as f64) * 1024.0 / connect_ok as f64);
+        let per =
+            (connect_ok > 0).then(|| (after as f64 - before as f64) * 1024.0 / connect_ok as f64);
         Some(RssReport {
             pid,
             before_kib: before,
@@ -390,7 +408,10 @@ mod tests {
         assert_eq!(specs.len(), 4);
         assert_eq!(specs[0].subscribe.as_ref().unwrap().filter, "x/fanin/+");
         assert!(matches!(expects[0], Some(Expect::All)));
-        let topics: Vec<_> = specs[1..].iter().map(|s| s.publish.as_ref().unwrap().topic.clone()).collect();
+        let topics: Vec<_> = specs[1..]
+            .iter()
+            .map(|s| s.publish.as_ref().unwrap().topic.clone())
+            .collect();
         assert_eq!(topics, ["x/fanin/0", "x/fanin/1", "x/fanin/2"]);
     }
 
@@ -408,7 +429,9 @@ mod tests {
         let (specs, _) = build_clients(&config(&["fanout", "-c", "4"]));
         assert_eq!(specs.iter().filter(|s| s.publish.is_some()).count(), 1);
         let topic = &specs[4].publish.as_ref().unwrap().topic;
-        assert!(specs[..4].iter().all(|s| &s.subscribe.as_ref().unwrap().filter == topic));
+        assert!(specs[..4]
+            .iter()
+            .all(|s| &s.subscribe.as_ref().unwrap().filter == topic));
         assert_eq!(expected_live(Scenario::Fanout, 10, 5, 1), 40);
     }
 
