@@ -113,10 +113,12 @@ impl Actor for Registry {
                 }
             }
             RegistryMsg::Shutdown(reply) => {
-                for (_, e) in self.clients.drain() {
+                // All at once: one slow peer's last write must not hold up the others.
+                let goodbyes = self.clients.drain().map(|(_, e)| async move {
                     let _ = time::timeout(SHUTDOWN_WAIT, e.addr.ask(ClientMsg::Shutdown)).await;
                     e.addr.stop();
-                }
+                });
+                futures::future::join_all(goodbyes).await;
                 let _ = reply.send(());
             }
         }

@@ -39,8 +39,19 @@ enum Command {
     },
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line naming the file, the key and the problem; no backtrace for a user's
+            // mistake.
+            eprintln!("starling: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some(Command::Passwd { file, user, delete }) = &cli.command {
         return passwd(file, user, *delete);
     }
