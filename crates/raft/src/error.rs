@@ -53,6 +53,9 @@ pub enum Error {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The transport seam failed: TLS material, binding, certificate generation.
+    #[error("transport: {0}")]
+    Net(#[from] starling_net::NetError),
 }
 
 /// Why a configuration was refused.

@@ -1,10 +1,12 @@
 //! The raft framework: a driver around raft-rs `RawNode` with a durable segmented log, a transport seam and membership changes.
 
+pub mod certs;
 mod config;
 pub mod disk;
 pub mod driver;
 mod error;
 pub mod node;
+pub mod quic;
 mod sm;
 pub mod transport;
 pub mod wal;
@@ -14,6 +16,7 @@ pub use disk::{Crash, Disk, FsDisk, MemDisk};
 pub use driver::{start, Client, Consistency, Metrics, RaftHandle};
 pub use error::{ConfigError, Error, RequestError, Result};
 pub use node::{Effect, Membership, Node, PeerProgress, ProposeError, Role, Status};
+pub use quic::{node_name, NodeTls, QuicMetrics, QuicNet, QuicOptions, QuicTransport};
 pub use sm::{RequestId, StateMachine};
 pub use transport::{LocalNet, LocalTransport, Transport};
 pub use wal::{DiskLog, FsyncPolicy, LogOptions, LogStore, Recovery};

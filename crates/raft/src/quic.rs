@@ -1,0 +1,430 @@
+//! Raft over QUIC with mutual TLS: [`QuicNet`] binds a node's endpoint, [`QuicTransport`]
+//! (the driver's [`Transport`]) queues outgoing messages per peer, and [`QuicNet::serve`]
+//! delivers incoming ones to the driver.
+//!
+//! - **Identity.** Every node holds a certificate from the cluster CA whose common name is
+//!   [`node_name`]`(id)` (`node-<id>`), also its DNS subject name. A dialer checks the
+//!   server's name through TLS; an acceptor reads the client certificate's common name, and
+//!   a frame whose `from` is not that node is dropped. Only authenticated peers' bytes reach
+//!   raft-rs's protobuf decoder (protobuf 2.28, CVE-2025-53605).
+//! - **Connections.** Each node dials one connection to each peer and sends on it; it
+//!   receives on the connections its peers dialed. A dial that fails or a connection that
+//!   ends is retried with exponential backoff and jitter (`reconnect_min` to
+//!   `reconnect_max`).
+//! - **Streams.** Raft messages travel on a stream of their own; snapshots (`MsgSnapshot`,
+//!   up to megabytes) on a second one, so a heartbeat never queues behind bulk data.
+//! - **Frames.** `[u32 big-endian length][protobuf eraftpb::Message]`, at most
+//!   `frame_bytes_max`. A larger outgoing message is dropped and counted; a larger incoming
+//!   length ends the connection (the peer is broken).
+//! - **Queues.** [`Transport::send`] never waits: each peer has a bounded queue per stream
+//!   (`queue_max` messages); when it is full the message is dropped and counted. raft
+//!   retransmits whatever is lost.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use raft::eraftpb::{Message, MessageType};
+use rand::Rng as _;
+use starling_net::{
+    CertificateDer, ClientTls, Identity, NetError, QuicConfig, QuicConnection, QuicEndpoint,
+    QuicRecv, QuicSend, ServerTls, ALPN_RAFT,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use crate::driver::RaftHandle;
+use crate::transport::{decode_message, encode_message, Transport};
+
+/// The certificate common name (and DNS subject name) of raft node `id`.
+pub fn node_name(id: u64) -> String {
+    format!("node-{id}")
+}
+
+/// The raft id in a certificate common name made by [`node_name`].
+pub fn parse_node_name(cn: &str) -> Option<u64> {
+    cn.strip_prefix("node-")?.parse().ok().filter(|id| *id != 0)
+}
+
+/// A node's TLS material: its certificate and key, and the cluster CA it trusts.
+#[derive(Clone, Debug)]
+pub struct NodeTls {
+    pub identity: Identity,
+    pub ca: CertificateDer<'static>,
+}
+
+/// Settings of the QUIC transport of one node.
+#[derive(Clone, Debug)]
+pub struct QuicOptions {
+    /// This node's raft id (its certificate must be named [`node_name`]`(id)`).
+    pub id: u64,
+    /// The UDP address to bind.
+    pub bind: SocketAddr,
+    /// Messages waiting per peer and stream; beyond it they are dropped. Default 1024: about
+    /// four `max_inflight_msgs` windows of appends plus heartbeats.
+    pub queue_max: usize,
+    /// Largest frame in bytes, either way. Default 16 MiB: a snapshot of the state machine
+    /// travels as one message, so this caps the snapshot size too.
+    pub frame_bytes_max: usize,
+    /// First retry delay after a failed dial or a lost connection. Default 50 ms.
+    pub reconnect_min: Duration,
+    /// Retry delays double up to this. Default 2 s.
+    pub reconnect_max: Duration,
+    /// A dial that has not completed its handshake by then is abandoned. Default 2 s.
+    pub connect_timeout: Duration,
+    /// QUIC knobs. The defaults here use a 3 s idle timeout and a 500 ms keep-alive: a dead
+    /// or restarted peer is noticed (and redialed) within a few election timeouts.
+    pub quic: QuicConfig,
+}
+
+impl QuicOptions {
+    /// Defaults for node `id` bound on `bind`; the QUIC rng seed is drawn from the runtime
+    /// (deterministic under the simulator).
+    pub fn new(id: u64, bind: SocketAddr) -> Self {
+        let mut seed = [0u8; 32];
+        starling_rt::rng::rng().fill(&mut seed);
+        let mut quic = QuicConfig::new(seed);
+        quic.idle_timeout = Duration::from_secs(3);
+        quic.keep_alive_interval = Some(Duration::from_millis(500));
+        quic.concurrent_streams_max = 8;
+        QuicOptions {
+            id,
+            bind,
+            queue_max: 1024,
+            frame_bytes_max: 16 << 20,
+            reconnect_min: Duration::from_millis(50),
+            reconnect_max: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(2),
+            quic,
+        }
+    }
+}
+
+/// Counters of the QUIC transport, for metrics and tests.
+#[derive(Debug, Default)]
+pub struct QuicMetrics {
+    /// Messages dropped because a peer's queue was full.
+    pub dropped_queue_full: AtomicU64,
+    /// Outgoing messages dropped for exceeding `frame_bytes_max`.
+    pub dropped_oversize: AtomicU64,
+    /// Messages to an id that is not a configured peer.
+    pub dropped_unknown_peer: AtomicU64,
+    /// Connections established by dialing.
+    pub connects: AtomicU64,
+    /// Failed dials and lost outbound connections.
+    pub disconnects: AtomicU64,
+    /// Inbound connections refused (unknown certificate name) and frames refused (wrong
+    /// sender, bad length, undecodable).
+    pub refused: AtomicU64,
+    /// Messages received and handed to the driver.
+    pub delivered: AtomicU64,
+}
+
+/// A bound QUIC endpoint of one raft node.
+///
+/// Call order: [`QuicNet::bind`], [`QuicNet::transport`] with the peers' addresses, start
+/// the driver with that transport, then [`QuicNet::serve`] with the driver's handle.
+pub struct QuicNet {
+    opts: QuicOptions,
+    endpoint: QuicEndpoint,
+    metrics: Arc<QuicMetrics>,
+    /// Every member's id and address, set by [`QuicNet::transport`].
+    peers: BTreeMap<u64, SocketAddr>,
+}
+
+impl QuicNet {
+    /// Binds the endpoint (accepting and dialing, mutual TLS with the cluster CA).
+    ///
+    /// # Errors
+    /// [`NetError`] if the TLS material or the QUIC knobs are invalid or the socket cannot
+    /// be bound.
+    pub async fn bind(opts: QuicOptions, tls: &NodeTls) -> Result<QuicNet, NetError> {
+        let server = ServerTls::new(tls.identity.clone())
+            .require_client_cert(vec![tls.ca.clone()])
+            .alpn(&[ALPN_RAFT]);
+        let client = ClientTls::new(vec![tls.ca.clone()])
+            .identity(tls.identity.clone())
+            .alpn(&[ALPN_RAFT]);
+        let endpoint =
+            QuicEndpoint::new(opts.bind, Some(&server), Some(&client), &opts.quic).await?;
+        Ok(QuicNet {
+            opts,
+            endpoint,
+            metrics: Arc::default(),
+            peers: BTreeMap::new(),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.endpoint.local_addr()
+    }
+
+    pub fn metrics(&self) -> Arc<QuicMetrics> {
+        self.metrics.clone()
+    }
+
+    /// The sending half for the driver, towards `peers` (id and address of each member;
+    /// this node's own entry is skipped, messages to ids not listed are dropped, and only
+    /// these ids may connect in). One link task per peer starts now, dialing in the
+    /// background.
+    pub fn transport(&mut self, peers: BTreeMap<u64, SocketAddr>) -> QuicTransport {
+        self.peers = peers;
+        let mut queues = BTreeMap::new();
+        for (&id, &addr) in &self.peers {
+            if id == self.opts.id {
+                continue;
+            }
+            let (raft_tx, raft_rx) = mpsc::channel(self.opts.queue_max);
+            let (bulk_tx, bulk_rx) = mpsc::channel(self.opts.queue_max);
+            let link = Link {
+                peer: id,
+                addr,
+                endpoint: self.endpoint.clone(),
+                opts: self.opts.clone(),
+                metrics: self.metrics.clone(),
+            };
+            starling_rt::spawn(link.run(raft_rx, bulk_rx));
+            queues.insert(id, PeerQueues { raft_tx, bulk_tx });
+        }
+        QuicTransport {
+            peers: queues,
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// Accepts peers' connections and delivers their messages to `raft`, in a background
+    /// task, until [`QuicNet::close`].
+    pub fn serve(&self, raft: RaftHandle) {
+        let endpoint = self.endpoint.clone();
+        let ctx = Arc::new(Inbound {
+            me: self.opts.id,
+            peers: self.peers.keys().copied().collect(),
+            frame_bytes_max: self.opts.frame_bytes_max,
+            metrics: self.metrics.clone(),
+            raft,
+        });
+        starling_rt::spawn(async move {
+            while let Some(incoming) = endpoint.accept().await {
+                let ctx = ctx.clone();
+                // A handshake per task: one slow peer does not hold up the others.
+                starling_rt::spawn(async move {
+                    if let Ok(conn) = incoming.handshake().await {
+                        ctx.connection(conn).await;
+                    }
+                });
+            }
+        });
+    }
+
+    /// Closes every connection and stops accepting.
+    pub fn close(&self) {
+        self.endpoint.close();
+    }
+}
+
+struct PeerQueues {
+    raft_tx: mpsc::Sender<Message>,
+    bulk_tx: mpsc::Sender<Message>,
+}
+
+/// The driver's sending half: never waits, drops when a peer's queue is full.
+pub struct QuicTransport {
+    peers: BTreeMap<u64, PeerQueues>,
+    metrics: Arc<QuicMetrics>,
+}
+
+impl QuicTransport {
+    pub fn metrics(&self) -> Arc<QuicMetrics> {
+        self.metrics.clone()
+    }
+}
+
+impl Transport for QuicTransport {
+    fn send(&mut self, msg: Message) {
+        let Some(q) = self.peers.get(&msg.to) else {
+            self.metrics
+                .dropped_unknown_peer
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        // Encoding (and the frame size check) happens in the link task, off the driver's turn.
+        let tx = if msg.get_msg_type() == MessageType::MsgSnapshot {
+            &q.bulk_tx
+        } else {
+            &q.raft_tx
+        };
+        if tx.try_send(msg).is_err() {
+            self.metrics
+                .dropped_queue_full
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The outbound side of one peer: dial, open the two streams, write frames; on any error
+/// back off and dial again.
+struct Link {
+    peer: u64,
+    addr: SocketAddr,
+    endpoint: QuicEndpoint,
+    opts: QuicOptions,
+    metrics: Arc<QuicMetrics>,
+}
+
+impl Link {
+    async fn run(self, mut raft_rx: mpsc::Receiver<Message>, mut bulk_rx: mpsc::Receiver<Message>) {
+        let mut rng = starling_rt::rng::rng();
+        let mut backoff = self.opts.reconnect_min;
+        let name = node_name(self.peer);
+        loop {
+            let dial = self.endpoint.connect(self.addr, &name);
+            match starling_rt::time::timeout(self.opts.connect_timeout, dial).await {
+                Some(Ok(conn)) => {
+                    self.metrics.connects.fetch_add(1, Ordering::Relaxed);
+                    backoff = self.opts.reconnect_min;
+                    tracing::debug!(node_id = self.opts.id, peer = self.peer, "raft link up");
+                    let r = self.pump(&conn, &mut raft_rx, &mut bulk_rx).await;
+                    conn.close(0, b"link reset");
+                    if r.is_none() {
+                        // The driver dropped the transport: the node is stopping.
+                        return;
+                    }
+                }
+                Some(Err(_)) | None => {}
+            }
+            self.metrics.disconnects.fetch_add(1, Ordering::Relaxed);
+            // Messages queued while the link was down are stale; raft resends what matters.
+            while raft_rx.try_recv().is_ok() {}
+            while bulk_rx.try_recv().is_ok() {}
+            // Full jitter in [backoff/2, backoff): peers restarting together do not dial in
+            // lockstep.
+            let half = backoff / 2;
+            let wait = half + half.mul_f64(rng.gen_range(0.0..1.0));
+            starling_rt::time::sleep(wait).await;
+            backoff = (backoff * 2).min(self.opts.reconnect_max);
+        }
+    }
+
+    /// Writes both queues to their streams until the connection fails (`Some(())`) or the
+    /// queues close (`None`).
+    async fn pump(
+        &self,
+        conn: &QuicConnection,
+        raft_rx: &mut mpsc::Receiver<Message>,
+        bulk_rx: &mut mpsc::Receiver<Message>,
+    ) -> Option<()> {
+        let Ok((raft_send, _)) = conn.open_bi().await else {
+            return Some(());
+        };
+        let Ok((bulk_send, _)) = conn.open_bi().await else {
+            return Some(());
+        };
+        let max = self.opts.frame_bytes_max;
+        let metrics = &self.metrics;
+        // Two independent loops in one task: a snapshot blocked on flow control never holds
+        // up the raft stream.
+        tokio::select! {
+            biased;
+            r = write_loop(raft_send, raft_rx, max, metrics) => r,
+            r = write_loop(bulk_send, bulk_rx, max, metrics) => r,
+            _ = conn.closed() => Some(()),
+        }
+    }
+}
+
+/// Frames messages from `rx` onto `send`. `Some(())` on a write error, `None` when `rx` is
+/// closed.
+async fn write_loop(
+    mut send: QuicSend,
+    rx: &mut mpsc::Receiver<Message>,
+    max: usize,
+    metrics: &QuicMetrics,
+) -> Option<()> {
+    let mut buf = Vec::new();
+    loop {
+        let msg = rx.recv().await?;
+        buf.clear();
+        // Batch what is already queued into one write.
+        let mut next = Some(msg);
+        while let Some(m) = next {
+            let body = encode_message(&m);
+            if body.len() > max {
+                metrics.dropped_oversize.fetch_add(1, Ordering::Relaxed);
+            } else {
+                buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
+                buf.extend_from_slice(&body);
+            }
+            next = if buf.len() < 64 << 10 {
+                rx.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        if send.write_all(&buf).await.is_err() {
+            return Some(());
+        }
+    }
+}
+
+/// What an accepted connection needs to deliver messages.
+struct Inbound {
+    me: u64,
+    peers: Vec<u64>,
+    frame_bytes_max: usize,
+    metrics: Arc<QuicMetrics>,
+    raft: RaftHandle,
+}
+
+impl Inbound {
+    async fn connection(self: Arc<Self>, conn: QuicConnection) {
+        let from = conn
+            .peer_certificates()
+            .and_then(|c| c.first().and_then(starling_net::common_name))
+            .and_then(|cn| parse_node_name(&cn));
+        let Some(from) = from.filter(|id| self.peers.contains(id) && *id != self.me) else {
+            // Signed by our CA but not a member we know: refuse.
+            self.metrics.refused.fetch_add(1, Ordering::Relaxed);
+            conn.close(1, b"unknown node");
+            return;
+        };
+        while let Ok((_send, recv)) = conn.accept_bi().await {
+            let ctx = self.clone();
+            let conn = conn.clone();
+            starling_rt::spawn(async move {
+                if ctx.read_loop(from, recv).await.is_err() {
+                    ctx.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                    conn.close(2, b"bad frame");
+                }
+            });
+        }
+    }
+
+    /// Reads frames until the stream ends (`Ok`) or a peer error (`Err`).
+    async fn read_loop(&self, from: u64, mut recv: QuicRecv) -> Result<(), ()> {
+        let mut body = Vec::new();
+        loop {
+            let mut len = [0u8; 4];
+            if recv.read_exact(&mut len).await.is_err() {
+                return Ok(());
+            }
+            let len = u32::from_be_bytes(len) as usize;
+            if len > self.frame_bytes_max {
+                return Err(());
+            }
+            body.resize(len, 0);
+            if recv.read_exact(&mut body).await.is_err() {
+                return Ok(());
+            }
+            let msg = decode_message(&body, self.frame_bytes_max).map_err(|_| ())?;
+            // The certificate says who is talking; a frame claiming otherwise is refused.
+            if msg.from != from || msg.to != self.me {
+                return Err(());
+            }
+            self.metrics.delivered.fetch_add(1, Ordering::Relaxed);
+            self.raft.deliver(msg);
+        }
+    }
+}
