@@ -42,3 +42,8 @@ fmt:
 # Criterion benchmarks of the workspace crates.
 bench:
     cargo bench --workspace
+
+# Side by side against Mosquitto (and RMQTT/rumqttd when on PATH): ratio table into docs/benchmarks.md.
+# Knobs as environment variables, e.g. `REPS=1 DURATION=3 just bench-compare` (see the script's header).
+bench-compare:
+    scripts/bench-compare.sh
