@@ -219,16 +219,24 @@ impl Report {
         let rate = self
             .rate_target
             .map_or_else(|| "unlimited".to_string(), |r| format!("{r:.0} msg/s"));
-        let _ = writeln!(
-            s,
-            "{} against {} over {}, MQTT {}, QoS {}, {} B payload, rate {rate}",
-            self.scenario,
-            self.broker,
-            self.transport,
-            self.mqtt_version,
-            self.qos,
-            self.payload_bytes
-        );
+        if self.scenario == "conn" {
+            let _ = writeln!(
+                s,
+                "conn against {} over {}, MQTT {}",
+                self.broker, self.transport, self.mqtt_version
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "{} against {} over {}, MQTT {}, QoS {}, {} B payload, rate {rate}",
+                self.scenario,
+                self.broker,
+                self.transport,
+                self.mqtt_version,
+                self.qos,
+                self.payload_bytes
+            );
+        }
         let c = &self.connect;
         let _ = writeln!(
             s,
