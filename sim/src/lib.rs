@@ -14,6 +14,7 @@ compile_error!(
 
 pub mod cluster;
 pub mod knobs;
+pub mod mqtt;
 pub mod nemesis;
 pub mod relay;
 pub mod runner;
