@@ -44,6 +44,7 @@ impl Shared {
             topic_alias_max: m.topic_alias_max,
             packet_size_max: m.max_packet_size,
             keepalive_secs_max: m.keepalive_max_secs,
+            keepalive_secs_min: m.keepalive_min_secs,
             keepalive_zero_allowed: m.allow_zero_keepalive,
             session_expiry_secs_max: m.session_expiry_max_secs,
             message_expiry_max: Some(Duration::from_secs(u64::from(m.message_expiry_max_secs))),

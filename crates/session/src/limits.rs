@@ -55,6 +55,10 @@ pub struct SessionLimits {
     /// Largest keep alive we accept, in seconds; larger requests from MQTT 5
     /// clients are lowered with Server Keep Alive (MQTT 5 §3.2.2.3.14).
     pub keepalive_secs_max: u16,
+    /// Smallest non-zero keep alive we accept, in seconds; smaller requests from MQTT 5
+    /// clients are raised with Server Keep Alive. MQTT 3.x has no way to tell the client,
+    /// so its own value stands there.
+    pub keepalive_secs_min: u16,
     /// Whether a client may switch keep alive off (0). If not, a 0 request
     /// becomes `keepalive_secs_max`.
     pub keepalive_zero_allowed: bool,
@@ -100,6 +104,7 @@ impl Default for SessionLimits {
             topic_alias_max: 64,
             packet_size_max: 1 << 20,
             keepalive_secs_max: 65535,
+            keepalive_secs_min: 0,
             keepalive_zero_allowed: true,
             session_expiry_secs_max: 2 * 60 * 60,
             message_expiry_max: None,

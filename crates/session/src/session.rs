@@ -342,7 +342,11 @@ impl Session {
                 limits.keepalive_secs_max
             }
         } else if v5 {
-            asked_ka.min(limits.keepalive_secs_max)
+            // The minimum is applied first so that a misconfigured min > max still
+            // respects the maximum (config validation refuses that anyway).
+            asked_ka
+                .max(limits.keepalive_secs_min)
+                .min(limits.keepalive_secs_max)
         } else {
             asked_ka
         };

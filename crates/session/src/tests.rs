@@ -319,6 +319,19 @@ fn keepalive_zero_replaced_by_maximum_when_not_allowed() {
     assert_eq!(connack(&h.drain()).properties.server_keep_alive, Some(20));
 }
 
+#[test]
+fn keepalive_below_minimum_raised_with_server_keep_alive() {
+    let l = SessionLimits {
+        keepalive_secs_min: 30,
+        ..SessionLimits::default()
+    };
+    let mut c = connect(Protocol::V5, "c1", true);
+    c.keep_alive = 5;
+    let mut h = H::new(l);
+    assert_eq!(h.s.attach(h.now, &c).unwrap().keep_alive_secs, 30);
+    assert_eq!(connack(&h.drain()).properties.server_keep_alive, Some(30));
+}
+
 // ----- inbound QoS -----
 
 #[test]
