@@ -13,6 +13,25 @@ ko() { echo "FAIL $1: $2"; fail=$((fail+1)); }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"; kill $(jobs -p) 2>/dev/null' EXIT
 
 for V in mqttv31 mqttv311 mqttv5; do
+  # QoS 0/1/2 round trips.
+  for Q in 0 1 2; do
+    t="rc/qos/$V/$Q/$$"
+    timeout 5 mosquitto_sub -h "$HOST" -p "$PORT" -V $V -t "$t" -q $Q -C 1 -i "rcq-s-$V-$Q" >"$tmp/q.$V.$Q" & s=$!
+    sleep 0.3
+    mosquitto_pub -h "$HOST" -p "$PORT" -V $V -t "$t" -q $Q -m "hello-$Q" -i "rcq-p-$V-$Q"
+    wait $s
+    [ "$(cat "$tmp/q.$V.$Q")" = "hello-$Q" ] && ok "mosquitto/$V/qos$Q" || ko "mosquitto/$V/qos$Q" "got '$(cat "$tmp/q.$V.$Q")'"
+  done
+
+  # Retained: stored, delivered to a later subscriber, cleared by an empty payload.
+  t="rc/retain/$V/$$"
+  mosquitto_pub -h "$HOST" -p "$PORT" -V $V -t "$t" -q 1 -r -m "kept-$V"
+  got=$(timeout 3 mosquitto_sub -h "$HOST" -p "$PORT" -V $V -t "$t" -C 1 -W 2 2>/dev/null)
+  [ "$got" = "kept-$V" ] && ok "mosquitto/$V/retained" || ko "mosquitto/$V/retained" "got '$got'"
+  mosquitto_pub -h "$HOST" -p "$PORT" -V $V -t "$t" -q 1 -r -n
+  got=$(timeout 3 mosquitto_sub -h "$HOST" -p "$PORT" -V $V -t "$t" -C 1 -W 1 2>/dev/null)
+  [ -z "$got" ] && ok "mosquitto/$V/retained-cleared" || ko "mosquitto/$V/retained-cleared" "got '$got'"
+
   # Will: a subscriber on the will topic; a client with a will is killed (no DISCONNECT).
   t="rc/will/$V/$$"
   timeout 6 mosquitto_sub -h "$HOST" -p "$PORT" -V $V -t "$t" -C 1 -q 1 -i "rcw-s-$V" >"$tmp/will.$V" & s=$!
@@ -35,7 +54,7 @@ for V in mqttv31 mqttv311 mqttv5; do
 done
 
 if $PY -c 'import paho.mqtt' 2>/dev/null; then
-  $PY - "$HOST" "$PORT" <<'PYEOF'
+  $PY - "$HOST" "$PORT" >"$tmp/py.out" 2>&1 <<'PYEOF'
 import sys, time, threading
 import paho.mqtt.client as mqtt
 host, port = sys.argv[1], int(sys.argv[2])
@@ -79,11 +98,38 @@ def run(name, proto):
     ok = ev2.wait(5) and got2 == [b"queued"]
     print(("PASS" if ok else "FAIL") + f" paho-py/{name}/persistent-session" + ("" if ok else f": {got2}"))
     p.disconnect(); s.disconnect()
+def qos(name, proto):
+    for q in (0, 1, 2):
+        got = []; ev = threading.Event()
+        s = client(f"py-qs-{name}-{q}", proto)
+        s.on_message = lambda c, u, m: (got.append((m.payload, m.qos)), ev.set())
+        s.connect(host, port); s.loop_start(); s.subscribe(f"py/qos/{name}/{q}", q); time.sleep(0.3)
+        p = client(f"py-qp-{name}-{q}", proto); p.connect(host, port); p.loop_start()
+        p.publish(f"py/qos/{name}/{q}", b"hi", q).wait_for_publish(5)
+        ok = ev.wait(5) and got == [(b"hi", q)]
+        print(("PASS" if ok else "FAIL") + f" paho-py/{name}/qos{q}" + ("" if ok else f": {got}"))
+        p.disconnect(); s.disconnect(); p.loop_stop(); s.loop_stop()
+    got = []; ev = threading.Event()
+    p = client(f"py-rp-{name}", proto); p.connect(host, port); p.loop_start()
+    p.publish(f"py/retain/{name}", b"kept", 1, retain=True).wait_for_publish(5)
+    s = client(f"py-rs-{name}", proto)
+    s.on_message = lambda c, u, m: (got.append((m.payload, m.retain)), ev.set())
+    s.connect(host, port); s.loop_start(); s.subscribe(f"py/retain/{name}", 1)
+    ok = ev.wait(5) and got == [(b"kept", True)]
+    print(("PASS" if ok else "FAIL") + f" paho-py/{name}/retained" + ("" if ok else f": {got}"))
+    p.publish(f"py/retain/{name}", b"", 1, retain=True).wait_for_publish(5)
+    p.disconnect(); s.disconnect(); p.loop_stop(); s.loop_stop()
+qos("v311", mqtt.MQTTv311)
+qos("v5", mqtt.MQTTv5)
 run("v311", mqtt.MQTTv311)
 run("v5", mqtt.MQTTv5)
 PYEOF
+  cat "$tmp/py.out"
+  pass=$((pass + $(grep -c '^PASS' "$tmp/py.out")))
+  fail=$((fail + $(grep -c '^FAIL' "$tmp/py.out")))
+  grep -q '^PASS' "$tmp/py.out" || { echo "FAIL paho-py: no result"; fail=$((fail+1)); }
 else
   echo "SKIP paho-py (python3 -c 'import paho.mqtt' failed)"
 fi
-echo "$pass passed, $fail failed (mosquitto)"
+echo "$pass passed, $fail failed"
 [ $fail = 0 ]
