@@ -4,7 +4,12 @@
 //! term. After the heal: a leader within a deadline, a proposal through every node
 //! completes, replicas converge, logs match, and the whole client history is linearizable.
 //!
-//! Run: `cd sim && MADSIM_TEST_NUM=200 cargo test --features sim --test raft_chaos`.
+//! The same scenario runs twice: over datagrams (200 seeds, plus the corpus), and over the
+//! production QUIC transport with mutual TLS (fewer seeds: quinn and the handshakes cost
+//! real CPU per simulated second).
+//!
+//! Run: `cd sim && cargo test --features sim --test raft_chaos` (see `docs/simulation.md`
+//! for replaying a seed).
 
 #[path = "raft_support.rs"]
 mod support;
@@ -20,14 +25,16 @@ use rand::Rng as _;
 use starling_raft::{Consistency, DiskLog, GetEntriesContext, LogStore, RequestId, Storage};
 use starling_rt::time;
 
-use support::{check_linearizable, Cluster, History, NodeOpts, Op, OpKind};
+use starling_sim::{check, run, RunConfig};
+use support::{check_linearizable, Cluster, History, NodeOpts, Op, OpKind, SimNet};
 
 const IDS: [u64; 3] = [1, 2, 3];
 const KEYS: u64 = 3;
 const CLIENTS: u64 = 4;
 
-fn opts() -> NodeOpts {
+fn opts(net: SimNet) -> NodeOpts {
     NodeOpts {
+        net,
         voters: IDS.to_vec(),
         tweak: Arc::new(|c| {
             c.tick_interval = Duration::from_millis(50);
@@ -40,35 +47,67 @@ fn opts() -> NodeOpts {
     }
 }
 
-/// Knobs drawn from the seed, printed so that a failure can be replayed.
+/// Knobs of this suite beyond the harness's (`starling_sim::Knobs`, printed by the runner:
+/// chaos length, latency range, mean time between faults), drawn from the seed and printed.
 #[derive(Debug)]
-struct Knobs {
-    chaos_secs: u64,
+struct RaftKnobs {
+    /// Longest hold of one fault.
     fault_ms_max: u64,
+    /// Weight of kills (one node, or two) among the fault kinds.
     kill_weight: u32,
     /// Datagram loss during the chaos phase.
     loss: f64,
-    /// Upper bound of one-way latency during the chaos phase.
-    latency_ms_max: u64,
 }
 
-#[madsim::test]
-async fn raft_chaos_partitions_and_power_loss_keep_kv_linearizable() {
+#[test]
+fn raft_chaos_partitions_and_power_loss_keep_kv_linearizable() {
+    run(
+        RunConfig::new(
+            "raft_chaos",
+            "raft_chaos_partitions_and_power_loss_keep_kv_linearizable",
+        )
+        .seeds(200),
+        chaos_over_datagrams,
+    );
+}
+
+/// The production transport under the same faults: reconnects after kills and idle
+/// timeouts, snapshots on their own stream, frames checked against the certificate's node.
+#[test]
+fn raft_chaos_over_quic_keeps_kv_linearizable() {
+    run(
+        RunConfig::new("raft_chaos", "raft_chaos_over_quic_keeps_kv_linearizable")
+            .seeds(QUIC_SEEDS),
+        chaos_over_quic,
+    );
+}
+
+/// Seeds of the QUIC variant: each costs several times a datagram seed in wall time.
+const QUIC_SEEDS: u64 = 100;
+
+async fn chaos_over_datagrams() {
+    chaos(SimNet::Datagram).await
+}
+
+async fn chaos_over_quic() {
+    chaos(SimNet::quic(&IDS)).await
+}
+
+async fn chaos(net: SimNet) {
     let seed = Handle::current().seed();
+    let harness = starling_sim::Knobs::current();
     let mut rng = starling_rt::rng::rng();
-    let knobs = Knobs {
-        chaos_secs: rng.gen_range(15..25),
+    let knobs = RaftKnobs {
         fault_ms_max: rng.gen_range(1000..4000),
         kill_weight: rng.gen_range(1..4),
         loss: rng.gen_range(0.0..0.05),
-        latency_ms_max: rng.gen_range(5..60),
     };
-    println!("seed {seed} knobs {knobs:?}");
+    println!("[sim] raft knobs: {knobs:?}");
 
-    let cluster = Cluster::start(&IDS, opts());
+    let cluster = Cluster::start(&IDS, opts(net));
     let start = time::now();
     let since = move || (time::now() - start).as_nanos() as u64;
-    let chaos_end = start + Duration::from_secs(knobs.chaos_secs);
+    let chaos_end = start + harness.chaos;
 
     // Observer: who claims leadership in which term.
     let claims: Arc<Mutex<BTreeMap<u64, BTreeSet<u64>>>> = Arc::default();
@@ -149,7 +188,7 @@ async fn raft_chaos_partitions_and_power_loss_keep_kv_linearizable() {
 
     // Nemesis.
     let net = NetSim::current();
-    let normal_latency = Duration::from_millis(1)..Duration::from_millis(knobs.latency_ms_max);
+    let normal_latency = harness.latency.0..harness.latency.1;
     {
         let (loss, latency) = (knobs.loss, normal_latency.clone());
         net.update_config(move |c| {
@@ -160,7 +199,11 @@ async fn raft_chaos_partitions_and_power_loss_keep_kv_linearizable() {
     let mut dead: BTreeSet<u64> = BTreeSet::new();
     let mut faults = Vec::new();
     while time::now() < chaos_end {
-        time::sleep(Duration::from_millis(rng.gen_range(200..1500))).await;
+        let every = harness.fault_every.as_millis() as u64;
+        time::sleep(Duration::from_millis(
+            rng.gen_range(every / 2..every * 3 / 2),
+        ))
+        .await;
         let hold = Duration::from_millis(rng.gen_range(200..knobs.fault_ms_max));
         let w = knobs.kill_weight;
         let pick = rng.gen_range(0..(4 + 2 * w));
@@ -217,7 +260,7 @@ async fn raft_chaos_partitions_and_power_loss_keep_kv_linearizable() {
             }
         }
     }
-    println!("faults: {faults:?}");
+    println!("[sim] faults: {faults:?}");
     for j in joins {
         j.await.unwrap();
     }
@@ -240,7 +283,10 @@ async fn raft_chaos_partitions_and_power_loss_keep_kv_linearizable() {
                         println!("status {id}: {:?}", h.status().await);
                     }
                 }
-                panic!("seed {seed}: node {id} made no progress after the heal");
+                check!(
+                    false,
+                    "node {id} made no progress after the heal; faults: {faults:?}"
+                );
             }
             if let Some(h) = cluster.handle(id) {
                 let rid = RequestId {
@@ -257,17 +303,11 @@ async fn raft_chaos_partitions_and_power_loss_keep_kv_linearizable() {
             time::sleep(Duration::from_millis(100)).await;
         }
     }
-    assert!(
-        cluster.leader().is_some(),
-        "seed {seed}: no leader after heal"
-    );
+    check!(cluster.leader().is_some(), "no leader after the heal");
 
     // Converge: all applied to the same index.
     loop {
-        assert!(
-            time::now() < heal_deadline,
-            "seed {seed}: replicas did not converge"
-        );
+        check!(time::now() < heal_deadline, "replicas did not converge");
         let mut applied = BTreeSet::new();
         let mut commits = BTreeSet::new();
         for id in IDS {
@@ -306,16 +346,13 @@ async fn raft_chaos_partitions_and_power_loss_keep_kv_linearizable() {
                 .unwrap();
             seen.insert(stale);
         }
-        assert_eq!(seen.len(), 1, "seed {seed}: replicas disagree on {key}");
+        check!(seen.len() == 1, "replicas disagree on {key}: {seen:?}");
     }
     observing.store(false, Ordering::Relaxed);
 
     // At most one leader per term.
     for (term, leaders) in claims.lock().unwrap().iter() {
-        assert!(
-            leaders.len() <= 1,
-            "seed {seed}: term {term} had leaders {leaders:?}"
-        );
+        check!(leaders.len() <= 1, "term {term} had leaders {leaders:?}");
     }
 
     // Log matching on copies of the disks: where two logs hold an entry with the same
@@ -350,10 +387,9 @@ async fn raft_chaos_partitions_and_power_loss_keep_kv_linearizable() {
             if let Some(top) = top {
                 for (i, e) in ia.range(..=top) {
                     if let Some(f) = ib.get(i) {
-                        assert_eq!(
-                            (e.term, &e.data),
-                            (f.term, &f.data),
-                            "seed {seed}: logs of {a} and {b} differ at {i}"
+                        check!(
+                            (e.term, &e.data) == (f.term, &f.data),
+                            "logs of {a} and {b} differ at {i}"
                         );
                     }
                 }
@@ -372,7 +408,7 @@ async fn raft_chaos_partitions_and_power_loss_keep_kv_linearizable() {
         ops.len()
     );
     if let Err(e) = check_linearizable(&ops) {
-        panic!("seed {seed}: history not linearizable: {e}");
+        check!(false, "history not linearizable: {e}; faults: {faults:?}");
     }
     for id in IDS {
         cluster.handle(id).unwrap().stop();

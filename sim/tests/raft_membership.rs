@@ -3,7 +3,7 @@
 //! (caught up by snapshot), becomes a voter, and the cluster keeps working after node 1 is
 //! removed and powered off. A leadership transfer lands on the chosen node.
 //!
-//! Run: `cd sim && MADSIM_TEST_NUM=200 cargo test --features sim --test raft_membership`.
+//! Run: `cd sim && cargo test --features sim --test raft_membership`.
 
 #[path = "raft_support.rs"]
 mod support;
@@ -17,7 +17,8 @@ use madsim::runtime::Handle;
 use starling_raft::{Consistency, RaftHandle, RequestId};
 use starling_rt::time;
 
-use support::{Cluster, NodeOpts};
+use starling_sim::{check, run, RunConfig};
+use support::{Cluster, NodeOpts, SimNet};
 
 async fn leader_of(cluster: &Cluster, ids: &[u64], seed: u64) -> (u64, RaftHandle) {
     for _ in 0..400 {
@@ -28,11 +29,23 @@ async fn leader_of(cluster: &Cluster, ids: &[u64], seed: u64) -> (u64, RaftHandl
         }
         time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("seed {seed}: no leader among {ids:?}");
+    check!(false, "seed {seed}: no leader among {ids:?}");
+    unreachable!("check! fails the run")
 }
 
-#[madsim::test]
-async fn raft_membership_join_promote_remove_and_transfer() {
+#[test]
+fn raft_membership_join_promote_remove_and_transfer() {
+    run(
+        RunConfig::new(
+            "raft_membership",
+            "raft_membership_join_promote_remove_and_transfer",
+        )
+        .seeds(200),
+        join_promote_remove_and_transfer,
+    );
+}
+
+async fn join_promote_remove_and_transfer() {
     let seed = Handle::current().seed();
     let cluster = Cluster::start(
         &[1, 2, 3, 4],
@@ -43,6 +56,7 @@ async fn raft_membership_join_promote_remove_and_transfer() {
                 c.snapshot_threshold = 20;
             }),
             query_cost: Duration::ZERO,
+            net: SimNet::Datagram,
         },
     );
     let net = NetSim::current();
@@ -60,24 +74,28 @@ async fn raft_membership_join_promote_remove_and_transfer() {
     }
     time::sleep(Duration::from_secs(5)).await;
     let m4 = cluster.handle(4).unwrap();
-    assert_eq!(
-        m4.metrics().leader.load(Ordering::Relaxed),
-        0,
-        "seed {seed}"
+    check!(
+        m4.metrics().leader.load(Ordering::Relaxed) == 0,
+        "node 4, outside the membership, saw itself lead"
     );
-    assert_eq!(
-        m4.status().await.unwrap().term,
-        0,
-        "seed {seed}: node 4 campaigned"
-    );
+    let term4 = m4.status().await.unwrap().term;
+    check!(term4 == 0, "node 4 campaigned (term {term4})");
     net.unclog_node(cluster.node_id(4));
 
     // Join as learner (the log was compacted: it needs the snapshot), then promote.
     let (_, lh) = leader_of(&cluster, &[1, 2, 3], seed).await;
     let conf = lh.add_learner(4).await.unwrap();
-    assert_eq!(conf.learners, vec![4], "seed {seed}");
+    check!(
+        conf.learners == vec![4],
+        "learners after add: {:?}",
+        conf.learners
+    );
     let conf = lh.add_voter(4).await.unwrap();
-    assert!(conf.voters.contains(&4), "seed {seed}");
+    check!(
+        conf.voters.contains(&4),
+        "voters after promote: {:?}",
+        conf.voters
+    );
     for _ in 0..100 {
         let v = m4.read(b"k49".to_vec(), Consistency::Stale).await.unwrap();
         if v == b"49" {
@@ -85,18 +103,24 @@ async fn raft_membership_join_promote_remove_and_transfer() {
         }
         time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(
-        m4.read(b"k49".to_vec(), Consistency::Linearizable)
-            .await
-            .unwrap(),
-        b"49",
-        "seed {seed}"
+    let v = m4
+        .read(b"k49".to_vec(), Consistency::Linearizable)
+        .await
+        .unwrap();
+    check!(
+        v == b"49",
+        "node 4 reads k49 = {:?}",
+        String::from_utf8_lossy(&v)
     );
 
     // Remove node 1 and power it off; the other three carry on.
     let (_, lh) = leader_of(&cluster, &[1, 2, 3, 4], seed).await;
     let conf = lh.remove_node(1).await.unwrap();
-    assert!(!conf.voters.contains(&1), "seed {seed}");
+    check!(
+        !conf.voters.contains(&1),
+        "voters after remove: {:?}",
+        conf.voters
+    );
     cluster.kill(1, seed);
     let (l, lh) = leader_of(&cluster, &[2, 3, 4], seed).await;
     write(lh.clone(), "after=removal".to_string())
@@ -114,14 +138,18 @@ async fn raft_membership_join_promote_remove_and_transfer() {
             break;
         }
     }
-    assert!(moved, "seed {seed}: leadership did not move to {to}");
+    check!(moved, "leadership did not move to {to}");
     let th = cluster.handle(to).unwrap();
     write(th.clone(), "after=transfer".to_string())
         .await
         .unwrap();
     let st = th.status().await.unwrap();
-    assert_eq!(st.voters, vec![2, 3, 4], "seed {seed}");
-    assert_eq!(st.progress.len(), 3, "seed {seed}");
+    check!(st.voters == vec![2, 3, 4], "final voters {:?}", st.voters);
+    check!(
+        st.progress.len() == 3,
+        "progress of {} peers",
+        st.progress.len()
+    );
     for id in [2, 3, 4] {
         cluster.handle(id).unwrap().stop();
     }

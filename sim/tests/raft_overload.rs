@@ -9,7 +9,7 @@
 //!   deposed again and again. That proves the scenario really stalls followers, so the
 //!   first test could fail.
 //!
-//! Run: `cd sim && MADSIM_TEST_NUM=200 cargo test --features sim --test raft_overload`.
+//! Run: `cd sim && cargo test --features sim --test raft_overload`.
 
 #[path = "raft_support.rs"]
 mod support;
@@ -22,7 +22,8 @@ use madsim::runtime::Handle;
 use starling_raft::{Consistency, RequestId};
 use starling_rt::time;
 
-use support::{Cluster, NodeOpts};
+use starling_sim::{check, run, RunConfig};
+use support::{Cluster, NodeOpts, SimNet};
 
 const IDS: [u64; 3] = [1, 2, 3];
 const WAVE: usize = 400;
@@ -50,6 +51,7 @@ async fn overload(raft_priority: bool) -> Outcome {
                 c.raft_priority = raft_priority;
             }),
             query_cost: QUERY_COST,
+            net: SimNet::Datagram,
         },
     );
     // A leader, then a calm second so that the election's own changes are not counted.
@@ -61,7 +63,8 @@ async fn overload(raft_priority: bool) -> Outcome {
             break;
         }
     }
-    let leader = leader.unwrap_or_else(|| panic!("seed {seed}: no first leader"));
+    check!(leader.is_some(), "no first leader");
+    let leader = leader.unwrap_or_default();
     time::sleep(Duration::from_secs(1)).await;
     let changes_at = |c: &Cluster| -> u64 {
         IDS.iter()
@@ -138,11 +141,40 @@ async fn overload(raft_priority: bool) -> Outcome {
     out
 }
 
-#[madsim::test]
-async fn raft_overload_flooded_followers_keep_the_leader() {
+#[test]
+fn raft_overload_flooded_followers_keep_the_leader() {
+    run(
+        RunConfig::new(
+            "raft_overload",
+            "raft_overload_flooded_followers_keep_the_leader",
+        )
+        .seeds(SEEDS),
+        keeps_the_leader,
+    );
+}
+
+#[test]
+fn raft_overload_without_priority_shows_the_step_down_loop() {
+    run(
+        RunConfig::new(
+            "raft_overload",
+            "raft_overload_without_priority_shows_the_step_down_loop",
+        )
+        .seeds(SEEDS),
+        shows_the_step_down_loop,
+    );
+}
+
+const SEEDS: u64 = 200;
+
+async fn keeps_the_leader() {
     let out = overload(true).await;
-    assert_eq!(out.leader_changes, 0, "the leader was deposed");
-    assert!(
+    check!(
+        out.leader_changes == 0,
+        "the leader was deposed {} times",
+        out.leader_changes
+    );
+    check!(
         out.committed * 10 >= out.proposed * 9,
         "proposals stalled: {}/{}",
         out.committed,
@@ -150,10 +182,9 @@ async fn raft_overload_flooded_followers_keep_the_leader() {
     );
 }
 
-#[madsim::test]
-async fn raft_overload_without_priority_shows_the_step_down_loop() {
+async fn shows_the_step_down_loop() {
     let out = overload(false).await;
-    assert!(
+    check!(
         out.leader_changes >= 2,
         "expected the leader to be deposed repeatedly, saw {} changes",
         out.leader_changes

@@ -1,6 +1,7 @@
-//! Shared fixtures of the raft simulation suites (`raft_chaos`, `raft_overload`): a
-//! replicated key-value register, a 3-node cluster on simulated machines with crashable
-//! disks, a datagram transport over madsim's network, and a linearizability checker.
+//! Shared fixtures of the raft simulation suites (`raft_chaos`, `raft_overload`,
+//! `raft_membership`): a replicated key-value register, a cluster on simulated machines with
+//! crashable disks, two transports over madsim's network (datagrams, or the production QUIC
+//! transport with mutual TLS), and a linearizability checker.
 //! Included by those suites with `#[path]`; it holds no tests of its own.
 #![allow(dead_code)]
 
@@ -11,10 +12,12 @@ use std::time::Duration;
 
 use madsim::net::Endpoint;
 use madsim::runtime::{Handle, NodeHandle};
+use starling_net::CertAuthority;
 use starling_raft::eraftpb::Message;
 use starling_raft::transport::{decode_message, encode_message};
 use starling_raft::{
-    start, Config, Crash, DiskLog, MemDisk, Node, RaftHandle, StateMachine, Transport,
+    node_name, start, Config, Crash, DiskLog, MemDisk, Node, NodeTls, QuicNet, QuicOptions,
+    RaftHandle, StateMachine, Transport,
 };
 
 pub const RAFT_PORT: u16 = 7000;
@@ -81,12 +84,43 @@ impl Transport for SimTransport {
     }
 }
 
+/// How raft messages travel between simulated nodes.
+#[derive(Clone)]
+pub enum SimNet {
+    /// One madsim datagram per message (cheap; lost, delayed and clogged by `NetSim`).
+    Datagram,
+    /// The production QUIC transport (quinn through starling-net's madsim shim), with each
+    /// node's certificate from one cluster CA.
+    Quic(Arc<BTreeMap<u64, NodeTls>>),
+}
+
+impl SimNet {
+    /// QUIC with a fresh cluster CA and a certificate for each of `ids`.
+    pub fn quic(ids: &[u64]) -> SimNet {
+        let ca = CertAuthority::generate("sim cluster CA").expect("CA");
+        let certs = ids
+            .iter()
+            .map(|&id| {
+                let name = node_name(id);
+                let identity = ca.issue(&name, &[&name]).expect("node cert").identity();
+                let tls = NodeTls {
+                    identity,
+                    ca: ca.cert_der(),
+                };
+                (id, tls)
+            })
+            .collect();
+        SimNet::Quic(Arc::new(certs))
+    }
+}
+
 /// Knobs of one simulated raft node.
 #[derive(Clone)]
 pub struct NodeOpts {
     pub voters: Vec<u64>,
     pub tweak: Arc<dyn Fn(&mut Config) + Send + Sync>,
     pub query_cost: Duration,
+    pub net: SimNet,
 }
 
 /// The cluster: simulated machines, their disks, and the live driver of each.
@@ -101,6 +135,8 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `ids` as simulated machines, each running a raft driver on its own disk.
     pub fn start(ids: &[u64], opts: NodeOpts) -> Cluster {
+        // `check!` fired inside an actor must end the run: the watcher re-raises it.
+        starling_sim::runner::spawn_tripwire_watcher();
         let handle = Handle::current();
         let handles: Arc<Mutex<BTreeMap<u64, RaftHandle>>> = Arc::default();
         let mut nodes = BTreeMap::new();
@@ -110,11 +146,12 @@ impl Cluster {
             disks.insert(id, disk.clone());
             let handles = handles.clone();
             let opts = opts.clone();
+            let all = ids.to_vec();
             let node = handle
                 .create_node()
                 .name(format!("raft-{id}"))
                 .ip(ip_of(id))
-                .init(move || boot(id, disk.clone(), opts.clone(), handles.clone()))
+                .init(move || boot(id, all.clone(), disk.clone(), opts.clone(), handles.clone()))
                 .build();
             nodes.insert(id, node);
         }
@@ -160,6 +197,7 @@ impl Cluster {
 
 async fn boot(
     id: u64,
+    all: Vec<u64>,
     disk: MemDisk,
     opts: NodeOpts,
     handles: Arc<Mutex<BTreeMap<u64, RaftHandle>>>,
@@ -175,6 +213,34 @@ async fn boot(
         query_cost: opts.query_cost,
     };
     let node = Node::new(cfg, log, sm, starling_rt::rng::rng()).expect("node starts");
+    // Held until the node dies: the QUIC endpoint lives as long as its node.
+    let mut _quic = None;
+    match &opts.net {
+        SimNet::Datagram => {
+            let h = start_datagram(id, node).await;
+            handles.lock().unwrap().insert(id, h);
+        }
+        SimNet::Quic(certs) => {
+            let addr = SocketAddr::new(ip_of(id), RAFT_PORT);
+            let mut net = QuicNet::bind(QuicOptions::new(id, addr), &certs[&id])
+                .await
+                .expect("bind QUIC");
+            let peers = all
+                .iter()
+                .map(|&p| (p, SocketAddr::new(ip_of(p), RAFT_PORT)))
+                .collect();
+            let h = start(node, net.transport(peers));
+            net.serve(h.clone());
+            handles.lock().unwrap().insert(id, h);
+            _quic = Some(net);
+        }
+    }
+    // The init task is the node's main: tasks it spawned were observed never to run once
+    // it returned, so it stays until the node is killed.
+    std::future::pending::<()>().await;
+}
+
+async fn start_datagram(id: u64, node: Node<DiskLog<MemDisk>, Kv>) -> RaftHandle {
     let ep = Arc::new(
         Endpoint::bind(SocketAddr::new(ip_of(id), RAFT_PORT))
             .await
@@ -182,7 +248,6 @@ async fn boot(
     );
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Message>(4096);
     let h = start(node, SimTransport { tx });
-    handles.lock().unwrap().insert(id, h.clone());
     let send_ep = ep.clone();
     starling_rt::spawn(async move {
         while let Some(m) = rx.recv().await {
@@ -190,19 +255,18 @@ async fn boot(
             let _ = send_ep.send_to(to, TAG, &encode_message(&m)).await;
         }
     });
+    let recv_h = h.clone();
     starling_rt::spawn(async move {
         while let Ok((data, _from)) = ep.recv_from_raw(TAG).await {
             let Ok(bytes) = data.downcast::<Vec<u8>>() else {
                 continue;
             };
             if let Ok(m) = decode_message(&bytes, 64 << 20) {
-                h.deliver(m);
+                recv_h.deliver(m);
             }
         }
     });
-    // The init task is the node's main: tasks it spawned were observed never to run once
-    // it returned, so it stays until the node is killed.
-    std::future::pending::<()>().await;
+    h
 }
 
 // --------------------------------------------------------------------------------------
