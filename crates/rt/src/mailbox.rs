@@ -213,7 +213,11 @@ impl<M> Sender<M> {
                     return Poll::Ready(Err(Closed(msg.take().expect("polled after completion"))));
                 }
                 if st.normal.len() >= st.capacity {
-                    st.tx_wakers.push(cx.waker().clone());
+                    // A sender polled again while still blocked (a select! loop, a spurious
+                    // wake) must not add its waker twice: the list would grow with polls.
+                    if !st.tx_wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                        st.tx_wakers.push(cx.waker().clone());
+                    }
                     return Poll::Pending;
                 }
                 st.normal
