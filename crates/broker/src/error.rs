@@ -1,8 +1,9 @@
-//! The broker's one error type: what can stop it from starting.
+//! The broker's one error type: what can stop it from starting, or refuse a certificate
+//! reload.
 
 use std::net::SocketAddr;
 
-/// Why the broker could not start.
+/// Why the broker could not start, or why a certificate reload was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
     /// A listener could not be bound (address in use, bad TLS material, ...).
@@ -13,6 +14,18 @@ pub enum BrokerError {
         /// The configured address.
         addr: SocketAddr,
         /// What the transport said (boxed: it is large, and this error is rare).
+        #[source]
+        source: Box<starling_net::NetError>,
+    },
+    /// A TLS-bearing listener's certificate files did not load on reload; the listener
+    /// keeps its previous certificate.
+    #[error("reload of listener {kind} on {addr}: {source}")]
+    TlsReload {
+        /// The listener kind.
+        kind: starling_config::ListenerKind,
+        /// The bound address.
+        addr: SocketAddr,
+        /// What went wrong, naming the file.
         #[source]
         source: Box<starling_net::NetError>,
     },

@@ -16,8 +16,13 @@
 //! - **Router**: subscription trie, retained store, `$delayed/` timers; fans a publish out
 //!   as `Arc<Message>` with `try_send` into bounded client mailboxes (a full one drops and
 //!   counts). Publishers `send` to it and so meet back-pressure.
-//! - **Sys**: `$SYS/brokers/{node}/...` statistics every `sys_interval_secs`; client
-//!   actors publish `.../clients/{id}/connected|disconnected` events.
+//! - **Sys**: `$SYS/brokers/{node}/...` statistics every `sys_interval_secs` (listener
+//!   counters under `.../listeners/{kind}/{port}/...`); client actors publish
+//!   `.../clients/{id}/connected|disconnected` events.
+//!
+//! Certificates of tls, wss and quic listeners are re-read from their files by
+//! [`Broker::reload_tls`] (the `starling` binary calls it on SIGHUP); connections already
+//! up keep the certificate they were accepted with.
 
 mod client;
 mod error;
@@ -37,8 +42,8 @@ use rand::RngCore;
 use starling_auth::Authenticator;
 use starling_config::{Config, ListenerConfig, ListenerKind};
 use starling_net::{
-    ClientAuth, HandshakeLimits, ListenerSettings, MqttListener, ProxyProtocol, QuicConfig,
-    TlsFiles, Transport, WsConfig,
+    ClientAuth, CounterSnapshot, HandshakeLimits, ListenerCounters, ListenerSettings, MqttListener,
+    ProxyProtocol, QuicConfig, TlsFiles, TlsReloader, Transport, WsConfig,
 };
 use starling_rt::{start_with, Addr, Options};
 use tokio::sync::Semaphore;
@@ -57,10 +62,20 @@ use sys::{SysActor, SysMsg};
 /// makes publishers wait (back-pressure), never grows.
 const ROUTER_MAILBOX: usize = 4096;
 
+/// One started listener, with what the broker keeps to observe and reload it.
+struct BoundListener {
+    kind: ListenerKind,
+    addr: SocketAddr,
+    actor: Addr<ListenerMsg>,
+    counters: Arc<ListenerCounters>,
+    /// The files a reload re-reads and the handle that swaps them in (tls, wss, quic).
+    tls: Option<(TlsFiles, TlsReloader)>,
+}
+
 /// A running broker. Start it inside the runtime (`Runtime::block_on`, or a tokio test).
 pub struct Broker {
     shared: Arc<Shared>,
-    listeners: Vec<(ListenerKind, SocketAddr, Addr<ListenerMsg>)>,
+    listeners: Vec<BoundListener>,
     registry: Addr<RegistryMsg>,
     _router: Addr<RouterMsg>,
     sys: Addr<SysMsg>,
@@ -86,6 +101,8 @@ impl Broker {
         for lc in &shared.config.listeners {
             let bound = bind(lc, shared.config.mqtt.max_packet_size).await?;
             let addr = bound.local_addr();
+            let counters = bound.counters();
+            let tls = tls_files(lc).zip(bound.tls_reloader());
             let lctx = ListenerCtx {
                 shared: shared.clone(),
                 registry: registry.clone(),
@@ -98,10 +115,20 @@ impl Broker {
             };
             let actor = start_with(ListenerActor::new(bound, lctx), Options::named("listener"));
             tracing::info!(kind = %lc.kind, %addr, "listening");
-            listeners.push((lc.kind, addr, actor));
+            listeners.push(BoundListener {
+                kind: lc.kind,
+                addr,
+                actor,
+                counters,
+                tls,
+            });
         }
+        let listener_counters = listeners
+            .iter()
+            .map(|l| (l.kind, l.addr.port(), l.counters.clone()))
+            .collect();
         let sys = start_with(
-            SysActor::new(shared.clone(), router.clone()),
+            SysActor::new(shared.clone(), router.clone(), listener_counters),
             Options::named("sys"),
         );
         Ok(Broker {
@@ -116,15 +143,71 @@ impl Broker {
     /// The bound address of each listener, in config order (the real port when the config
     /// said port 0).
     pub fn local_addrs(&self) -> Vec<(ListenerKind, SocketAddr)> {
-        self.listeners.iter().map(|(k, a, _)| (*k, *a)).collect()
+        self.listeners.iter().map(|l| (l.kind, l.addr)).collect()
     }
 
     /// The first listener of `kind`, if any.
     pub fn local_addr(&self, kind: ListenerKind) -> Option<SocketAddr> {
         self.listeners
             .iter()
-            .find(|(k, _, _)| *k == kind)
-            .map(|(_, a, _)| *a)
+            .find(|l| l.kind == kind)
+            .map(|l| l.addr)
+    }
+
+    /// Each listener's transport counters now (accepted, failed and timed-out handshakes,
+    /// refusals over `max_handshakes`), in config order.
+    pub fn listener_counters(&self) -> Vec<(ListenerKind, SocketAddr, CounterSnapshot)> {
+        self.listeners
+            .iter()
+            .map(|l| (l.kind, l.addr, l.counters.snapshot()))
+            .collect()
+    }
+
+    /// Re-reads the certificate, key and client CA files of every tls, wss and quic listener
+    /// and uses them for handshakes from now on; established connections keep theirs. Every
+    /// listener is tried; each outcome is logged (a failure names the file), and a listener
+    /// whose files do not load keeps its previous certificate.
+    ///
+    /// Returns how many listeners were reloaded.
+    ///
+    /// # Errors
+    /// [`BrokerError::TlsReload`] for the first listener that failed (all are attempted).
+    pub fn reload_tls(&self) -> Result<usize, BrokerError> {
+        let mut reloaded = 0;
+        let mut first_error = None;
+        for l in &self.listeners {
+            let Some((files, reloader)) = &l.tls else {
+                continue;
+            };
+            match files.load().and_then(|tls| reloader.reload(&tls)) {
+                Ok(()) => {
+                    reloaded += 1;
+                    tracing::info!(
+                        kind = %l.kind,
+                        addr = %l.addr,
+                        cert = %files.cert.display(),
+                        "certificate reloaded"
+                    );
+                }
+                Err(e) => {
+                    tracing::error!(
+                        kind = %l.kind,
+                        addr = %l.addr,
+                        error = %e,
+                        "certificate reload failed; the previous certificate stays"
+                    );
+                    first_error.get_or_insert(BrokerError::TlsReload {
+                        kind: l.kind,
+                        addr: l.addr,
+                        source: Box::new(e),
+                    });
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(reloaded),
+        }
     }
 
     /// The counters now.
@@ -162,8 +245,8 @@ impl Broker {
     /// Stops accepting, closes every connection (MQTT 5: DISCONNECT 0x8B) and stops the
     /// actors.
     pub async fn shutdown(self) {
-        for (_, _, l) in &self.listeners {
-            l.stop();
+        for l in &self.listeners {
+            l.actor.stop();
         }
         let _ = self.registry.ask(RegistryMsg::Shutdown).await;
         self.registry.stop();
@@ -178,23 +261,12 @@ async fn bind(lc: &ListenerConfig, max_packet_size: u32) -> Result<MqttListener,
         source: Box::new(source),
     };
     let tls = || -> Result<_, BrokerError> {
-        let t = lc.tls.as_ref().ok_or_else(|| {
+        let files = tls_files(lc).ok_or_else(|| {
             err(starling_net::NetError::ListenerConfig {
                 reason: "listener needs TLS settings",
             })
         })?;
-        let client_auth = match (&t.ca_file, t.verify_client) {
-            (Some(ca), true) => ClientAuth::Required(ca.clone()),
-            (Some(ca), false) => ClientAuth::Optional(ca.clone()),
-            (None, _) => ClientAuth::None,
-        };
-        TlsFiles {
-            cert: t.cert_file.clone(),
-            key: t.key_file.clone(),
-            client_auth,
-        }
-        .load()
-        .map_err(err)
+        files.load().map_err(err)
     };
     let ws = || {
         let w = lc.ws.clone().unwrap_or_default_ws();
@@ -233,6 +305,21 @@ async fn bind(lc: &ListenerConfig, max_packet_size: u32) -> Result<MqttListener,
     MqttListener::bind(lc.bind, transport, settings)
         .await
         .map_err(err)
+}
+
+/// The certificate files of a listener with TLS settings (tls, wss, quic).
+fn tls_files(lc: &ListenerConfig) -> Option<TlsFiles> {
+    let t = lc.tls.as_ref()?;
+    let client_auth = match (&t.ca_file, t.verify_client) {
+        (Some(ca), true) => ClientAuth::Required(ca.clone()),
+        (Some(ca), false) => ClientAuth::Optional(ca.clone()),
+        (None, _) => ClientAuth::None,
+    };
+    Some(TlsFiles {
+        cert: t.cert_file.clone(),
+        key: t.key_file.clone(),
+        client_auth,
+    })
 }
 
 trait WsDefaults {

@@ -133,7 +133,18 @@ pub(crate) async fn serve(
         Ok(c) => c,
         Err(e) => {
             add(&shared.metrics.connections_refused, 1);
-            debug!(error = %e, "connection closed before session");
+            if let ConnectError::Codec(_) = &e {
+                // Garbage where a CONNECT belongs (any transport): worth an operator's eye,
+                // and bounded by the listener's handshake limits.
+                info!(
+                    listener = %info.kind,
+                    peer = %info.peer,
+                    error = %e,
+                    "connection refused: malformed CONNECT"
+                );
+            } else {
+                debug!(error = %e, "connection closed before session");
+            }
             if let ConnectError::Codec(ce) = &e {
                 // Answer in the client's version when it can be told (MQTT 5 §3.1.2.2:
                 // unknown versions get 0x84, in 3.x form 0x01).

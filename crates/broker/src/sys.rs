@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use starling_codec::{Properties, QoS};
+use starling_config::ListenerKind;
+use starling_net::ListenerCounters;
 use starling_rt::{time, Actor, Addr, Ctx};
 use starling_session::Message;
 
@@ -33,14 +35,21 @@ pub(crate) struct SysActor {
     shared: Arc<Shared>,
     router: Addr<RouterMsg>,
     started_at: time::Instant,
+    /// Each listener's kind, bound port and transport counters.
+    listeners: Vec<(ListenerKind, u16, Arc<ListenerCounters>)>,
 }
 
 impl SysActor {
-    pub(crate) fn new(shared: Arc<Shared>, router: Addr<RouterMsg>) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        router: Addr<RouterMsg>,
+        listeners: Vec<(ListenerKind, u16, Arc<ListenerCounters>)>,
+    ) -> Self {
         Self {
             shared,
             router,
             started_at: time::now(),
+            listeners,
         }
     }
 
@@ -78,6 +87,21 @@ impl SysActor {
         ];
         for (name, value) in values {
             self.publish(name, value).await;
+        }
+        for (kind, port, counters) in &self.listeners {
+            let c = counters.snapshot();
+            for (name, value) in [
+                ("accepted", c.accepted),
+                ("handshake_failed", c.handshake_failed),
+                ("handshake_timed_out", c.timed_out),
+                ("refused_over_limit", c.refused_over_limit),
+            ] {
+                self.publish(
+                    &format!("listeners/{kind}/{port}/{name}"),
+                    value.to_string(),
+                )
+                .await;
+            }
         }
     }
 }

@@ -1,11 +1,12 @@
 //! The `starling` daemon: parses the command line and runs the broker on the production runtime.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use starling_config::Config;
+use starling_broker::Broker;
+use starling_config::{Config, Warning};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -37,6 +38,25 @@ enum Command {
         #[arg(long)]
         delete: bool,
     },
+    /// Certificates for TLS, WSS and QUIC listeners.
+    Cert {
+        #[command(subcommand)]
+        command: CertCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum CertCommand {
+    /// Writes a self-signed development CA (`ca.pem`, `ca.key`) and a server certificate
+    /// signed by it (`server.pem`, `server.key`) for localhost, 127.0.0.1 and ::1 into DIR,
+    /// then prints the listener configuration that uses them. Never overwrites a file.
+    Dev {
+        /// The directory to write to (created if missing).
+        dir: PathBuf,
+        /// More names the server certificate is valid for (DNS names or IP addresses).
+        #[arg(long = "name")]
+        names: Vec<String>,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -52,8 +72,12 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    if let Some(Command::Passwd { file, user, delete }) = &cli.command {
-        return passwd(file, user, *delete);
+    match &cli.command {
+        Some(Command::Passwd { file, user, delete }) => return passwd(file, user, *delete),
+        Some(Command::Cert {
+            command: CertCommand::Dev { dir, names },
+        }) => return cert_dev(dir, names),
+        None => {}
     }
     let (config, warnings) = match &cli.config {
         Some(path) => Config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?,
@@ -66,21 +90,30 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .with_context(|| format!("log.level: invalid directives {filter:?}"))?,
         )
         .init();
-    for w in warnings {
+    let mut needs_certificate = false;
+    for w in &warnings {
+        needs_certificate |= matches!(w, Warning::ListenerNeedsCertificate { .. });
         tracing::warn!("{w}");
+    }
+    if needs_certificate {
+        tracing::warn!(
+            "TLS listeners need a certificate: `starling cert dev DIR` writes a development \
+             one and prints the [listeners.tls] settings to use it"
+        );
     }
     let rt = match cli.workers {
         Some(n) => starling_rt::Runtime::new(n),
         None => starling_rt::Runtime::per_core(),
     };
     rt.block_on(async move {
-        let broker = starling_broker::Broker::start(config).await?;
+        let signals = Signals::register();
+        let broker = Broker::start(config).await?;
         tracing::info!(
             version = env!("CARGO_PKG_VERSION"),
             backend = starling_rt::BACKEND,
             "starling started"
         );
-        shutdown_signal().await;
+        signals.serve(&broker).await;
         tracing::info!("starling stopping");
         broker.shutdown().await;
         anyhow::Ok(())
@@ -88,28 +121,110 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
+/// The signals the daemon acts on, registered before the broker starts so that one sent as
+/// soon as "starling started" is logged is never met with the default action (SIGHUP's
+/// would end the process).
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    biased;
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+    terminate: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    hangup: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn register() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let terminate = signal(SignalKind::terminate())
+                .map_err(|e| tracing::warn!(error = %e, "no SIGTERM handler: stop with Ctrl-C"))
+                .ok();
+            let hangup = signal(SignalKind::hangup())
+                .map_err(|e| {
+                    tracing::warn!(error = %e, "no SIGHUP handler: certificates will not reload")
+                })
+                .ok();
+            Signals { terminate, hangup }
+        }
+        #[cfg(not(unix))]
+        Signals {}
+    }
+
+    /// Waits for Ctrl-C or SIGTERM, reloading TLS certificates on each SIGHUP meanwhile.
+    async fn serve(mut self, broker: &Broker) {
+        #[cfg(unix)]
+        loop {
+            let terminate = async {
+                match &mut self.terminate {
+                    Some(s) => s.recv().await,
+                    None => std::future::pending().await,
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+            };
+            let hangup = async {
+                match &mut self.hangup {
+                    Some(s) => s.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = tokio::signal::ctrl_c() => return,
+                _ = terminate => return,
+                Some(()) = hangup => reload_certificates(broker),
             }
         }
+        #[cfg(not(unix))]
+        {
+            let _ = broker;
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+}
+
+/// SIGHUP: every TLS-bearing listener re-reads its files; the broker logs each outcome.
+#[cfg(unix)]
+fn reload_certificates(broker: &Broker) {
+    tracing::info!("SIGHUP: reloading certificates");
+    match broker.reload_tls() {
+        Ok(n) => tracing::info!(listeners = n, "certificates reloaded"),
+        Err(e) => tracing::error!("certificate reload incomplete: {e}"),
     }
+}
+
+fn cert_dev(dir: &Path, names: &[String]) -> anyhow::Result<()> {
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let files = starling_net::write_dev_certificates(dir, &names)?;
+    // Absolute paths in the snippet: it works wherever the config file lives.
+    let abs = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+    let (ca, cert, key) = (
+        abs(&files.ca_cert),
+        abs(&files.server_cert),
+        abs(&files.server_key),
+    );
+    eprintln!(
+        "wrote {}, {}, {}, {}",
+        ca.display(),
+        abs(&files.ca_key).display(),
+        cert.display(),
+        key.display()
+    );
+    println!(
+        "# Development certificates: for testing only, clients must trust {ca}.
+[[listeners]]
+kind = \"tls\"            # or \"wss\" or \"quic\", each with the same [listeners.tls]
+bind = \"0.0.0.0:8883\"
+
+[listeners.tls]
+cert_file = \"{cert}\"
+key_file = \"{key}\"
+# Client certificates: ca_file = \"{ca}\", verify_client = true, cn_as_username = true
+
+# Try it: mosquitto_sub -h localhost -p 8883 --cafile {ca} -t '#' -v",
+        ca = ca.display(),
+        cert = cert.display(),
+        key = key.display(),
+    );
+    Ok(())
 }
 
 fn passwd(file: &PathBuf, user: &str, delete: bool) -> anyhow::Result<()> {

@@ -13,8 +13,12 @@ use starling_codec::{
     Suback, Subscribe, SubscribeFilter, SubscriptionOptions,
 };
 use starling_config::{Config, ListenerKind};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+/// Any byte stream a test client can speak MQTT on (TCP, TLS, WebSocket, QUIC).
+pub trait ByteStream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> ByteStream for T {}
 
 /// How long a test waits for a packet it expects.
 pub const WAIT: Duration = Duration::from_secs(5);
@@ -68,7 +72,7 @@ pub fn will(topic: &str, payload: &str) -> LastWill {
 }
 
 pub struct Client {
-    stream: TcpStream,
+    stream: Box<dyn ByteStream>,
     buf: BytesMut,
     pub protocol: Protocol,
 }
@@ -77,6 +81,12 @@ impl Client {
     /// Opens a connection and sends `connect`; returns the client and the CONNACK.
     pub async fn open(addr: SocketAddr, connect: Connect) -> (Client, Connack) {
         let stream = TcpStream::connect(addr).await.expect("tcp connect");
+        Client::open_on(Box::new(stream), connect).await
+    }
+
+    /// Sends `connect` on an open stream of any transport; returns the client and the
+    /// CONNACK.
+    pub async fn open_on(stream: Box<dyn ByteStream>, connect: Connect) -> (Client, Connack) {
         let mut c = Client {
             stream,
             buf: BytesMut::new(),
@@ -104,6 +114,8 @@ impl Client {
 
     pub async fn send_raw(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).await.expect("write");
+        // WebSocket and QUIC streams send gathered bytes on flush.
+        self.stream.flush().await.expect("flush");
     }
 
     /// The next packet, or `None` when the broker closed the connection. Panics after

@@ -1,0 +1,191 @@
+//! The `starling` binary end to end: `cert dev`, a first run without certificates, and
+//! certificate reload on SIGHUP.
+
+// Real processes on the wall clock, never under the simulator: threads and `Instant::now`
+// are what they need.
+#![allow(clippy::disallowed_methods)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn starling() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_starling"))
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("starling-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// A running daemon whose log lines arrive on a channel; stopped with SIGTERM when dropped.
+struct Daemon {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Daemon {
+    fn start(config: &Path) -> Daemon {
+        let mut child = starling()
+            .arg("--config")
+            .arg(config)
+            .arg("--workers")
+            .arg("1")
+            .env("NO_COLOR", "1")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starling starts");
+        let (tx, lines) = mpsc::channel();
+        for out in [
+            Box::new(child.stdout.take().expect("piped")) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().expect("piped")),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        Daemon {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a log line containing `text`.
+    fn expect(&mut self, text: &str) {
+        let deadline = Instant::now() + WAIT;
+        if self.seen.iter().any(|l| l.contains(text)) {
+            return;
+        }
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let hit = line.contains(text);
+                    self.seen.push(line);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(_) => panic!("no log line with {text:?}; saw:\n{}", self.seen.join("\n")),
+            }
+        }
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success());
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.signal("TERM");
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn cert_dev_writes_certificates_prints_their_config_and_never_overwrites() {
+    let dir = temp_dir("cert-dev").join("certs");
+    let out = starling()
+        .args(["cert", "dev"])
+        .arg(&dir)
+        .output()
+        .expect("starling runs");
+    assert!(out.status.success(), "{out:?}");
+    for f in ["ca.pem", "ca.key", "server.pem", "server.key"] {
+        assert!(dir.join(f).is_file(), "{f} missing");
+    }
+    let snippet = String::from_utf8(out.stdout).expect("UTF-8");
+    assert!(
+        snippet.contains("[listeners.tls]") && snippet.contains("server.pem"),
+        "{snippet}"
+    );
+
+    let again = starling()
+        .args(["cert", "dev"])
+        .arg(&dir)
+        .output()
+        .expect("starling runs");
+    assert!(!again.status.success());
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(err.contains("ca.pem"), "{err}");
+}
+
+#[test]
+fn first_run_without_certificate_starts_plain_listeners_and_says_tls_needs_one() {
+    let dir = temp_dir("first-run");
+    let config = dir.join("starling.toml");
+    std::fs::write(
+        &config,
+        "[[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:0\"\n\n\
+         [[listeners]]\nkind = \"tls\"\nbind = \"127.0.0.1:8883\"\n",
+    )
+    .expect("write config");
+    let mut d = Daemon::start(&config);
+    d.expect("needs a certificate");
+    d.expect("starling cert dev");
+    d.expect("starling started");
+    assert!(
+        !d.seen
+            .iter()
+            .any(|l| l.contains("listening") && l.contains("kind=tls")),
+        "a TLS listener without certificate started:\n{}",
+        d.seen.join("\n")
+    );
+}
+
+#[test]
+fn sighup_reloads_the_certificates_of_tls_listeners() {
+    let dir = temp_dir("sighup");
+    let out = starling()
+        .args(["cert", "dev"])
+        .arg(dir.join("certs"))
+        .output()
+        .expect("starling runs");
+    assert!(out.status.success(), "{out:?}");
+    let config = dir.join("starling.toml");
+    std::fs::write(
+        &config,
+        "[[listeners]]\nkind = \"tls\"\nbind = \"127.0.0.1:0\"\n\
+         [listeners.tls]\ncert_file = \"certs/server.pem\"\nkey_file = \"certs/server.key\"\n",
+    )
+    .expect("write config");
+    let mut d = Daemon::start(&config);
+    d.expect("starling started");
+    d.signal("HUP");
+    d.expect("certificate reloaded");
+
+    // A broken key: the failure names the file, the broker keeps running.
+    std::fs::write(dir.join("certs/server.key"), "not a key").expect("write");
+    d.signal("HUP");
+    d.expect("server.key");
+}
