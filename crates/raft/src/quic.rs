@@ -281,19 +281,24 @@ impl Link {
         let name = node_name(self.peer);
         loop {
             let dial = self.endpoint.connect(self.addr, &name);
-            match starling_rt::time::timeout(self.opts.connect_timeout, dial).await {
-                Some(Ok(conn)) => {
-                    self.metrics.connects.fetch_add(1, Ordering::Relaxed);
+            // A failed or timed-out dial falls through to the backoff.
+            if let Some(Ok(conn)) =
+                starling_rt::time::timeout(self.opts.connect_timeout, dial).await
+            {
+                self.metrics.connects.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(node_id = self.opts.id, peer = self.peer, "raft link up");
+                let up_at = starling_rt::time::now();
+                let r = self.pump(&conn, &mut raft_rx, &mut bulk_rx).await;
+                conn.close(0, b"link reset");
+                // Start over from the shortest delay only after a link that held: a peer
+                // that accepts and then drops us at once is retried ever more slowly.
+                if up_at.elapsed() >= self.opts.reconnect_max {
                     backoff = self.opts.reconnect_min;
-                    tracing::debug!(node_id = self.opts.id, peer = self.peer, "raft link up");
-                    let r = self.pump(&conn, &mut raft_rx, &mut bulk_rx).await;
-                    conn.close(0, b"link reset");
-                    if r.is_none() {
-                        // The driver dropped the transport: the node is stopping.
-                        return;
-                    }
                 }
-                Some(Err(_)) | None => {}
+                if r.is_none() {
+                    // The driver dropped the transport: the node is stopping.
+                    return;
+                }
             }
             self.metrics.disconnects.fetch_add(1, Ordering::Relaxed);
             // Messages queued while the link was down are stale; raft resends what matters.
