@@ -181,6 +181,9 @@ print(statistics.median(v) if v else "n/a")' "$@"
 # --- runs -------------------------------------------------------------------
 PORT=18900
 declare -A RESULT
+# The 1-minute load average before each run: the machine is shared, and the doc says how
+# busy it was while these figures were taken.
+LOADS=()
 for scenario in $SCENARIOS; do
   line=$(echo "$SCENARIO_TABLE" | awk -F'|' -v s="$scenario" '$1 == s')
   [ -n "$line" ] || { log "unknown scenario $scenario"; exit 2; }
@@ -196,6 +199,7 @@ for scenario in $SCENARIOS; do
         continue
       fi
       read -r pid port <<<"$started"
+      LOADS+=("$(cut -d' ' -f1 /proc/loadavg)")
       # shellcheck disable=SC2086 # args is a word list on purpose
       taskset -c "$LOAD_CPU" "$BENCH" $args -p "$port" -d "$DURATION" \
         --broker-pid "$pid" --no-progress >"$dir/result.json" 2>"$dir/summary.txt" || true
@@ -251,6 +255,10 @@ SECTION="$OUT/section.md"
   echo "broker on CPU $BROKER_CPU, load on CPU $LOAD_CPU, restarted per scenario,"
   echo "median of $REPS runs of $DURATION s, $PAYLOAD-byte payloads, MQTT 3.1.1."
   echo "Ratios above 1 mean Starling is ahead (higher throughput, lower latency or memory)."
+  echo "Machine load (1-minute load average at the start of each run, min/median/max):"
+  echo "$(python3 -c 'import sys, statistics
+v = [float(x) for x in sys.argv[1:]]
+print("%.1f / %.1f / %.1f" % (min(v), statistics.median(v), max(v)) if v else "n/a")' "${LOADS[@]}")."
   echo "Peers: $(for b in $BROKERS; do
       case $b in
         mosquitto) [ -n "$MOSQUITTO_BIN" ] && printf 'Mosquitto %s; ' "$("$MOSQUITTO_BIN" -h 2>/dev/null | head -1 | awk '{print $3}')" ;;
