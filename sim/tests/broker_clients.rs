@@ -61,7 +61,7 @@ fn parse(payload: &[u8]) -> (usize, u64) {
 
 fn protocol_for(i: usize) -> Protocol {
     // Mix the versions: persistence and QoS 2 must hold for 3.1.1 clients too.
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         Protocol::V5
     } else {
         Protocol::V3_1_1
@@ -291,7 +291,10 @@ async fn publisher(k: usize, oracle: Shared) {
             };
         let graceful = thread_rng().gen_bool(0.5);
         let mut tick = Instant::now();
-        while ok {
+        loop {
+            if !ok {
+                break;
+            }
             let now = Instant::now();
             if now >= until {
                 break;
@@ -300,10 +303,10 @@ async fn publisher(k: usize, oracle: Shared) {
                 tick = now + Duration::from_millis(20);
                 if !lock(&oracle).stop && pending.len() < WINDOW {
                     seq += 1;
-                    let retain = seq % 10 == 0;
+                    let retain = seq.is_multiple_of(10);
                     let (qos, topic) = if retain {
                         (QoS::AtLeastOnce, format!("r/{k}"))
-                    } else if seq % 2 == 0 {
+                    } else if seq.is_multiple_of(2) {
                         (QoS::AtLeastOnce, "t/q1".to_string())
                     } else {
                         (QoS::ExactlyOnce, "t/q2".to_string())
@@ -604,13 +607,8 @@ async fn clients_reconnecting_at_random() {
         );
         sleep(Duration::from_millis(200)).await;
     }
-    let g = lock(&oracle);
-    check!(
-        g.acked.len() > 20,
-        "too little traffic to mean anything: {}",
-        g.acked.len()
-    );
-    drop(g);
+    let acked = lock(&oracle).acked.len();
+    check!(acked > 20, "too little traffic to mean anything: {acked}");
     eprintln!("[scenario] converged at {:?}", starling_sim::elapsed());
     // On a node of its own: the supervisor's node has no address on the simulated network.
     node("late".into())
