@@ -39,10 +39,13 @@ const INPUT_BATCH_MAX: usize = 64;
 const READ_BUF_INITIAL: usize = 256;
 /// A drained read buffer larger than this is released.
 const READ_BUF_KEEP_MAX: usize = 64 * 1024;
-/// Pending output past this is written at once rather than at the deferred flush.
+/// Pending output past this is written at once rather than at the end of the burst.
 const WRITE_BATCH_MAX: usize = 64 * 1024;
 /// A write that makes no progress for this long means the peer is gone or stuck.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One routed message and the options of the subscription(s) it came through.
+pub(crate) type Delivery = (Arc<Message>, starling_session::DeliveryOptions);
 
 /// A connection whose CONNECT was accepted (authenticated and checked), on its way to the
 /// actor that owns its client id.
@@ -65,12 +68,10 @@ pub(crate) enum ClientMsg {
     Input(u64, Vec<Packet>, Option<CodecError>),
     /// The read side of connection `gen` ended (EOF or error).
     InputEnd(u64),
-    /// A routed message.
-    Deliver(Arc<Message>, starling_session::DeliveryOptions),
+    /// Routed messages, oldest first (at most [`crate::routing::BATCH_MAX`]).
+    Deliver(Vec<Delivery>),
     /// The session's timer.
     Timeout,
-    /// Write what the last turns encoded.
-    Flush,
     /// The broker is stopping.
     Shutdown(Reply<()>),
 }
@@ -101,7 +102,6 @@ pub(crate) struct Client {
     /// Attach messages handled, for the registry's retire handshake.
     attaches: u64,
     retiring: bool,
-    flush_queued: bool,
 }
 
 impl Client {
@@ -129,7 +129,6 @@ impl Client {
             timer: None,
             attaches: 0,
             retiring: false,
-            flush_queued: false,
         }
     }
 
@@ -266,16 +265,16 @@ impl Client {
                 Effect::Subscribe { packet_id, filters } => {
                     let client_id = self.client_id();
                     let me = ctx.weak_addr();
-                    let r = self
-                        .router
-                        .ask(|reply| RouterMsg::Subscribe {
-                            client_id,
-                            client: me,
-                            filters,
-                            reply,
-                        })
-                        .await
-                        .unwrap_or_else(|_| SubscribeResult::default());
+                    // Boxed, as every rare await here: an actor's future is as large as its
+                    // largest state, and it is held by every idle connection.
+                    let r = Box::pin(self.router.ask(|reply| RouterMsg::Subscribe {
+                        client_id,
+                        client: me,
+                        filters,
+                        reply,
+                    }))
+                    .await
+                    .unwrap_or_else(|_| SubscribeResult::default());
                     let now = time::now();
                     // SUBACK first, then the retained messages (MQTT 5 §3.8.4).
                     self.session.subscribed(now, packet_id, r.results);
@@ -285,32 +284,28 @@ impl Client {
                 }
                 Effect::Unsubscribe { packet_id, filters } => {
                     let client_id = self.client_id();
-                    let codes = self
-                        .router
-                        .ask(|reply| RouterMsg::Unsubscribe {
-                            client_id,
-                            filters,
-                            reply,
-                        })
-                        .await
-                        .unwrap_or_default();
+                    let codes = Box::pin(self.router.ask(|reply| RouterMsg::Unsubscribe {
+                        client_id,
+                        filters,
+                        reply,
+                    }))
+                    .await
+                    .unwrap_or_default();
                     self.session.unsubscribed(time::now(), packet_id, codes);
                 }
                 Effect::Will(m) => {
                     if self.gate_allows_will(&m) {
-                        let _ = self.router.send(RouterMsg::Publish(m)).await;
+                        let _ = Box::pin(self.router.send(RouterMsg::Publish(m))).await;
                     }
                 }
-                Effect::Close(code) => self.close_conn(code, ctx).await,
+                Effect::Close(code) => Box::pin(self.close_conn(code, ctx)).await,
                 Effect::SessionEnded { subscriptions } => {
-                    let _ = self
-                        .router
-                        .send(RouterMsg::SessionEnded {
-                            client_id: self.client_id(),
-                            actor: ctx.id(),
-                            filters: subscriptions,
-                        })
-                        .await;
+                    let _ = Box::pin(self.router.send(RouterMsg::SessionEnded {
+                        client_id: self.client_id(),
+                        actor: ctx.id(),
+                        filters: subscriptions,
+                    }))
+                    .await;
                 }
                 Effect::Dropped { reason, .. } => {
                     let m = &self.shared.metrics;
@@ -343,7 +338,6 @@ impl Client {
 
     /// Writes the pending output; on failure the session loses its connection.
     async fn flush(&mut self, ctx: &mut Ctx<Self>) {
-        self.flush_queued = false;
         let Some(c) = &mut self.conn else { return };
         if c.out.is_empty() {
             return;
@@ -356,10 +350,10 @@ impl Client {
         }
         debug!("write failed; connection lost");
         // Nothing more can be written: drop the socket before the session's Close.
-        self.drop_conn(ctx).await;
+        Box::pin(self.drop_conn(ctx)).await;
         self.session
             .detach(time::now(), DetachReason::ConnectionLost);
-        self.run_effects(ctx).await;
+        Box::pin(self.run_effects(ctx)).await;
     }
 
     /// Writes the last bytes (a DISCONNECT with `code` for v5), then closes the socket.
@@ -391,14 +385,10 @@ impl Client {
     /// After a turn: arm the session's timer, schedule the write, retire an ended session.
     async fn after_turn(&mut self, ctx: &mut Ctx<Self>) {
         if let Some(c) = &self.conn {
-            if !c.out.is_empty() && !self.flush_queued {
-                // Deferred: deliveries already in the mailbox are encoded before the write,
-                // so a burst goes out in one write.
-                if c.out.len() < WRITE_BATCH_MAX && ctx.addr().try_send(ClientMsg::Flush).is_ok() {
-                    self.flush_queued = true;
-                } else {
-                    self.flush(ctx).await;
-                }
+            // Deferred while more messages wait: they are encoded before the write, so a
+            // burst goes out in one write (each later turn comes back here).
+            if !c.out.is_empty() && (c.out.len() >= WRITE_BATCH_MAX || ctx.queued() == 0) {
+                self.flush(ctx).await;
             }
         }
         self.rearm(ctx);
@@ -406,13 +396,12 @@ impl Client {
             self.retiring = true;
             match self.registry.upgrade() {
                 Some(r) => {
-                    let _ = r
-                        .send(RegistryMsg::Retire {
-                            client_id: self.client_id(),
-                            actor: ctx.id(),
-                            attaches: self.attaches,
-                        })
-                        .await;
+                    let _ = Box::pin(r.send(RegistryMsg::Retire {
+                        client_id: self.client_id(),
+                        actor: ctx.id(),
+                        attaches: self.attaches,
+                    }))
+                    .await;
                 }
                 None => ctx.stop(),
             }
@@ -439,7 +428,7 @@ impl Client {
 
     async fn turn(&mut self, msg: ClientMsg, ctx: &mut Ctx<Self>) {
         match msg {
-            ClientMsg::Attach(nc) => self.attach(nc, ctx).await,
+            ClientMsg::Attach(nc) => Box::pin(self.attach(nc, ctx)).await,
             ClientMsg::Input(gen, packets, error) => {
                 if !self.is_current(gen) {
                     return;
@@ -471,10 +460,13 @@ impl Client {
                     .detach(time::now(), DetachReason::ConnectionLost);
                 self.run_effects(ctx).await;
                 // The session may have had nothing to close (already detached).
-                self.drop_conn(ctx).await;
+                Box::pin(self.drop_conn(ctx)).await;
             }
-            ClientMsg::Deliver(m, o) => {
-                self.session.deliver(time::now(), &m, &o);
+            ClientMsg::Deliver(batch) => {
+                let now = time::now();
+                for (m, o) in &batch {
+                    self.session.deliver(now, m, o);
+                }
                 self.run_effects(ctx).await;
             }
             ClientMsg::Timeout => {
@@ -482,7 +474,6 @@ impl Client {
                 self.session.handle_timeout(time::now());
                 self.run_effects(ctx).await;
             }
-            ClientMsg::Flush => self.flush(ctx).await,
             ClientMsg::Shutdown(reply) => {
                 self.session
                     .detach(time::now(), DetachReason::ServerShutdown);
@@ -518,7 +509,7 @@ impl Actor for Client {
         if let Some(nc) = self.first.take() {
             let span = tracing::debug_span!("client", client_id = %self.session.client_id());
             async {
-                self.attach(nc, ctx).await;
+                Box::pin(self.attach(nc, ctx)).await;
                 self.after_turn(ctx).await;
             }
             .instrument(span)
@@ -591,7 +582,8 @@ async fn read_loop(mut r: Reader) {
             biased;
             w = &mut r.closed => {
                 if let Ok(w) = w {
-                    linger(r.rd, w).await;
+                    // Boxed: its scratch buffer would otherwise sit in every reader's future.
+                    Box::pin(linger(r.rd, w)).await;
                 }
                 return;
             }
@@ -607,8 +599,8 @@ async fn read_loop(mut r: Reader) {
         }
     }
     // Wait for the actor to finish writing (a v5 DISCONNECT), bounded.
-    if let Some(Ok(w)) = time::timeout(WRITE_TIMEOUT, r.closed).await {
-        linger(r.rd, w).await;
+    if let Some(Ok(w)) = Box::pin(time::timeout(WRITE_TIMEOUT, r.closed)).await {
+        Box::pin(linger(r.rd, w)).await;
     }
 }
 

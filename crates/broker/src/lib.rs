@@ -14,8 +14,10 @@
 //!   outlives its connection for persistent sessions (queue, will delay, expiry timers) and
 //!   asks the registry to retire it when the session ends.
 //! - **Router**: subscription trie, retained store, `$delayed/` timers; fans a publish out
-//!   as `Arc<Message>` with `try_send` into bounded client mailboxes (a full one drops and
-//!   counts). Publishers `send` to it and so meet back-pressure.
+//!   as `Arc<Message>` into a bounded pending list per subscriber, handed to each client
+//!   actor as one batch per burst with `try_send` (a full mailbox keeps the batch for a
+//!   retry; a full pending list applies the queue drop policy and counts). Publishers `send`
+//!   to it and so meet back-pressure.
 //! - **Sys**: `$SYS/brokers/{node}/...` statistics every `sys_interval_secs` (listener
 //!   counters under `.../listeners/{kind}/{port}/...`); client actors publish
 //!   `.../clients/{id}/connected|disconnected` events.

@@ -54,7 +54,8 @@ pub struct MetricsSnapshot {
     pub bytes_sent: u64,
     /// Messages a session's full queue dropped (its drop policy).
     pub dropped_queue_full: u64,
-    /// Deliveries dropped because the subscriber's mailbox was full (a slow subscriber).
+    /// Deliveries dropped because the subscriber's actor fell behind: its mailbox stayed full
+    /// and the router's pending list for it reached `max_mqueue_len`.
     pub dropped_mailbox_full: u64,
     /// Messages dropped because their expiry passed.
     pub dropped_expired: u64,

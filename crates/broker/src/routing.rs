@@ -1,10 +1,19 @@
 //! The router actor: owns the subscription trie, the retained store and the `$delayed/`
 //! timers; fans each publish out to the subscribers' client actors.
 //!
-//! It never waits on a client: deliveries are `try_send`s into bounded mailboxes, and a full
-//! mailbox drops the delivery and counts it (a slow subscriber costs itself, not the
-//! others). Publishers do wait on the router (`send`), which is the back-pressure that
-//! reaches a fast publisher's socket.
+//! Deliveries are batched: a publish appends to each subscriber's pending list here, and
+//! once the router's mailbox is drained (or every [`FLUSH_EVERY_PUBLISHES`]) each pending
+//! list goes to its client actor as one message, so a burst costs one mailbox operation
+//! and one actor turn per subscriber, not per delivery.
+//!
+//! It never waits on a client: batches are `try_send`s into bounded mailboxes. A full
+//! mailbox leaves the batch pending here and it is retried on the next flush (or after
+//! [`RETRY_BLOCKED`]); the pending list is bounded by the session queue length
+//! (`max_mqueue_len`) and, when full, applies the session's drop policy and counts the drop
+//! (a slow subscriber costs itself, not the others). So a QoS 1/2 message is not lost to a
+//! momentarily busy client actor: it reaches the session's own queue, whose policy decides.
+//! Publishers do wait on the router (`send`), which is the back-pressure that reaches a
+//! fast publisher's socket.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,11 +25,11 @@ use starling_router::{
     parse_subscription, validate_topic_name, DeliveryKind, PublishContext, RetainedIndex, Router,
     RouterError,
 };
-use starling_rt::{rng, Actor, ActorId, Ctx, Reply, TrySendError, WeakAddr};
-use starling_session::{DeliveryOptions, Message, SubscribeRequest};
+use starling_rt::{rng, Actor, ActorId, Ctx, Reply, TimerId, TrySendError, WeakAddr};
+use starling_session::{DeliveryOptions, Message, QueueFullPolicy, SubscribeRequest};
 use tracing::debug;
 
-use crate::client::ClientMsg;
+use crate::client::{ClientMsg, Delivery};
 use crate::metrics::add;
 use crate::settings::Shared;
 
@@ -75,7 +84,18 @@ pub(crate) enum RouterMsg {
     },
     DelayedDue(Arc<Message>),
     Stats(Reply<RouterStats>),
+    /// Retry the batches of clients whose mailbox was full.
+    RetryBlocked,
 }
+
+/// Publishes routed before the pending batches are handed out even though more publishes
+/// wait in the mailbox: bounds the delay a steady stream of publishes adds to a delivery.
+const FLUSH_EVERY_PUBLISHES: usize = 64;
+/// Deliveries per batch message: with the client mailbox's capacity this bounds what one
+/// client's mailbox holds.
+pub(crate) const BATCH_MAX: usize = 64;
+/// When a client's mailbox was full and no publish comes to trigger a flush.
+const RETRY_BLOCKED: Duration = Duration::from_millis(2);
 
 pub(crate) struct RouterActor {
     shared: Arc<Shared>,
@@ -86,11 +106,23 @@ pub(crate) struct RouterActor {
     rng: starling_rt::rng::Rng,
     /// Reused per publish.
     out: Vec<starling_router::Delivery<Arc<str>, SubOpts>>,
+    /// Reused per publish: one entry per subscriber after merging overlaps.
+    merged: Vec<(Arc<str>, DeliveryOptions)>,
+    /// Clients with a non-empty pending batch, each once.
+    dirty: Vec<Arc<str>>,
+    /// Publishes routed since the last flush.
+    routed: usize,
+    /// Armed while some client's batch waits for room in its mailbox.
+    retry: Option<TimerId>,
+    /// Bound of one client's pending list (the session queue length, at least a batch).
+    pending_max: usize,
 }
 
 struct Client {
     addr: WeakAddr<ClientMsg>,
     online: bool,
+    /// Deliveries routed to this client and not yet handed to its actor, oldest first.
+    pending: Vec<Delivery>,
 }
 
 impl RouterActor {
@@ -99,6 +131,7 @@ impl RouterActor {
         // Seeds drawn from the runtime: deterministic under simulation, secret otherwise.
         let router = Router::new(shared.router_config(rng.next_u64()));
         let retained = RetainedIndex::new(shared.retained_config(rng.next_u64()));
+        let pending_max = shared.limits.mqueue_len_max.max(BATCH_MAX);
         Self {
             shared,
             router,
@@ -107,6 +140,11 @@ impl RouterActor {
             delayed: 0,
             rng,
             out: Vec::new(),
+            merged: Vec::new(),
+            dirty: Vec::new(),
+            routed: 0,
+            retry: None,
+            pending_max,
         }
     }
 
@@ -127,7 +165,7 @@ impl RouterActor {
         };
         let clients = &self.clients;
         let mut out = std::mem::take(&mut self.out);
-        self.router.route(
+        let sources = self.router.route(
             &msg.topic,
             &pctx,
             |s| clients.get(s).is_some_and(|c| c.online),
@@ -135,37 +173,92 @@ impl RouterActor {
         );
         // MQTT 5 §3.3.4: one copy per subscriber for its overlapping subscriptions, at the
         // highest QoS, carrying every Subscription Identifier. Shared deliveries stay apart.
-        let mut merged: Vec<(Arc<str>, DeliveryOptions)> = Vec::with_capacity(out.len());
+        let mut merged = std::mem::take(&mut self.merged);
         for d in out.drain(..) {
             let opts = DeliveryOptions::subscription(&d.options.options, d.options.subscription_id);
-            let plain = !matches!(d.kind, DeliveryKind::Shared { .. });
-            let same = merged
-                .iter_mut()
-                .rev()
-                .take(MERGE_WINDOW)
-                .find(|(s, _)| plain && *s == d.subscriber);
+            // One source: every non-shared subscriber is distinct (no look-back needed).
+            let plain = sources > 1 && !matches!(d.kind, DeliveryKind::Shared { .. });
+            let same = if plain {
+                merged
+                    .iter_mut()
+                    .rev()
+                    .take(MERGE_WINDOW)
+                    .find(|(s, _)| Arc::ptr_eq(s, &d.subscriber) || *s == d.subscriber)
+            } else {
+                None
+            };
             match same {
                 Some((_, o)) => merge(o, opts),
                 None => merged.push((d.subscriber, opts)),
             }
         }
-        for (subscriber, opts) in merged {
-            let Some(client) = self.clients.get(&subscriber) else {
+        for (subscriber, opts) in merged.drain(..) {
+            let Some(client) = self.clients.get_mut(&subscriber) else {
                 continue;
             };
-            let Some(addr) = client.addr.upgrade() else {
+            if client.pending.is_empty() {
+                self.dirty.push(subscriber.clone());
+            }
+            if client.pending.len() >= self.pending_max
+                && !make_room(
+                    &mut client.pending,
+                    &msg,
+                    &opts,
+                    self.shared.limits.mqueue_policy,
+                )
+            {
+                add(&self.shared.metrics.dropped_mailbox_full, 1);
+                debug!(client_id = %subscriber, topic = %msg.topic, "delivery dropped: client behind");
+                continue;
+            }
+            client.pending.push((msg.clone(), opts));
+        }
+        self.routed += 1;
+        self.out = out;
+        self.merged = merged;
+    }
+
+    /// Hands each pending batch to its client actor; a full mailbox keeps the batch here
+    /// for the next flush or the retry timer.
+    fn flush(&mut self, ctx: &mut Ctx<Self>) {
+        self.routed = 0;
+        let mut blocked = 0;
+        let mut i = 0;
+        while i < self.dirty.len() {
+            let Some(client) = self.clients.get_mut(&self.dirty[i]) else {
+                self.dirty.swap_remove(i);
                 continue;
             };
-            match addr.try_send(ClientMsg::Deliver(msg.clone(), opts)) {
-                Ok(()) => {}
-                Err(TrySendError::Full(_)) => {
-                    add(&self.shared.metrics.dropped_mailbox_full, 1);
-                    debug!(client_id = %subscriber, topic = %msg.topic, "delivery dropped: mailbox full");
+            let mut kept = false;
+            while !client.pending.is_empty() {
+                let batch = if client.pending.len() <= BATCH_MAX {
+                    std::mem::take(&mut client.pending)
+                } else {
+                    client.pending.drain(..BATCH_MAX).collect()
+                };
+                match client.addr.try_send(ClientMsg::Deliver(batch)) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(ClientMsg::Deliver(mut batch))) => {
+                        // Back in front, order kept.
+                        batch.append(&mut client.pending);
+                        client.pending = batch;
+                        kept = true;
+                        break;
+                    }
+                    // Gone (its session ended): nothing to deliver to.
+                    Err(_) => client.pending.clear(),
                 }
-                Err(TrySendError::Closed(_)) => {}
+            }
+            if kept {
+                blocked += 1;
+                i += 1;
+            } else {
+                self.dirty.swap_remove(i);
             }
         }
-        self.out = out;
+        if blocked > 0 && self.retry.is_none() {
+            self.retry = Some(ctx.after(RETRY_BLOCKED, RouterMsg::RetryBlocked));
+        }
     }
 
     fn store_retained(&mut self, msg: &Arc<Message>) {
@@ -219,6 +312,7 @@ impl RouterActor {
         let entry = self.clients.entry(client_id.clone()).or_insert(Client {
             addr: client.clone(),
             online: true,
+            pending: Vec::new(),
         });
         entry.addr = client;
         let mut res = SubscribeResult::default();
@@ -257,6 +351,27 @@ impl RouterActor {
 /// keeps a publish to many subscribers linear.
 const MERGE_WINDOW: usize = 64;
 
+/// A client's pending list is full: the session's drop policy picks a victim. True when
+/// room was made (an older QoS 0 delivery evicted), false when the new one is to be dropped.
+fn make_room(
+    pending: &mut Vec<Delivery>,
+    msg: &Message,
+    opts: &DeliveryOptions,
+    policy: QueueFullPolicy,
+) -> bool {
+    let qos0 = |m: &Message, o: &DeliveryOptions| m.qos.min(o.qos) == QoS::AtMostOnce;
+    if qos0(msg, opts) || policy != QueueFullPolicy::DropOldestQos0 {
+        return false;
+    }
+    match pending.iter().position(|(m, o)| qos0(m, o)) {
+        Some(i) => {
+            pending.remove(i);
+            true
+        }
+        None => false,
+    }
+}
+
 fn merge(into: &mut DeliveryOptions, other: DeliveryOptions) {
     into.qos = into.qos.max(other.qos);
     // Skip own messages only if every matching subscription says so.
@@ -288,6 +403,7 @@ impl Actor for RouterActor {
                 self.delayed = self.delayed.saturating_sub(1);
                 self.publish(m, ctx);
             }
+            RouterMsg::RetryBlocked => self.retry = None,
             RouterMsg::Subscribe {
                 client_id,
                 client,
@@ -340,6 +456,11 @@ impl Actor for RouterActor {
                     delayed: self.delayed,
                 });
             }
+        }
+        // Hand out the batches once the burst is routed (nothing else waits in the mailbox),
+        // or at a fixed stride under a steady stream.
+        if !self.dirty.is_empty() && (self.routed >= FLUSH_EVERY_PUBLISHES || ctx.queued() == 0) {
+            self.flush(ctx);
         }
     }
 }

@@ -24,7 +24,8 @@ pub(crate) struct Shared {
     pub metrics: Metrics,
     /// `$SYS/brokers/{node}`.
     pub sys_prefix: String,
-    /// Mailbox bound of a client actor: deliveries wait here before the session's queue.
+    /// Mailbox bound of a client actor, in messages: input batches from its socket and
+    /// delivery batches from the router wait here before the session.
     pub client_mailbox: usize,
 }
 
@@ -75,10 +76,10 @@ impl Shared {
             None => None,
         };
         let sys_prefix = format!("$SYS/brokers/{}", config.node.name);
-        // The mailbox is the queue in front of the session's own: as deep as it (a burst of
-        // one queue's worth is absorbed), but within fixed bounds so one slow subscriber never
-        // holds more than a bounded number of deliveries.
-        let client_mailbox = (m.max_mqueue_len as usize).clamp(64, 4096);
+        // Deliveries come in batches of at most `routing::BATCH_MAX`, so 64 messages hold up
+        // to 4096 deliveries: a burst is absorbed while one slow subscriber still holds a
+        // bounded number (what does not fit waits in the router, bounded by max_mqueue_len).
+        let client_mailbox = 64;
         Ok(Arc::new(Self {
             config,
             limits,

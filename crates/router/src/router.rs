@@ -173,6 +173,11 @@ impl<S: Clone + Eq + Hash, T: Clone> Entries<S, T> {
     }
 
     fn deliver(&mut self, picker: &mut Picker<'_, S>, out: &mut Vec<Delivery<S, T>>) {
+        // Each of plain, exclusive and limited names a subscriber at most once; count those
+        // that yield, so a caller merging one subscriber's overlaps knows when it need not.
+        picker.sources += usize::from(!self.plain.is_empty())
+            + usize::from(self.exclusive.is_some())
+            + usize::from(!self.limited.is_empty());
         for (s, t) in &self.plain {
             out.push(Delivery {
                 subscriber: s.clone(),
@@ -224,6 +229,8 @@ struct Picker<'a, S> {
     ctx: &'a PublishContext,
     /// Shared groups picked so far in this match; gives each group its own random draw.
     groups: u64,
+    /// Non-shared subscriber sets that yielded deliveries so far in this match.
+    sources: usize,
     accept: &'a mut dyn FnMut(&S) -> bool,
 }
 
@@ -484,28 +491,35 @@ impl<S: Clone + Eq + Hash, T: Clone> Router<S, T> {
     /// with `$` (MQTT 5 §4.7.2). A subscriber with overlapping filters gets one delivery per
     /// matching subscription (MQTT 5 §3.3.4 lets the server choose; the caller may merge).
     /// Deliveries come in a deterministic order given the seed and the operations so far.
+    ///
+    /// Returns how many non-shared subscriber sets (the plain, exclusive or limited
+    /// subscriptions of one filter) yielded deliveries: within one set a subscriber appears
+    /// once, so with 0 or 1 the non-shared deliveries name distinct subscribers and there
+    /// is nothing to merge.
     pub fn route(
         &mut self,
         topic: &str,
         ctx: &PublishContext,
         mut accept: impl FnMut(&S) -> bool,
         out: &mut Vec<Delivery<S, T>>,
-    ) {
+    ) -> usize {
         let mut picker = Picker {
             strategy: self.config.shared_strategy,
             ctx,
             groups: 0,
+            sources: 0,
             accept: &mut accept,
         };
         // MQTT 5 §4.7.2: `#` and `+` at the first level do not match `$` topics.
         let shield = topic.starts_with('$');
         walk(&mut self.root, Some(topic), shield, &mut picker, out);
+        picker.sources
     }
 
     /// [`Router::route`] into a new vector, every shared choice taken.
     pub fn matches(&mut self, topic: &str, ctx: &PublishContext) -> Vec<Delivery<S, T>> {
         let mut out = Vec::new();
-        self.route(topic, ctx, |_| true, &mut out);
+        let _ = self.route(topic, ctx, |_| true, &mut out);
         out
     }
 

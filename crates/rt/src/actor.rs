@@ -226,6 +226,12 @@ impl<M: Send + 'static> WeakAddr<M> {
         self.tx.upgrade().map(|tx| Addr { tx, id: self.id })
     }
 
+    /// Enqueues `msg` if there is room right now and the actor is alive; `Closed` where
+    /// [`WeakAddr::upgrade`] would give `None`. Cheaper than `upgrade` then `try_send`.
+    pub fn try_send(&self, msg: M) -> Result<(), TrySendError<M>> {
+        self.tx.try_send(msg)
+    }
+
     pub fn stop(&self) {
         self.tx.request_stop();
     }
@@ -351,6 +357,12 @@ impl<A: Actor> Ctx<A> {
             tx: self.me.revive(),
             id: self.id,
         }
+    }
+
+    /// Messages waiting in this actor's mailbox (both lanes): zero means the current turn is
+    /// the last of a burst, the moment to write what the burst produced.
+    pub fn queued(&self) -> usize {
+        self.me.len()
     }
 
     pub fn weak_addr(&self) -> WeakAddr<A::Msg> {
@@ -577,7 +589,8 @@ async fn next_event<M>(
 async fn run<A: Actor>(mut actor: A, mut ctx: Ctx<A>, rx: Receiver<A::Msg>) -> Exit {
     let span = tracing::debug_span!("actor", name = ctx.name, actor_id = %ctx.id);
     let _ = &span;
-    if let Err(p) = guarded(actor.started(&mut ctx)).await {
+    // Boxed for the same reason as `handle` below.
+    if let Err(p) = Box::pin(guarded(actor.started(&mut ctx))).await {
         tracing::warn!(name = ctx.name, actor_id = %ctx.id, panic = %p, "actor panicked in started");
         stop_children(&mut ctx);
         return Exit::Panicked(p);
@@ -628,13 +641,17 @@ async fn run<A: Actor>(mut actor: A, mut ctx: Ctx<A>, rx: Receiver<A::Msg>) -> E
                 }
             }
         };
-        if let Err(p) = guarded(actor.handle(msg, &mut ctx)).await {
+        // Boxed: a handler's future is as large as its largest state (kilobytes for a client
+        // actor), and unboxed it would sit inside this loop's future for the actor's whole
+        // life, idle or not; boxed, an idle actor holds only the wait below. One allocation
+        // per turn, and turns carry batches.
+        if let Err(p) = Box::pin(guarded(actor.handle(msg, &mut ctx))).await {
             tracing::warn!(name = ctx.name, actor_id = %ctx.id, panic = %p, "actor panicked");
             stop_children(&mut ctx);
             return Exit::Panicked(p);
         }
     };
-    if let Err(p) = guarded(actor.stopped(&mut ctx)).await {
+    if let Err(p) = Box::pin(guarded(actor.stopped(&mut ctx))).await {
         stop_children(&mut ctx);
         return Exit::Panicked(p);
     }
