@@ -59,12 +59,21 @@ pub(crate) fn decode_command(data: &[u8]) -> Result<(RequestId, &[u8])> {
 /// The last request applied for each client and its output, so that a retry returns the
 /// first answer instead of applying again. Part of every snapshot, so it is replicated state.
 ///
-/// One entry per client that ever proposed; clients are long-lived (one per node and
-/// connection pool), so this stays small. Expiring idle clients is left to a later change.
+/// Bounded: past [`DEDUP_CLIENTS_MAX`] clients, the one whose last request is oldest (by log
+/// index) is forgotten. Every replica applies the same entries in the same order, so every
+/// replica forgets the same client. A forgotten client's late retry would apply again; it
+/// would have to stay silent while that many other clients proposed, and clients retry
+/// within seconds.
 #[derive(Default, Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Dedup {
-    last: BTreeMap<u64, (u64, Vec<u8>)>,
+    /// client → (last seq, its output, log index it was applied at)
+    last: BTreeMap<u64, (u64, Vec<u8>, u64)>,
+    /// log index → client, to find the least recently active client
+    by_index: BTreeMap<u64, u64>,
 }
+
+/// Clients remembered for deduplication.
+pub(crate) const DEDUP_CLIENTS_MAX: usize = 65_536;
 
 impl Dedup {
     /// Applies `command` once per request id, through `sm`.
@@ -76,8 +85,8 @@ impl Dedup {
         command: &[u8],
     ) -> Result<Vec<u8>, RequestError> {
         match self.last.get(&id.client_id) {
-            Some((seq, out)) if *seq == id.seq => return Ok(out.clone()),
-            Some((seq, _)) if *seq > id.seq => {
+            Some((seq, out, _)) if *seq == id.seq => return Ok(out.clone()),
+            Some((seq, _, _)) if *seq > id.seq => {
                 return Err(RequestError::Superseded {
                     client_id: id.client_id,
                     seq: id.seq,
@@ -86,18 +95,38 @@ impl Dedup {
             _ => {}
         }
         let out = sm.apply(index, command);
-        self.last.insert(id.client_id, (id.seq, out.clone()));
+        self.remember(id.client_id, id.seq, out.clone(), index);
         Ok(out)
     }
 
-    /// `[clients u64][client u64, seq u64, len u32, output]*` followed by the state machine's
+    fn remember(&mut self, client: u64, seq: u64, out: Vec<u8>, index: u64) {
+        if let Some((_, _, old_index)) = self.last.insert(client, (seq, out, index)) {
+            self.by_index.remove(&old_index);
+        }
+        self.by_index.insert(index, client);
+        while self.last.len() > DEDUP_CLIENTS_MAX {
+            let Some((_, oldest)) = self.by_index.pop_first() else {
+                break;
+            };
+            self.last.remove(&oldest);
+        }
+        debug_assert_eq!(self.last.len(), self.by_index.len());
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.last.len()
+    }
+
+    /// `[clients u64][client u64, seq u64, index u64, len u32, output]*` followed by the state machine's
     /// own snapshot.
     pub(crate) fn encode_snapshot(&self, sm_snapshot: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&(self.last.len() as u64).to_le_bytes());
-        for (c, (seq, o)) in &self.last {
+        for (c, (seq, o, index)) in &self.last {
             out.extend_from_slice(&c.to_le_bytes());
             out.extend_from_slice(&seq.to_le_bytes());
+            out.extend_from_slice(&index.to_le_bytes());
             out.extend_from_slice(&(o.len() as u32).to_le_bytes());
             out.extend_from_slice(o);
         }
@@ -116,15 +145,16 @@ impl Dedup {
         };
         let u64_of = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
         let n = u64_of(take(8)?);
-        let mut last = BTreeMap::new();
+        let mut d = Dedup::default();
         for _ in 0..n {
             let c = u64_of(take(8)?);
             let seq = u64_of(take(8)?);
+            let index = u64_of(take(8)?);
             let len = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes")) as usize;
             let o = take(len)?.to_vec();
-            last.insert(c, (seq, o));
+            d.remember(c, seq, o, index);
         }
-        Ok((Dedup { last }, &data[at..]))
+        Ok((d, &data[at..]))
     }
 }
 
@@ -150,6 +180,43 @@ mod tests {
             self.0 = u64::from_le_bytes(s.try_into().map_err(|_| "size".to_string())?);
             Ok(())
         }
+    }
+
+    #[test]
+    fn dedup_table_forgets_the_least_recently_active_client_past_its_cap() {
+        let mut sm = Counter::default();
+        let mut d = Dedup::default();
+        for c in 0..(DEDUP_CLIENTS_MAX as u64 + 10) {
+            let id = RequestId {
+                client_id: c,
+                seq: 1,
+            };
+            // Log indices are unique: two per round.
+            d.apply(&mut sm, 2 * c + 1, id, &[1]).unwrap();
+            if c == 100 {
+                // Client 0 proposes again: it is now recent and must survive the evictions.
+                d.apply(
+                    &mut sm,
+                    2 * c + 2,
+                    RequestId {
+                        client_id: 0,
+                        seq: 2,
+                    },
+                    &[1],
+                )
+                .unwrap();
+            }
+        }
+        assert_eq!(d.len(), DEDUP_CLIENTS_MAX);
+        assert!(d.last.contains_key(&0), "recently active client kept");
+        assert!(
+            !d.last.contains_key(&1),
+            "least recently active client forgotten"
+        );
+        let snapshot = d.encode_snapshot(b"sm");
+        let (back, rest) = Dedup::decode_snapshot(&snapshot).unwrap();
+        assert_eq!(back, d);
+        assert_eq!(rest, b"sm");
     }
 
     #[test]
