@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Real-client checks against a running broker: will and persistent sessions with
-# mosquitto_pub/mosquitto_sub (MQTT 3.1, 3.1.1, 5.0) and Python paho-mqtt (3.1.1, 5.0).
-# QoS round trips and retained messages are covered by ../shared/harness/clients-smoke.sh.
+# Real-client checks against a running broker: QoS 0/1/2 round trips, retained messages,
+# wills and persistent sessions with mosquitto_pub/mosquitto_sub (MQTT 3.1, 3.1.1, 5.0),
+# Python paho-mqtt (3.1.1, 5.0) and MQTT.js (3.1.1, 5.0; tests/js/interop.js, after
+# `npm ci` in tests/js). tests/real_clients.rs runs it against an in-process broker.
 #
 #   real-clients.sh HOST PORT        (needs mosquitto-clients; python3 with paho-mqtt >= 2)
 set -u
@@ -130,6 +131,16 @@ PYEOF
   grep -q '^PASS' "$tmp/py.out" || { echo "FAIL paho-py: no result"; fail=$((fail+1)); }
 else
   echo "SKIP paho-py (python3 -c 'import paho.mqtt' failed)"
+fi
+js_dir="$(dirname "$0")/../tests/js"
+if command -v node >/dev/null 2>&1 && [ -d "$js_dir/node_modules/mqtt" ]; then
+  timeout 60 node "$js_dir/interop.js" "$HOST" "$PORT" >"$tmp/js.out" 2>&1
+  cat "$tmp/js.out"
+  pass=$((pass + $(grep -c '^PASS' "$tmp/js.out")))
+  fail=$((fail + $(grep -c '^FAIL' "$tmp/js.out")))
+  grep -q '^PASS' "$tmp/js.out" || { echo "FAIL mqttjs: no result"; fail=$((fail+1)); }
+else
+  echo "SKIP mqttjs (node or $js_dir/node_modules missing: npm ci there)"
 fi
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

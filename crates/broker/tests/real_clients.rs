@@ -1,6 +1,6 @@
 //! Real clients against an in-process broker: mosquitto_pub/mosquitto_sub (MQTT 3.1, 3.1.1
-//! and 5.0) and Python paho-mqtt (3.1.1 and 5.0): QoS 0/1/2 round trips, retained messages
-//! stored and cleared, wills, persistent sessions. The checks live in
+//! and 5.0), Python paho-mqtt and MQTT.js (3.1.1 and 5.0): QoS 0/1/2 round trips, retained
+//! messages stored and cleared, wills, persistent sessions. The checks live in
 //! `scripts/real-clients.sh` so that they can also be run by hand against any broker.
 
 mod common;
