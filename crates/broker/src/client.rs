@@ -387,8 +387,18 @@ impl Client {
         if let Some(c) = &self.conn {
             // Deferred while more messages wait: they are encoded before the write, so a
             // burst goes out in one write (each later turn comes back here).
-            if !c.out.is_empty() && (c.out.len() >= WRITE_BATCH_MAX || ctx.queued() == 0) {
+            let idle = ctx.queued() == 0;
+            if !c.out.is_empty() && (c.out.len() >= WRITE_BATCH_MAX || idle) {
                 self.flush(ctx).await;
+            }
+            if idle {
+                // End of the burst: an idle connection keeps no buffers.
+                if let Some(c) = &mut self.conn {
+                    if c.out.is_empty() {
+                        c.out = BytesMut::new();
+                    }
+                }
+                self.session.release_buffers();
             }
         }
         self.rearm(ctx);

@@ -1,7 +1,7 @@
 //! Actors: one task each, one message enum, a bounded mailbox, timers, an input stream and
 //! supervision. The loop below is the same on both backends; only `spawn_actor` differs.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::{pending, Future};
 use std::panic::AssertUnwindSafe;
@@ -264,49 +264,71 @@ enum Timer<M> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TimerId(u64);
 
+/// An actor's timers, ordered by (deadline, id).
+///
+/// A sorted `VecDeque` rather than a `BTreeMap`: most actors hold zero to two timers (a
+/// client's keep alive), and a B-tree allocates a whole node (~0.6 KB here) for the first
+/// one, which every idle connection would pay. Inserts land near the back (later
+/// deadlines), due timers leave from the front; a cancel scans, which is cheap for the
+/// few timers an actor holds. The storage is released when the last timer goes.
 struct Timers<M> {
     next: u64,
-    queue: BTreeMap<(Instant, u64), Timer<M>>,
-    deadline: BTreeMap<u64, Instant>,
+    queue: VecDeque<(Instant, u64, Timer<M>)>,
 }
 
 impl<M> Timers<M> {
     fn new() -> Self {
         Timers {
             next: 0,
-            queue: BTreeMap::new(),
-            deadline: BTreeMap::new(),
+            queue: VecDeque::new(),
         }
     }
 
     fn insert(&mut self, at: Instant, t: Timer<M>) -> TimerId {
         let id = self.next;
         self.next += 1;
-        self.queue.insert((at, id), t);
-        self.deadline.insert(id, at);
+        self.put(at, id, t);
         TimerId(id)
     }
 
+    fn put(&mut self, at: Instant, id: u64, t: Timer<M>) {
+        if self.queue.is_empty() {
+            // One slot: the common single timer costs no more than itself.
+            self.queue.reserve_exact(1);
+        }
+        let i = self.queue.partition_point(|(a, i, _)| (*a, *i) < (at, id));
+        self.queue.insert(i, (at, id, t));
+    }
+
     fn cancel(&mut self, id: TimerId) -> bool {
-        match self.deadline.remove(&id.0) {
-            Some(at) => self.queue.remove(&(at, id.0)).is_some(),
+        match self.queue.iter().position(|(_, i, _)| *i == id.0) {
+            Some(i) => {
+                self.queue.remove(i);
+                self.release_if_empty();
+                true
+            }
             None => false,
         }
     }
 
+    fn release_if_empty(&mut self) {
+        if self.queue.is_empty() {
+            self.queue = VecDeque::new();
+        }
+    }
+
     fn next_deadline(&self) -> Option<Instant> {
-        self.queue.keys().next().map(|(at, _)| *at)
+        self.queue.front().map(|(at, _, _)| *at)
     }
 
     fn pop_due(&mut self, now: Instant) -> Option<M> {
-        let (&(at, id), _) = self.queue.iter().next()?;
-        if at > now {
+        if self.queue.front()?.0 > now {
             return None;
         }
-        let timer = self.queue.remove(&(at, id))?;
+        let (at, id, timer) = self.queue.pop_front()?;
         match timer {
             Timer::Once(m) => {
-                self.deadline.remove(&id);
+                self.release_if_empty();
                 Some(m)
             }
             Timer::Every(period, mut make) => {
@@ -316,8 +338,7 @@ impl<M> Timers<M> {
                 if next <= now {
                     next = now + period;
                 }
-                self.queue.insert((next, id), Timer::Every(period, make));
-                self.deadline.insert(id, next);
+                self.put(next, id, Timer::Every(period, make));
                 Some(m)
             }
         }
