@@ -90,6 +90,36 @@ pub(crate) struct Shared<M> {
 }
 
 impl<M> Shared<M> {
+    /// Enqueues without waiting on one lane, waking the receiver outside the lock. `weak`:
+    /// the caller holds no strong sender, so an actor whose last address is gone (on its way
+    /// out) counts as closed.
+    fn try_push(&self, msg: M, urgent: bool, weak: bool) -> Result<(), TrySendError<M>> {
+        let waker = {
+            let mut st = self.lock();
+            if st.closed || (weak && st.senders == 0) {
+                return Err(TrySendError::Closed(msg));
+            }
+            let (len, cap) = if urgent {
+                (st.urgent.len(), st.urgent_capacity)
+            } else {
+                (st.normal.len(), st.capacity)
+            };
+            if len >= cap {
+                return Err(TrySendError::Full(msg));
+            }
+            if urgent {
+                st.urgent.push_back(msg);
+            } else {
+                st.normal.push_back(msg);
+            }
+            st.rx_waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        Ok(())
+    }
+
     fn lock(&self) -> MutexGuard<'_, State<M>> {
         // A panic while holding this lock can only come from a waker's wake(); the queue
         // itself stays consistent, so a poisoned lock is still usable.
@@ -164,41 +194,13 @@ impl<M> Sender<M> {
     }
 
     pub(crate) fn try_send(&self, msg: M) -> Result<(), TrySendError<M>> {
-        let waker = {
-            let mut st = self.shared.lock();
-            if st.closed {
-                return Err(TrySendError::Closed(msg));
-            }
-            if st.normal.len() >= st.capacity {
-                return Err(TrySendError::Full(msg));
-            }
-            st.normal.push_back(msg);
-            st.rx_waker.take()
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
-        Ok(())
+        self.shared.try_push(msg, false, false)
     }
 
     /// The urgent lane is served before the normal lane and has its own bound, so control
     /// traffic is neither stuck behind nor refused because of a flood of normal messages.
     pub(crate) fn try_send_urgent(&self, msg: M) -> Result<(), TrySendError<M>> {
-        let waker = {
-            let mut st = self.shared.lock();
-            if st.closed {
-                return Err(TrySendError::Closed(msg));
-            }
-            if st.urgent.len() >= st.urgent_capacity {
-                return Err(TrySendError::Full(msg));
-            }
-            st.urgent.push_back(msg);
-            st.rx_waker.take()
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
-        Ok(())
+        self.shared.try_push(msg, true, false)
     }
 
     /// Waits for room in the normal lane. Messages from one sender are enqueued in the order
@@ -315,21 +317,7 @@ impl<M> WeakSender<M> {
     /// normal lane has room, under one lock: a fan-out to many actors pays one lock per
     /// message instead of three (upgrade, push, drop).
     pub(crate) fn try_send(&self, msg: M) -> Result<(), TrySendError<M>> {
-        let waker = {
-            let mut st = self.shared.lock();
-            if st.closed || st.senders == 0 {
-                return Err(TrySendError::Closed(msg));
-            }
-            if st.normal.len() >= st.capacity {
-                return Err(TrySendError::Full(msg));
-            }
-            st.normal.push_back(msg);
-            st.rx_waker.take()
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
-        Ok(())
+        self.shared.try_push(msg, false, true)
     }
 
     /// Messages waiting in both lanes.
