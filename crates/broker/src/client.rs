@@ -1,17 +1,22 @@
 //! The client actor: one per client identifier. It owns the [`Session`] for the session's
 //! whole life and, while a connection is attached, that connection's socket (the read half
-//! as its input stream of decoded packets, the write half for batched writes).
+//! as its input stream of decoded packets, the write half for batched writes), all in one
+//! task: an idle connection is one task, one mailbox and no buffers.
 //!
 //! One actor per client rather than a connection actor plus a session actor: an idle
 //! connection then costs one task and one mailbox, and a takeover is a message to the actor
 //! that owns the client id (the registry guarantees there is one), which closes the old
 //! socket (v5: DISCONNECT 0x8E) and adopts the new one.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::BytesMut;
+use futures::{Stream, StreamExt};
 use starling_codec::{
     decode, encode, Connect, Disconnect, Error as CodecError, Packet, Properties, Protocol,
     ReasonCode, PACKET_SIZE_MAX,
@@ -19,7 +24,7 @@ use starling_codec::{
 use starling_rt::{time, Actor, Addr, Ctx, Reply, TimerId, WeakAddr};
 use starling_session::{DetachReason, DropReason, Effect, Instant, Message, Session};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
-use tokio::sync::{oneshot, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, Instrument};
 
 use crate::gate::AclGate;
@@ -34,11 +39,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
 
 /// Packets decoded per input item: a turn's work budget, and the unit of write batching.
 const INPUT_BATCH_MAX: usize = 64;
-/// First read buffer, allocated when the connection is adopted; it grows only for a larger
-/// packet and shrinks back once drained, so idle connections stay small.
+/// Smallest read buffer. An idle connection holds none: a read that finds the buffer
+/// released goes through a stack scratch of [`READ_SCRATCH`] bytes first.
 const READ_BUF_INITIAL: usize = 256;
-/// A drained read buffer larger than this is released.
-const READ_BUF_KEEP_MAX: usize = 64 * 1024;
+/// Stack space for the first read after an idle period.
+const READ_SCRATCH: usize = 4096;
 /// Pending output past this is written at once rather than at the end of the burst.
 const WRITE_BATCH_MAX: usize = 64 * 1024;
 /// A write that makes no progress for this long means the peer is gone or stuck.
@@ -63,11 +68,11 @@ pub(crate) struct NewConn {
 pub(crate) enum ClientMsg {
     /// A new connection for this client id (first, resumed, or a takeover).
     Attach(Box<NewConn>),
-    /// Packets decoded from one read of connection `gen`, then the decoder's error if it
-    /// failed after them.
-    Input(u64, Vec<Packet>, Option<CodecError>),
-    /// The read side of connection `gen` ended (EOF or error).
-    InputEnd(u64),
+    /// Packets decoded from the attached connection, then the decoder's error if it failed
+    /// after them (the input ends there).
+    Input(Vec<Packet>, Option<CodecError>),
+    /// The read side of the attached connection ended (EOF or error).
+    InputEnd,
     /// Routed messages, oldest first (at most [`crate::routing::BATCH_MAX`]).
     Deliver(Vec<Delivery>),
     /// The session's timer.
@@ -77,12 +82,7 @@ pub(crate) enum ClientMsg {
 }
 
 struct Conn {
-    /// Tags this connection's input, so that input of a replaced connection still in the
-    /// mailbox is ignored.
-    gen: u64,
     writer: WriteHalf<Box<dyn Io>>,
-    /// Hands the write half to the reader task at close, which lingers (see [`linger`]).
-    closer: oneshot::Sender<WriteHalf<Box<dyn Io>>>,
     out: BytesMut,
     protocol: Protocol,
     username: Option<String>,
@@ -165,30 +165,24 @@ impl Client {
         );
         let protocol = connect.protocol;
         let (rd, wr) = tokio::io::split(io);
-        let (closer, closed) = oneshot::channel();
-        let gen = self.attaches;
         self.conn = Some(Conn {
-            gen,
             writer: wr,
-            closer,
             out: BytesMut::new(),
             protocol,
             username,
             peer,
             _permit: permit,
         });
-        starling_rt::spawn(
-            read_loop(Reader {
+        ctx.add_stream(
+            ConnInput {
                 rd,
                 buf,
                 protocol,
                 max: self.shared.limits.packet_size_max,
                 shared: self.shared.clone(),
-                client: ctx.weak_addr(),
-                gen,
-                closed,
-            })
-            .instrument(tracing::Span::current()),
+                ended: false,
+            },
+            None,
         );
         match self.session.attach(time::now(), &connect) {
             Ok(a) => {
@@ -373,10 +367,12 @@ impl Client {
         self.drop_conn(ctx).await;
     }
 
-    async fn drop_conn(&mut self, _ctx: &mut Ctx<Self>) {
+    async fn drop_conn(&mut self, ctx: &mut Ctx<Self>) {
         let Some(c) = self.conn.take() else { return };
-        // The reader task closes the socket once the peer has read what we wrote.
-        let _ = c.closer.send(c.writer);
+        // The socket is closed once the peer has read what we wrote (see [`linger`]).
+        if let Some(input) = ctx.take_stream() {
+            starling_rt::spawn(linger(input, c.writer).instrument(tracing::Span::current()));
+        }
         dec(&self.shared.metrics.clients_connected);
         self.presence(false).await;
         self.event("disconnected", None).await;
@@ -386,9 +382,13 @@ impl Client {
     async fn after_turn(&mut self, ctx: &mut Ctx<Self>) {
         if let Some(c) = &self.conn {
             // Deferred while more messages wait: they are encoded before the write, so a
-            // burst goes out in one write (each later turn comes back here).
+            // burst goes out in one write (each later turn comes back here). Not when the
+            // window is full: queued deliveries then add nothing to write, and the
+            // acknowledgements that open the window wait for what is already encoded.
             let idle = ctx.queued() == 0;
-            if !c.out.is_empty() && (c.out.len() >= WRITE_BATCH_MAX || idle) {
+            let window = self.session.window();
+            let stalled = window > 0 && self.session.inflight_len() >= window;
+            if !c.out.is_empty() && (c.out.len() >= WRITE_BATCH_MAX || idle || stalled) {
                 self.flush(ctx).await;
             }
             if idle {
@@ -432,15 +432,11 @@ impl Client {
         }
     }
 
-    fn is_current(&self, gen: u64) -> bool {
-        self.conn.as_ref().is_some_and(|c| c.gen == gen)
-    }
-
     async fn turn(&mut self, msg: ClientMsg, ctx: &mut Ctx<Self>) {
         match msg {
             ClientMsg::Attach(nc) => Box::pin(self.attach(nc, ctx)).await,
-            ClientMsg::Input(gen, packets, error) => {
-                if !self.is_current(gen) {
+            ClientMsg::Input(packets, error) => {
+                if self.conn.is_none() {
                     return;
                 }
                 for p in packets {
@@ -462,8 +458,8 @@ impl Client {
                     }
                 }
             }
-            ClientMsg::InputEnd(gen) => {
-                if !self.is_current(gen) {
+            ClientMsg::InputEnd => {
+                if self.conn.is_none() {
                     return;
                 }
                 self.session
@@ -533,84 +529,97 @@ impl Actor for Client {
     }
 }
 
-/// The read side of one connection, run as its own task so that it can outlive the
-/// connection's place in the actor (see [`linger`]).
-struct Reader {
+/// The read side of the attached connection as the client actor's input stream: decoded
+/// packets in batches. It is polled in the actor's own task and only between turns, so a busy
+/// client stops reading its socket (back-pressure to the peer), and its PUBACKs are not queued
+/// behind routed messages in the mailbox.
+struct ConnInput {
     rd: ReadHalf<Box<dyn Io>>,
+    /// Released (capacity 0) whenever a read finds nothing to do with an empty buffer.
     buf: BytesMut,
     protocol: Protocol,
     max: u32,
     shared: Arc<Shared>,
-    client: WeakAddr<ClientMsg>,
-    gen: u64,
-    closed: oneshot::Receiver<WriteHalf<Box<dyn Io>>>,
+    ended: bool,
 }
 
-/// Streaming decode into batches for the client actor; `send` waits on a full mailbox, so a
-/// busy client stops reading its socket (back-pressure to the peer).
-async fn read_loop(mut r: Reader) {
-    'read: loop {
-        let mut batch = Vec::new();
-        let mut error = None;
-        while batch.len() < INPUT_BATCH_MAX {
-            match decode(&mut r.buf, r.protocol, r.max) {
-                Ok(Some(p)) => batch.push(p),
-                Ok(None) => break,
-                Err(e) => {
-                    error = Some(e);
-                    break;
-                }
-            }
-        }
-        if !batch.is_empty() || error.is_some() {
-            let failed = error.is_some();
-            let Some(client) = r.client.upgrade() else {
-                return;
+impl ConnInput {
+    /// Reads once into the buffer: `Ready(0)` at EOF or on an error.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<usize> {
+        if self.buf.capacity() == 0 {
+            // No buffer while idle: the wait for readability holds none; what arrives is
+            // read into the stack and copied into a buffer of its size.
+            let mut scratch = [0u8; READ_SCRATCH];
+            let read = {
+                let fut = self.rd.read(&mut scratch);
+                futures::pin_mut!(fut);
+                fut.poll(cx)
             };
-            if client
-                .send(ClientMsg::Input(r.gen, batch, error))
-                .await
-                .is_err()
-            {
-                return;
-            }
-            if failed {
-                // Nothing after a decode error is read: the connection is closing.
-                break 'read;
-            }
-            continue;
+            return match read {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Ok(n)) if n > 0 => {
+                    self.buf = BytesMut::with_capacity(n.max(READ_BUF_INITIAL));
+                    self.buf.extend_from_slice(&scratch[..n]);
+                    Poll::Ready(n)
+                }
+                Poll::Ready(_) => Poll::Ready(0),
+            };
         }
-        if r.buf.is_empty() && r.buf.capacity() > READ_BUF_KEEP_MAX {
-            r.buf = BytesMut::new();
-        }
-        if r.buf.capacity() - r.buf.len() < READ_BUF_INITIAL / 2 {
+        if self.buf.capacity() - self.buf.len() < READ_BUF_INITIAL / 2 {
             // Doubling: a large packet arrives in O(log n) reads and reallocations; the
             // decoder refuses one past `max` from its header, before this grows.
-            r.buf.reserve(r.buf.len().max(READ_BUF_INITIAL));
+            self.buf.reserve(self.buf.len().max(READ_BUF_INITIAL));
         }
-        tokio::select! {
-            biased;
-            w = &mut r.closed => {
-                if let Ok(w) = w {
-                    // Boxed: its scratch buffer would otherwise sit in every reader's future.
-                    Box::pin(linger(r.rd, w)).await;
-                }
-                return;
-            }
-            n = r.rd.read_buf(&mut r.buf) => match n {
-                Ok(0) | Err(_) => {
-                    if let Some(client) = r.client.upgrade() {
-                        let _ = client.send(ClientMsg::InputEnd(r.gen)).await;
-                    }
-                    break 'read;
-                }
-                Ok(n) => add(&r.shared.metrics.bytes_received, n as u64),
-            }
+        let fut = self.rd.read_buf(&mut self.buf);
+        futures::pin_mut!(fut);
+        match fut.poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(n)) => Poll::Ready(n),
+            Poll::Ready(Err(_)) => Poll::Ready(0),
         }
     }
-    // Wait for the actor to finish writing (a v5 DISCONNECT), bounded.
-    if let Some(Ok(w)) = Box::pin(time::timeout(WRITE_TIMEOUT, r.closed)).await {
-        Box::pin(linger(r.rd, w)).await;
+}
+
+impl Stream for ConnInput {
+    type Item = ClientMsg;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<ClientMsg>> {
+        let this = self.get_mut();
+        loop {
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            let mut batch = Vec::new();
+            let mut error = None;
+            while batch.len() < INPUT_BATCH_MAX {
+                match decode(&mut this.buf, this.protocol, this.max) {
+                    Ok(Some(p)) => batch.push(p),
+                    Ok(None) => break,
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                }
+            }
+            if !batch.is_empty() || error.is_some() {
+                // Nothing after a decode error is read: the connection is closing.
+                this.ended = error.is_some();
+                return Poll::Ready(Some(ClientMsg::Input(batch, error)));
+            }
+            match this.poll_fill(cx) {
+                Poll::Pending => {
+                    if this.buf.is_empty() && this.buf.capacity() > 0 {
+                        this.buf = BytesMut::new();
+                    }
+                    return Poll::Pending;
+                }
+                Poll::Ready(0) => {
+                    this.ended = true;
+                    return Poll::Ready(Some(ClientMsg::InputEnd));
+                }
+                Poll::Ready(n) => add(&this.shared.metrics.bytes_received, n as u64),
+            }
+        }
     }
 }
 
@@ -621,11 +630,13 @@ const LINGER: Duration = Duration::from_secs(2);
 /// [`LINGER`] passes). Closing a socket with unread input makes the kernel send RST, and a
 /// RST can destroy our last packets (a DISCONNECT with its reason code) in the peer's
 /// receive buffer before the peer reads them.
-async fn linger(mut rd: ReadHalf<Box<dyn Io>>, mut w: WriteHalf<Box<dyn Io>>) {
+async fn linger(
+    mut input: Pin<Box<dyn Stream<Item = ClientMsg> + Send>>,
+    mut w: WriteHalf<Box<dyn Io>>,
+) {
     let _ = time::timeout(LINGER, async {
         let _ = w.shutdown().await;
-        let mut scratch = [0u8; 512];
-        while matches!(rd.read(&mut scratch).await, Ok(n) if n > 0) {}
+        while input.next().await.is_some() {}
     })
     .await;
 }

@@ -436,6 +436,12 @@ impl<A: Actor> Ctx<A> {
         });
     }
 
+    /// Detaches the input stream without ending it, so that it can be finished elsewhere
+    /// (a closing socket keeps reading in its own task until the peer has closed).
+    pub fn take_stream(&mut self) -> Option<Pin<Box<dyn Stream<Item = A::Msg> + Send>>> {
+        self.input.take().map(|i| i.stream)
+    }
+
     /// Runs `fut` as its own task and delivers `to_msg(output)` to this actor, unless it
     /// stopped meanwhile.
     pub fn spawn_then<F, T>(&self, fut: F, to_msg: impl FnOnce(T) -> A::Msg + Send + 'static)
