@@ -85,8 +85,6 @@ struct Conn {
     writer: WriteHalf<Box<dyn Io>>,
     out: BytesMut,
     protocol: Protocol,
-    username: Option<String>,
-    peer: SocketAddr,
     _permit: Option<OwnedSemaphorePermit>,
 }
 
@@ -157,20 +155,13 @@ impl Client {
             username,
             permit,
         } = *nc;
-        self.gate = AclGate::new(
-            self.shared.clone(),
-            username.clone(),
-            self.client_id(),
-            peer.ip(),
-        );
+        self.gate = AclGate::new(self.shared.clone(), username, self.client_id(), peer.ip());
         let protocol = connect.protocol;
         let (rd, wr) = tokio::io::split(io);
         self.conn = Some(Conn {
             writer: wr,
             out: BytesMut::new(),
             protocol,
-            username,
-            peer,
             _permit: permit,
         });
         ctx.add_stream(
@@ -221,13 +212,13 @@ impl Client {
             json_escape(&id),
             time::unix_secs()
         );
-        if let (Some((c, keep_alive)), Some(conn)) = (connect, &self.conn) {
+        if let (Some((c, keep_alive)), Some(_)) = (connect, &self.conn) {
             payload.push_str(&format!(
                 ",\"username\":{},\"ipaddress\":\"{}\",\"proto_ver\":{},\"keepalive\":{},\"clean_start\":{}",
-                conn.username
-                    .as_deref()
+                self.gate
+                    .username()
                     .map_or("null".to_owned(), |u| format!("\"{}\"", json_escape(u))),
-                conn.peer.ip(),
+                self.gate.addr(),
                 c.protocol.level(),
                 keep_alive,
                 c.clean_start
@@ -653,4 +644,17 @@ pub(crate) fn json_escape(s: &str) -> String {
         }
     }
     out
+}
+#[cfg(all(test, target_pointer_width = "64"))]
+mod size_tests {
+    /// Every idle connection holds one `Client` (with its `Session`) in its actor's cell: a
+    /// field added here is paid a million times on a large node. Raise these bounds only
+    /// knowingly (docs/benchmarks.md has the memory model).
+    #[test]
+    fn idle_connection_state_stays_small() {
+        let client = std::mem::size_of::<super::Client>();
+        let session = std::mem::size_of::<starling_session::Session>();
+        assert!(client <= 448, "Client is {client} bytes");
+        assert!(session <= 224, "Session is {session} bytes");
+    }
 }

@@ -33,6 +33,16 @@ impl AclGate {
         }
     }
 
+    /// The connection's user (the TLS certificate's CN where that is the username).
+    pub(crate) fn username(&self) -> Option<&str> {
+        self.username.as_deref()
+    }
+
+    /// The client's address (after PROXY protocol / X-Forwarded-For).
+    pub(crate) fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
     fn check(&self, action: Action, topic: &str) -> bool {
         let info = ClientInfo {
             username: self.username.as_deref(),

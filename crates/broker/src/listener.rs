@@ -31,12 +31,16 @@ pub(crate) struct ListenerCtx {
     pub connect_timeout: Duration,
     /// max_connections: one permit per open connection.
     pub connections: Arc<Semaphore>,
+    /// max_handshakes: one permit per connection between accept and its CONNECT's hand-off.
+    /// The accept loop waits for one before it accepts, so a connection storm waits in the
+    /// kernel's accept queue instead of in memory.
+    pub connecting: Arc<Semaphore>,
     /// Whether the TLS client certificate's CN is the username.
     pub cn_as_username: bool,
 }
 
 pub(crate) enum ListenerMsg {
-    Accepted(Result<PendingConnection, NetError>),
+    Accepted(Result<PendingConnection, NetError>, OwnedSemaphorePermit),
 }
 
 pub(crate) struct ListenerActor {
@@ -60,17 +64,23 @@ impl Actor for ListenerActor {
         let Some(listener) = self.listener.take() else {
             return;
         };
-        // The accept loop is the actor's input: one accepted connection per item.
-        let accepts = futures::stream::unfold(listener, |l| async move {
-            let r = l.accept().await;
-            Some((ListenerMsg::Accepted(r), l))
+        // The accept loop is the actor's input: one accepted connection per item, each with
+        // its place among the connections being set up.
+        let connecting = self.ctx.connecting.clone();
+        let accepts = futures::stream::unfold(listener, move |l| {
+            let connecting = connecting.clone();
+            async move {
+                let slot = connecting.acquire_owned().await.ok()?;
+                let r = l.accept().await;
+                Some((ListenerMsg::Accepted(r, slot), l))
+            }
         });
         ctx.add_stream(accepts, None);
     }
 
     async fn handle(&mut self, msg: ListenerMsg, _ctx: &mut Ctx<Self>) {
         match msg {
-            ListenerMsg::Accepted(Ok(pending)) => {
+            ListenerMsg::Accepted(Ok(pending), slot) => {
                 let peer = pending.transport_peer();
                 let Ok(permit) = self.ctx.connections.clone().try_acquire_owned() else {
                     add(&self.ctx.shared.metrics.connections_refused, 1);
@@ -81,17 +91,20 @@ impl Actor for ListenerActor {
                 let span = tracing::debug_span!("conn", %peer);
                 starling_rt::spawn(
                     async move {
-                        match pending.handshake().await {
+                        // Boxed apart: a TLS or WebSocket handshake's state is kilobytes, and
+                        // while it is not running the task should hold only what follows.
+                        match Box::pin(pending.handshake()).await {
                             Ok((stream, info)) => {
-                                serve(Box::new(stream), info, Some(permit), lctx).await
+                                Box::pin(serve(Box::new(stream), info, Some(permit), lctx)).await
                             }
                             Err(e) => debug!(error = %e, "transport handshake failed"),
                         }
+                        drop(slot);
                     }
                     .instrument(span),
                 );
             }
-            ListenerMsg::Accepted(Err(e)) => {
+            ListenerMsg::Accepted(Err(e), _slot) => {
                 // Per-connection accept failures (out of descriptors...) are transient.
                 warn!(error = %e, "accept failed");
                 time::sleep(Duration::from_millis(10)).await;

@@ -17,7 +17,7 @@ use crate::BrokerError;
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub config: Config,
-    pub limits: SessionLimits,
+    pub limits: Arc<SessionLimits>,
     pub topic_limits: TopicLimits,
     pub acl: Acl,
     pub passwords: Option<PasswordFile>,
@@ -82,7 +82,7 @@ impl Shared {
         let client_mailbox = 64;
         Ok(Arc::new(Self {
             config,
-            limits,
+            limits: Arc::new(limits),
             topic_limits,
             acl,
             passwords,

@@ -24,6 +24,7 @@ pub(crate) fn message(topic: String, payload: String, retain: bool) -> Arc<Messa
         properties: Properties::default(),
         expires_at: None,
         publisher: None,
+        shared_headers: Default::default(),
     })
 }
 

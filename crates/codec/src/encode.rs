@@ -163,7 +163,8 @@ pub fn encode_publish_header(
         | header.qos.as_u8() << 1
         | u8::from(header.retain);
     frame(dst, first, payload_len, max_packet_size, |dst| {
-        wire::put_str(dst, header.topic)?;
+        // Checked just above: once per header is enough (this runs once per subscriber).
+        wire::put_binary(dst, header.topic.as_bytes())?;
         if let Some(id) = header.packet_id {
             dst.put_u16(id.get());
         }

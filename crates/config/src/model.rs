@@ -123,7 +123,8 @@ pub struct ListenerConfig {
     pub bind: SocketAddr,
     /// Open connections at most; further ones are refused. Default 100000.
     pub max_connections: u32,
-    /// Handshakes (TCP accept to CONNACK, including TLS) in flight at most. Default 1000.
+    /// Connections being set up at most (accept to the hand-off of their CONNECT, including
+    /// TLS); more wait in the kernel's accept queue. Default 1000.
     pub max_handshakes: u32,
     /// Seconds from accept to a complete CONNECT before the connection is closed. Default 10.
     pub handshake_timeout_secs: u32,

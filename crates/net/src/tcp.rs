@@ -37,13 +37,38 @@ pub struct Stream {
 /// # Errors
 /// [`NetError::Bind`] when the address is in use or not local.
 pub async fn listen(addr: SocketAddr) -> Result<Listener, NetError> {
-    let inner = tokio::net::TcpListener::bind(addr)
+    let inner = bind(addr)
         .await
         .map_err(|source| NetError::Bind { addr, source })?;
     let local_addr = inner
         .local_addr()
         .map_err(|source| NetError::Bind { addr, source })?;
     Ok(Listener { inner, local_addr })
+}
+
+/// Connections the kernel may hold completed but not yet accepted (capped by
+/// `net.core.somaxconn`). Larger than the usual 1024: a broker that accepts under a bound on
+/// connections being set up leaves a reconnect storm waiting here.
+const LISTEN_BACKLOG: u32 = 8192;
+
+#[cfg(not(madsim))]
+async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As `TcpListener::bind` does: a restarted broker can bind while old connections linger
+    // in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+#[cfg(madsim)]
+async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let _ = LISTEN_BACKLOG;
+    tokio::net::TcpListener::bind(addr).await
 }
 
 /// Opens a TCP connection to `addr`, with `TCP_NODELAY` set.

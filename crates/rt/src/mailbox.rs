@@ -391,14 +391,6 @@ impl<M> Receiver<M> {
         out
     }
 
-    pub(crate) async fn recv(&self) -> Recv<M> {
-        poll_fn(|cx| match self.poll_recv(Some(cx.waker())) {
-            Some(r) => Poll::Ready(r),
-            None => Poll::Pending,
-        })
-        .await
-    }
-
     pub(crate) fn weak_sender(&self) -> WeakSender<M> {
         WeakSender {
             shared: self.shared.clone(),

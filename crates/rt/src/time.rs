@@ -30,9 +30,11 @@ pub async fn sleep(d: Duration) {
     tokio::time::sleep(d).await
 }
 
-/// Sleeps until `deadline` on the runtime's clock.
-pub async fn sleep_until(deadline: Instant) {
-    tokio::time::sleep_until(deadline).await
+/// Sleeps until `deadline` on the runtime's clock. Not an `async fn`: the runtime's own
+/// sleep future is returned as it is, without a wrapper state around it (every idle actor
+/// with a timer holds one).
+pub fn sleep_until(deadline: Instant) -> impl std::future::Future<Output = ()> {
+    tokio::time::sleep_until(deadline)
 }
 
 /// Runs `f` with a deadline; `None` if it did not finish in time.

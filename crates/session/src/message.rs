@@ -1,7 +1,8 @@
 //! The application message shared by every subscriber, and the options of the
 //! subscription a delivery comes through.
 
-use std::sync::Arc;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -32,6 +33,44 @@ pub struct Message {
     /// The client identifier of the publisher, for No Local; `None` for
     /// messages the broker itself publishes.
     pub publisher: Option<Arc<str>>,
+    /// PUBLISH headers encoded once and shared by subscribers (start with
+    /// `SharedHeaders::default()`).
+    pub shared_headers: SharedHeaders,
+}
+
+/// The PUBLISH headers of one message's QoS 0 deliveries that need nothing
+/// per subscriber (no topic alias, no expiry, no subscription identifier, no
+/// RETAIN): index 0 for MQTT 3.x, 1 for MQTT 5. The first such delivery
+/// encodes its header here, and every later one shares those bytes instead of
+/// encoding its own. Not part of the message's value: it compares equal and
+/// clones empty.
+#[derive(Default)]
+pub struct SharedHeaders([OnceLock<Bytes>; 2]);
+
+impl SharedHeaders {
+    pub(crate) fn slot(&self, v5: bool) -> &OnceLock<Bytes> {
+        &self.0[usize::from(v5)]
+    }
+}
+
+impl Clone for SharedHeaders {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for SharedHeaders {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for SharedHeaders {}
+
+impl fmt::Debug for SharedHeaders {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SharedHeaders")
+    }
 }
 
 impl Message {

@@ -108,24 +108,23 @@ pub struct Attached {
 #[derive(Debug)]
 pub struct Session {
     client_id: Arc<str>,
-    limits: SessionLimits,
+    /// Shared by every session of a broker: one pointer each, not a copy.
+    limits: Arc<SessionLimits>,
     phase: Phase,
     /// Session Expiry Interval in force, seconds; `u32::MAX`: never.
     expiry_secs: u32,
     /// The will of the last connection, until published or discarded.
-    will: Option<Will>,
-    /// When the pending will is due (detached, will delay running).
-    will_at: Option<Instant>,
+    /// Boxed: most sessions have none, and a will is ~0.4 KB.
+    will: Option<Box<Will>>,
     /// Outbound QoS 1/2 messages awaiting acknowledgement.
     inflight: BTreeMap<PacketId, Inflight>,
     /// Outbound messages waiting for the window or for a connection.
     queue: VecDeque<Pending>,
     next_packet_id: u16,
     next_seq: u64,
-    /// Inbound QoS 2 packet identifiers routed and awaiting PUBREL.
-    inbound_qos2: BTreeSet<PacketId>,
-    pending_subscribes: BTreeMap<PacketId, PendingSubscribe>,
-    pending_unsubscribes: BTreeMap<PacketId, Vec<String>>,
+    /// State most sessions never or only briefly have; `None` while all of it is empty, so
+    /// an idle session does not carry its empty collections.
+    rare: Option<Box<Rare>>,
     /// Filters granted by the router, with their options.
     subscriptions: BTreeMap<String, (SubscriptionOptions, Option<u32>)>,
     effects: VecDeque<Effect>,
@@ -197,6 +196,32 @@ struct Inflight {
     sent_at: Instant,
 }
 
+#[derive(Debug, Default)]
+struct Rare {
+    /// When the pending will is due (detached, will delay running).
+    will_at: Option<Instant>,
+    /// Inbound QoS 2 packet identifiers routed and awaiting PUBREL.
+    inbound_qos2: BTreeSet<PacketId>,
+    pending_subscribes: BTreeMap<PacketId, PendingSubscribe>,
+    pending_unsubscribes: BTreeMap<PacketId, Vec<String>>,
+}
+
+impl Rare {
+    fn is_empty(&self) -> bool {
+        self.will_at.is_none()
+            && self.inbound_qos2.is_empty()
+            && self.pending_subscribes.is_empty()
+            && self.pending_unsubscribes.is_empty()
+    }
+}
+
+static NO_RARE: Rare = Rare {
+    will_at: None,
+    inbound_qos2: BTreeSet::new(),
+    pending_subscribes: BTreeMap::new(),
+    pending_unsubscribes: BTreeMap::new(),
+};
+
 #[derive(Debug)]
 struct PendingSubscribe {
     /// One per filter: `Some` decided by the session, `None` forwarded.
@@ -208,24 +233,35 @@ impl Session {
     /// A session without state for `client_id` (given, or assigned by the
     /// broker after [`check_connect`](crate::check_connect)). Attach a
     /// connection next.
-    pub fn new(client_id: Arc<str>, limits: SessionLimits) -> Self {
+    pub fn new(client_id: Arc<str>, limits: impl Into<Arc<SessionLimits>>) -> Self {
         Self {
             client_id,
-            limits,
+            limits: limits.into(),
             phase: Phase::New,
             expiry_secs: 0,
             will: None,
-            will_at: None,
             inflight: BTreeMap::new(),
             queue: VecDeque::new(),
             next_packet_id: 1,
             next_seq: 0,
-            inbound_qos2: BTreeSet::new(),
-            pending_subscribes: BTreeMap::new(),
-            pending_unsubscribes: BTreeMap::new(),
+            rare: None,
             subscriptions: BTreeMap::new(),
             effects: VecDeque::new(),
             scratch: BytesMut::new(),
+        }
+    }
+
+    fn rare(&self) -> &Rare {
+        self.rare.as_deref().unwrap_or(&NO_RARE)
+    }
+
+    fn rare_mut(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    fn set_will_at(&mut self, at: Option<Instant>) {
+        if at.is_some() || self.rare.is_some() {
+            self.rare_mut().will_at = at;
         }
     }
 
@@ -293,6 +329,9 @@ impl Session {
         if self.scratch.is_empty() && self.scratch.capacity() > 0 {
             self.scratch = BytesMut::new();
         }
+        if self.rare.as_ref().is_some_and(|r| r.is_empty()) {
+            self.rare = None;
+        }
     }
 
     /// When [`Session::handle_timeout`] must next be called: keep alive
@@ -307,7 +346,7 @@ impl Session {
                     .and_then(|r| self.inflight.values().map(|f| f.sent_at + r).min());
                 earliest(keep_alive, retry)
             }
-            Phase::Detached { expires_at } => earliest(self.will_at, *expires_at),
+            Phase::Detached { expires_at } => earliest(self.rare().will_at, *expires_at),
             Phase::New | Phase::Ended => None,
         }
     }
@@ -340,7 +379,7 @@ impl Session {
         // waiting for its delay (MQTT 5 §3.1.2.5); so a clean start does not
         // publish it either.
         self.will = None;
-        self.will_at = None;
+        self.set_will_at(None);
         if had_state && connect.clean_start {
             self.end_state(now);
         }
@@ -436,9 +475,13 @@ impl Session {
                 p.response_information = limits.response_information.clone();
             }
         }
-        self.will = connect.will.clone().map(|will| Will {
-            delay: Duration::from_secs(u64::from(will.properties.will_delay_interval.unwrap_or(0))),
-            will,
+        self.will = connect.will.clone().map(|will| {
+            Box::new(Will {
+                delay: Duration::from_secs(u64::from(
+                    will.properties.will_delay_interval.unwrap_or(0),
+                )),
+                will,
+            })
         });
         self.phase = Phase::Attached(Box::new(conn));
         debug!(
@@ -549,7 +592,11 @@ impl Session {
         packet_id: PacketId,
         results: Vec<Result<QoS, ReasonCode>>,
     ) {
-        let Some(pending) = self.pending_subscribes.remove(&packet_id) else {
+        let Some(pending) = self
+            .rare
+            .as_mut()
+            .and_then(|r| r.pending_subscribes.remove(&packet_id))
+        else {
             debug!(client_id = %self.client_id, packet_id, "subscribed: unknown packet id");
             return;
         };
@@ -594,7 +641,11 @@ impl Session {
     /// reason code per filter (`Success`, `NoSubscriptionExisted`, or a
     /// failure). Queues the UNSUBACK if attached.
     pub fn unsubscribed(&mut self, _now: Instant, packet_id: PacketId, results: Vec<ReasonCode>) {
-        let Some(filters) = self.pending_unsubscribes.remove(&packet_id) else {
+        let Some(filters) = self
+            .rare
+            .as_mut()
+            .and_then(|r| r.pending_unsubscribes.remove(&packet_id))
+        else {
             debug!(client_id = %self.client_id, packet_id, "unsubscribed: unknown packet id");
             return;
         };
@@ -727,7 +778,7 @@ impl Session {
             }
         }
         if let Phase::Detached { expires_at } = self.phase {
-            if self.will_at.is_some_and(|at| at <= now) {
+            if self.rare().will_at.is_some_and(|at| at <= now) {
                 self.publish_will(now);
             }
             if expires_at.is_some_and(|at| at <= now) {
@@ -801,14 +852,14 @@ impl Session {
             };
             // MQTT 5 §4.3.3: until PUBREL, the same packet id is the same
             // message: acknowledge again, never route twice.
-            if self.inbound_qos2.contains(&id) {
+            if self.rare().inbound_qos2.contains(&id) {
                 self.effects
                     .push_back(Effect::Send(Packet::Pubrec(PubAck::new(id))));
                 return Ok(());
             }
             // MQTT 5 §3.3.4: more unreleased QoS 2 messages than our Receive
             // Maximum. Checked for 3.x too, to bound the state.
-            if self.inbound_qos2.len() >= usize::from(limits.receive_max.max(1)) {
+            if self.rare().inbound_qos2.len() >= usize::from(limits.receive_max.max(1)) {
                 return Err(SessionError::ReceiveMaximumExceeded {
                     max: limits.receive_max,
                 });
@@ -844,6 +895,7 @@ impl Session {
                 properties,
                 expires_at,
                 publisher: Some(Arc::clone(&self.client_id)),
+                shared_headers: Default::default(),
             };
             self.effects.push_back(Effect::Publish(Arc::new(msg)));
             ReasonCode::Success
@@ -859,7 +911,7 @@ impl Session {
             (QoS::ExactlyOnce, Some(id)) => {
                 // A failing PUBREC ends the exchange (MQTT 5 §4.3.3): no PUBREL follows.
                 if !ack_code.is_error() {
-                    self.inbound_qos2.insert(id);
+                    self.rare_mut().inbound_qos2.insert(id);
                 }
                 self.effects
                     .push_back(Effect::Send(Packet::Pubrec(ack(id, ack_code))));
@@ -870,7 +922,11 @@ impl Session {
     }
 
     fn on_pubrel(&mut self, a: &PubAck) {
-        let code = if self.inbound_qos2.remove(&a.packet_id) {
+        let code = if self
+            .rare
+            .as_mut()
+            .is_some_and(|r| r.inbound_qos2.remove(&a.packet_id))
+        {
             ReasonCode::Success
         } else {
             // MQTT 5 §4.3.3: a PUBREL for an id we do not hold still gets a PUBCOMP.
@@ -887,7 +943,7 @@ impl Session {
         if subscription_id.is_some() && !limits.subscription_ids_available {
             return Err(SessionError::SubscriptionIdsNotSupported);
         }
-        if self.pending_subscribes.contains_key(&s.packet_id) {
+        if self.rare().pending_subscribes.contains_key(&s.packet_id) {
             let code = if v5 {
                 ReasonCode::PacketIdentifierInUse
             } else {
@@ -945,14 +1001,15 @@ impl Session {
                 packet_id: s.packet_id,
                 filters: forwarded.clone(),
             });
-            self.pending_subscribes
+            self.rare_mut()
+                .pending_subscribes
                 .insert(s.packet_id, PendingSubscribe { codes, forwarded });
         }
         Ok(())
     }
 
     fn on_unsubscribe(&mut self, u: Unsubscribe) {
-        if self.pending_unsubscribes.contains_key(&u.packet_id) {
+        if self.rare().pending_unsubscribes.contains_key(&u.packet_id) {
             // 3.x UNSUBACK has no codes; the codec leaves them out.
             self.effects
                 .push_back(Effect::Send(Packet::Unsuback(Unsuback {
@@ -966,7 +1023,9 @@ impl Session {
             packet_id: u.packet_id,
             filters: u.filters.clone(),
         });
-        self.pending_unsubscribes.insert(u.packet_id, u.filters);
+        self.rare_mut()
+            .pending_unsubscribes
+            .insert(u.packet_id, u.filters);
     }
 
     fn on_disconnect(&mut self, now: Instant, d: &Disconnect) -> Result<(), SessionError> {
@@ -1200,6 +1259,22 @@ impl Session {
         } else {
             Cow::Borrowed(&msg.properties)
         };
+        // A QoS 0 header with nothing per subscriber is the same bytes for every subscriber on
+        // the same protocol family: the first encodes it, the rest share it.
+        let shareable = p.qos == QoS::AtMostOnce
+            && !dup
+            && !p.retain
+            && alias.is_none()
+            && matches!(properties, Cow::Borrowed(_));
+        if shareable {
+            if let Some(h) = msg.shared_headers.slot(v5).get() {
+                let size = (h.len() + msg.payload.len()) as u64;
+                if size > u64::from(conn.packet_size_max) {
+                    return Err(DropReason::TooLarge);
+                }
+                return Ok(h.clone());
+            }
+        }
         let header = PublishHeader {
             dup,
             qos: p.qos,
@@ -1221,7 +1296,14 @@ impl Session {
                         conn.aliases_out.insert(Arc::clone(&msg.topic), a);
                     }
                 }
-                Ok(self.scratch.split().freeze())
+                let h = self.scratch.split().freeze();
+                if shareable {
+                    // A copy of its own size: `h` shares the scratch buffer's allocation,
+                    // which the message (perhaps long queued) should not keep alive. Another
+                    // session may have set it meanwhile: the same bytes.
+                    let _ = msg.shared_headers.slot(v5).set(Bytes::copy_from_slice(&h));
+                }
+                Ok(h)
             }
             // MQTT 5 §3.1.2.11.4: too large for the client: discard as if sent.
             Err(CodecError::PacketTooLarge { .. }) => Err(DropReason::TooLarge),
@@ -1278,7 +1360,8 @@ impl Session {
             if w.delay.is_zero() {
                 self.publish_will(now);
             } else {
-                self.will_at = now.checked_add(w.delay);
+                let at = now.checked_add(w.delay);
+                self.set_will_at(at);
             }
         }
         debug!(
@@ -1294,10 +1377,11 @@ impl Session {
     }
 
     fn publish_will(&mut self, now: Instant) {
-        self.will_at = None;
-        let Some(Will { will, .. }) = self.will.take() else {
+        self.set_will_at(None);
+        let Some(w) = self.will.take() else {
             return;
         };
+        let Will { will, .. } = *w;
         let expires_at = Message::deadline(
             now,
             will.properties.message_expiry_interval,
@@ -1312,6 +1396,7 @@ impl Session {
             properties: Message::application_properties(will.properties),
             expires_at,
             publisher: Some(Arc::clone(&self.client_id)),
+            shared_headers: Default::default(),
         };
         debug!(client_id = %self.client_id, topic = %msg.topic, "will published");
         self.effects.push_back(Effect::Will(Arc::new(msg)));
@@ -1331,10 +1416,14 @@ impl Session {
         {
             self.dropped(DropReason::SessionEnded, qos);
         }
-        self.inbound_qos2.clear();
-        self.pending_unsubscribes.clear();
+        let (pending_subscribes, will_at) = match self.rare.take() {
+            Some(r) => (r.pending_subscribes, r.will_at),
+            None => (BTreeMap::new(), None),
+        };
+        // Only the will outlives the session's state.
+        self.set_will_at(will_at);
         // A subscribe still at the router will land there: remove it too.
-        let pending: Vec<String> = mem::take(&mut self.pending_subscribes)
+        let pending: Vec<String> = pending_subscribes
             .into_values()
             .flat_map(|p| p.forwarded.into_iter().map(|r| r.filter))
             .collect();
@@ -1385,7 +1474,7 @@ impl Session {
         // while earlier messages stay in flight, so the hard bound is our cap.
         assert!(self.inflight.len() <= usize::from(self.limits.inflight_max.max(1)));
         assert!(self.queue.len() <= self.limits.mqueue_len_max);
-        assert!(self.inbound_qos2.len() <= usize::from(self.limits.receive_max.max(1)));
+        assert!(self.rare().inbound_qos2.len() <= usize::from(self.limits.receive_max.max(1)));
         // Nothing waits in the queue while the window has room: the queue
         // drains whenever a slot frees.
         if let (Some(conn), Some(front)) = (self.conn(), self.queue.front()) {

@@ -47,6 +47,7 @@ fn msg(topic: &str, qos: QoS, payload: &'static [u8]) -> Arc<Message> {
         properties: Properties::default(),
         expires_at: None,
         publisher: Some(Arc::from("publisher")),
+        shared_headers: Default::default(),
     })
 }
 
@@ -1515,4 +1516,82 @@ fn disconnect_session_expiry_zero_ends_session() {
     d.properties.session_expiry_interval = Some(0);
     h.packet(Packet::Disconnect(d)).unwrap();
     assert!(h.s.is_ended());
+}
+
+#[test]
+fn qos0_header_encoded_once_per_protocol_family_and_shared() {
+    let m = msg("fleet/a/temp", QoS::AtMostOnce, b"21.5");
+    let mut v311_a = H::attached(
+        SessionLimits::default(),
+        &connect(Protocol::V3_1_1, "a", true),
+    );
+    let mut v31_b = H::attached(
+        SessionLimits::default(),
+        &connect(Protocol::V3_1, "b", true),
+    );
+    let mut v5_c = H::attached(SessionLimits::default(), &connect(Protocol::V5, "c", true));
+    let mut headers = Vec::new();
+    for h in [&mut v311_a, &mut v31_b, &mut v5_c] {
+        h.s.deliver(h.now, &m, &sub(QoS::AtMostOnce));
+        let e = h.drain();
+        let out = published(&e)[0].clone();
+        headers.push((out.header.clone(), out));
+    }
+    // The second 3.x subscriber shares the first one's bytes (the cached copy).
+    let cached3 = m
+        .shared_headers
+        .slot(false)
+        .get()
+        .expect("3.x header cached");
+    assert_eq!(headers[1].0.as_ptr(), cached3.as_ptr());
+    assert_eq!(headers[0].0, headers[1].0);
+    // MQTT 5 has its own (a property length byte).
+    assert_ne!(headers[0].0, headers[2].0);
+    for (i, protocol) in [Protocol::V3_1_1, Protocol::V3_1, Protocol::V5]
+        .into_iter()
+        .enumerate()
+    {
+        let p = wire(&headers[i].1, protocol);
+        assert_eq!(
+            (p.topic.as_str(), &p.payload[..]),
+            ("fleet/a/temp", &b"21.5"[..])
+        );
+        assert_eq!((p.qos, p.retain, p.dup), (QoS::AtMostOnce, false, false));
+    }
+}
+
+#[test]
+fn shared_qos0_header_still_honours_client_maximum_packet_size() {
+    let m = msg("t", QoS::AtMostOnce, b"0123456789");
+    let mut big = H::attached(
+        SessionLimits::default(),
+        &connect(Protocol::V5, "big", true),
+    );
+    big.s.deliver(big.now, &m, &sub(QoS::AtMostOnce));
+    assert_eq!(published(&big.drain()).len(), 1);
+    let mut c = connect(Protocol::V5, "small", true);
+    c.properties.maximum_packet_size = Some(8);
+    let mut small = H::attached(SessionLimits::default(), &c);
+    small.s.deliver(small.now, &m, &sub(QoS::AtMostOnce));
+    let e = small.drain();
+    assert!(published(&e).is_empty());
+    assert_eq!(drops(&e), vec![DropReason::TooLarge]);
+}
+
+#[test]
+fn per_subscriber_headers_are_not_shared() {
+    // RETAIN (retain as published), a subscription identifier, QoS 1: all per delivery.
+    let mut m = (*msg("t/r", QoS::AtLeastOnce, b"x")).clone();
+    m.retain = true;
+    let m = Arc::new(m);
+    let mut h = H::attached(SessionLimits::default(), &connect(Protocol::V5, "a", true));
+    let mut o = sub(QoS::AtMostOnce);
+    o.retain_as_published = true;
+    h.s.deliver(h.now, &m, &o);
+    let mut o = sub(QoS::AtMostOnce);
+    o.subscription_ids = vec![7];
+    h.s.deliver(h.now, &m, &o);
+    h.s.deliver(h.now, &m, &sub(QoS::AtLeastOnce));
+    assert_eq!(published(&h.drain()).len(), 3);
+    assert!(m.shared_headers.slot(true).get().is_none());
 }

@@ -317,6 +317,7 @@ impl World {
                     properties: Properties::default(),
                     expires_at: None,
                     publisher: None,
+                    shared_headers: Default::default(),
                 });
                 let opts = DeliveryOptions {
                     qos,
