@@ -10,20 +10,18 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use futures::{Stream, StreamExt};
 use starling_codec::{
     decode, encode, Connect, Disconnect, Error as CodecError, Packet, Properties, Protocol,
     ReasonCode, PACKET_SIZE_MAX,
 };
 use starling_rt::{time, Actor, Addr, Ctx, Reply, TimerId, WeakAddr};
 use starling_session::{DetachReason, DropReason, Effect, Instant, Message, Session};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, Instrument};
 
@@ -81,8 +79,17 @@ pub(crate) enum ClientMsg {
     Shutdown(Reply<()>),
 }
 
+/// The attached connection: the socket, read by [`Client::poll_input`] between turns and
+/// written at the end of a burst, both from the actor's own task (no split, no lock).
 struct Conn {
-    writer: WriteHalf<Box<dyn Io>>,
+    io: Box<dyn Io>,
+    /// Read, not yet decoded. Released (capacity 0) whenever a read finds nothing to do with
+    /// an empty buffer, so an idle connection holds none.
+    input: BytesMut,
+    /// EOF, a read error or a decode error was reported: nothing more is read.
+    input_ended: bool,
+    /// The peer closed (or the socket failed): nothing is left to linger for.
+    eof: bool,
     out: BytesMut,
     protocol: Protocol,
     _permit: Option<OwnedSemaphorePermit>,
@@ -157,24 +164,15 @@ impl Client {
         } = *nc;
         self.gate = AclGate::new(self.shared.clone(), username, self.client_id(), peer.ip());
         let protocol = connect.protocol;
-        let (rd, wr) = tokio::io::split(io);
         self.conn = Some(Conn {
-            writer: wr,
+            io,
+            input: buf,
+            input_ended: false,
+            eof: false,
             out: BytesMut::new(),
             protocol,
             _permit: permit,
         });
-        ctx.add_stream(
-            ConnInput {
-                rd,
-                buf,
-                protocol,
-                max: self.shared.limits.packet_size_max,
-                shared: self.shared.clone(),
-                ended: false,
-            },
-            None,
-        );
         match self.session.attach(time::now(), &connect) {
             Ok(a) => {
                 add(&self.shared.metrics.clients_connected, 1);
@@ -358,11 +356,11 @@ impl Client {
         self.drop_conn(ctx).await;
     }
 
-    async fn drop_conn(&mut self, ctx: &mut Ctx<Self>) {
+    async fn drop_conn(&mut self, _ctx: &mut Ctx<Self>) {
         let Some(c) = self.conn.take() else { return };
         // The socket is closed once the peer has read what we wrote (see [`linger`]).
-        if let Some(input) = ctx.take_stream() {
-            starling_rt::spawn(linger(input, c.writer).instrument(tracing::Span::current()));
+        if !c.eof {
+            starling_rt::spawn(linger(c.io).instrument(tracing::Span::current()));
         }
         dec(&self.shared.metrics.clients_connected);
         self.presence(false).await;
@@ -486,8 +484,8 @@ impl Client {
 async fn write_out(c: &mut Conn) -> bool {
     let ok = matches!(
         time::timeout(WRITE_TIMEOUT, async {
-            c.writer.write_all(&c.out).await?;
-            c.writer.flush().await
+            c.io.write_all(&c.out).await?;
+            c.io.flush().await
         })
         .await,
         Some(Ok(()))
@@ -518,72 +516,23 @@ impl Actor for Client {
         let span = tracing::debug_span!("client", client_id = %self.session.client_id());
         self.turn(msg, ctx).instrument(span).await;
     }
-}
 
-/// The read side of the attached connection as the client actor's input stream: decoded
-/// packets in batches. It is polled in the actor's own task and only between turns, so a busy
-/// client stops reading its socket (back-pressure to the peer), and its PUBACKs are not queued
-/// behind routed messages in the mailbox.
-struct ConnInput {
-    rd: ReadHalf<Box<dyn Io>>,
-    /// Released (capacity 0) whenever a read finds nothing to do with an empty buffer.
-    buf: BytesMut,
-    protocol: Protocol,
-    max: u32,
-    shared: Arc<Shared>,
-    ended: bool,
-}
-
-impl ConnInput {
-    /// Reads once into the buffer: `Ready(0)` at EOF or on an error.
-    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<usize> {
-        if self.buf.capacity() == 0 {
-            // No buffer while idle: the wait for readability holds none; what arrives is
-            // read into the stack and copied into a buffer of its size.
-            let mut scratch = [0u8; READ_SCRATCH];
-            let read = {
-                let fut = self.rd.read(&mut scratch);
-                futures::pin_mut!(fut);
-                fut.poll(cx)
-            };
-            return match read {
-                Poll::Pending => Poll::Pending,
-                Poll::Ready(Ok(n)) if n > 0 => {
-                    self.buf = BytesMut::with_capacity(n.max(READ_BUF_INITIAL));
-                    self.buf.extend_from_slice(&scratch[..n]);
-                    Poll::Ready(n)
-                }
-                Poll::Ready(_) => Poll::Ready(0),
-            };
-        }
-        if self.buf.capacity() - self.buf.len() < READ_BUF_INITIAL / 2 {
-            // Doubling: a large packet arrives in O(log n) reads and reallocations; the
-            // decoder refuses one past `max` from its header, before this grows.
-            self.buf.reserve(self.buf.len().max(READ_BUF_INITIAL));
-        }
-        let fut = self.rd.read_buf(&mut self.buf);
-        futures::pin_mut!(fut);
-        match fut.poll(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok(n)) => Poll::Ready(n),
-            Poll::Ready(Err(_)) => Poll::Ready(0),
-        }
-    }
-}
-
-impl Stream for ConnInput {
-    type Item = ClientMsg;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<ClientMsg>> {
-        let this = self.get_mut();
+    /// Decoded packets of the attached connection, in batches: polled only between turns, so
+    /// a busy client stops reading its socket (back-pressure to the peer), and its
+    /// acknowledgements never queue behind routed messages in the mailbox.
+    fn poll_input(&mut self, cx: &mut Context<'_>) -> Poll<ClientMsg> {
+        let max = self.shared.limits.packet_size_max;
+        let Some(c) = self.conn.as_mut() else {
+            return Poll::Pending;
+        };
         loop {
-            if this.ended {
-                return Poll::Ready(None);
+            if c.input_ended {
+                return Poll::Pending;
             }
             let mut batch = Vec::new();
             let mut error = None;
             while batch.len() < INPUT_BATCH_MAX {
-                match decode(&mut this.buf, this.protocol, this.max) {
+                match decode(&mut c.input, c.protocol, max) {
                     Ok(Some(p)) => batch.push(p),
                     Ok(None) => break,
                     Err(e) => {
@@ -594,22 +543,60 @@ impl Stream for ConnInput {
             }
             if !batch.is_empty() || error.is_some() {
                 // Nothing after a decode error is read: the connection is closing.
-                this.ended = error.is_some();
-                return Poll::Ready(Some(ClientMsg::Input(batch, error)));
+                c.input_ended = error.is_some();
+                return Poll::Ready(ClientMsg::Input(batch, error));
             }
-            match this.poll_fill(cx) {
+            match c.poll_fill(cx) {
                 Poll::Pending => {
-                    if this.buf.is_empty() && this.buf.capacity() > 0 {
-                        this.buf = BytesMut::new();
+                    if c.input.is_empty() && c.input.capacity() > 0 {
+                        c.input = BytesMut::new();
                     }
                     return Poll::Pending;
                 }
                 Poll::Ready(0) => {
-                    this.ended = true;
-                    return Poll::Ready(Some(ClientMsg::InputEnd));
+                    c.input_ended = true;
+                    c.eof = true;
+                    return Poll::Ready(ClientMsg::InputEnd);
                 }
-                Poll::Ready(n) => add(&this.shared.metrics.bytes_received, n as u64),
+                Poll::Ready(n) => add(&self.shared.metrics.bytes_received, n as u64),
             }
+        }
+    }
+}
+
+impl Conn {
+    /// Reads once into the input buffer: `Ready(0)` at EOF or on an error.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<usize> {
+        if self.input.capacity() == 0 {
+            // No buffer while idle: the wait for readability holds none; what arrives is
+            // read into the stack and copied into a buffer of its size.
+            let mut scratch = [0u8; READ_SCRATCH];
+            let read = {
+                let fut = self.io.read(&mut scratch);
+                futures::pin_mut!(fut);
+                fut.poll(cx)
+            };
+            return match read {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Ok(n)) if n > 0 => {
+                    self.input = BytesMut::with_capacity(n.max(READ_BUF_INITIAL));
+                    self.input.extend_from_slice(&scratch[..n]);
+                    Poll::Ready(n)
+                }
+                Poll::Ready(_) => Poll::Ready(0),
+            };
+        }
+        if self.input.capacity() - self.input.len() < READ_BUF_INITIAL / 2 {
+            // Doubling: a large packet arrives in O(log n) reads and reallocations; the
+            // decoder refuses one past `max` from its header, before this grows.
+            self.input.reserve(self.input.len().max(READ_BUF_INITIAL));
+        }
+        let fut = self.io.read_buf(&mut self.input);
+        futures::pin_mut!(fut);
+        match fut.poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(n)) => Poll::Ready(n),
+            Poll::Ready(Err(_)) => Poll::Ready(0),
         }
     }
 }
@@ -621,13 +608,11 @@ const LINGER: Duration = Duration::from_secs(2);
 /// [`LINGER`] passes). Closing a socket with unread input makes the kernel send RST, and a
 /// RST can destroy our last packets (a DISCONNECT with its reason code) in the peer's
 /// receive buffer before the peer reads them.
-async fn linger(
-    mut input: Pin<Box<dyn Stream<Item = ClientMsg> + Send>>,
-    mut w: WriteHalf<Box<dyn Io>>,
-) {
+async fn linger(mut io: Box<dyn Io>) {
     let _ = time::timeout(LINGER, async {
-        let _ = w.shutdown().await;
-        while input.next().await.is_some() {}
+        let _ = io.shutdown().await;
+        let mut scratch = [0u8; 512];
+        while matches!(io.read(&mut scratch).await, Ok(n) if n > 0) {}
     })
     .await;
 }
@@ -647,14 +632,14 @@ pub(crate) fn json_escape(s: &str) -> String {
 }
 #[cfg(all(test, target_pointer_width = "64"))]
 mod size_tests {
-    /// Every idle connection holds one `Client` (with its `Session`) in its actor's cell: a
-    /// field added here is paid a million times on a large node. Raise these bounds only
-    /// knowingly (docs/benchmarks.md has the memory model).
+    /// Every idle connection holds one `Client` (with its `Session` and its socket's buffer
+    /// headers) in its actor's cell: a field added here is paid a million times on a large
+    /// node. Raise these bounds only knowingly (docs/benchmarks.md has the memory model).
     #[test]
     fn idle_connection_state_stays_small() {
         let client = std::mem::size_of::<super::Client>();
         let session = std::mem::size_of::<starling_session::Session>();
-        assert!(client <= 448, "Client is {client} bytes");
+        assert!(client <= 480, "Client is {client} bytes");
         assert!(session <= 224, "Session is {session} bytes");
     }
 }

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Weak;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::{FutureExt, Stream, StreamExt};
@@ -60,6 +61,17 @@ pub trait Actor: Send + Sized + 'static {
     fn stopped(&mut self, ctx: &mut Ctx<Self>) -> impl Future<Output = ()> + Send {
         let _ = ctx;
         async {}
+    }
+
+    /// Input the actor owns and polls itself, beside the mailbox: a socket it also writes
+    /// to. Polled between turns, in the same alternation with the mailbox as an input stream
+    /// (after it, if there is one); `Ready(msg)` is the next turn. Return `Pending` (with
+    /// `cx`'s waker registered) while there is nothing, for good if need be. Unlike
+    /// [`Ctx::add_stream`] it costs no allocation and leaves the actor direct access to its
+    /// source; unlike it, it does not keep an actor without addresses alive.
+    fn poll_input(&mut self, cx: &mut Context<'_>) -> Poll<Self::Msg> {
+        let _ = cx;
+        Poll::Pending
     }
 }
 
@@ -358,8 +370,14 @@ pub struct Ctx<A: Actor> {
     stopping: bool,
     timers: Timers<A::Msg>,
     input: Option<Input<A::Msg>>,
-    children: Vec<Weak<dyn Stoppable>>,
-    children_pruned_at: u32,
+    /// Boxed: most actors (every connection's) have no children.
+    children: Option<Box<Children>>,
+}
+
+#[derive(Default)]
+struct Children {
+    list: Vec<Weak<dyn Stoppable>>,
+    pruned_at: usize,
 }
 
 impl<A: Actor> Ctx<A> {
@@ -436,12 +454,6 @@ impl<A: Actor> Ctx<A> {
         });
     }
 
-    /// Detaches the input stream without ending it, so that it can be finished elsewhere
-    /// (a closing socket keeps reading in its own task until the peer has closed).
-    pub fn take_stream(&mut self) -> Option<Pin<Box<dyn Stream<Item = A::Msg> + Send>>> {
-        self.input.take().map(|i| i.stream)
-    }
-
     /// Runs `fut` as its own task and delivers `to_msg(output)` to this actor, unless it
     /// stopped meanwhile.
     pub fn spawn_then<F, T>(&self, fut: F, to_msg: impl FnOnce(T) -> A::Msg + Send + 'static)
@@ -472,16 +484,14 @@ impl<A: Actor> Ctx<A> {
             let _ = parent.send(on_exit(id, exit)).await;
         });
         // Weak: a finished child's mailbox must not be pinned by its parent.
-        self.children.push(addr.tx.stop_handle());
-        self.prune_children();
-        addr
-    }
-
-    fn prune_children(&mut self) {
-        if self.children.len() >= 2 * (self.children_pruned_at as usize).max(8) {
-            self.children.retain(|w| w.strong_count() > 0);
-            self.children_pruned_at = u32::try_from(self.children.len()).unwrap_or(u32::MAX);
+        let children = self.children.get_or_insert_with(Box::default);
+        children.list.push(addr.tx.stop_handle());
+        // Finished children's entries are dropped once the list has doubled.
+        if children.list.len() >= 2 * children.pruned_at.max(8) {
+            children.list.retain(|w| w.strong_count() > 0);
+            children.pruned_at = children.list.len();
         }
+        addr
     }
 }
 
@@ -533,8 +543,7 @@ where
         stopping: false,
         timers: Timers::new(),
         input: None,
-        children: Vec::new(),
-        children_pruned_at: 0,
+        children: None,
     };
     let key = opts.placement.unwrap_or(id.0);
     // Boxed before the task is made: an async block keeps a moved-in value's slot for its
@@ -551,6 +560,8 @@ where
 enum Event<M> {
     Mail(Recv<M>),
     Input(Option<M>),
+    /// From [`Actor::poll_input`].
+    Own(M),
     Timer,
 }
 
@@ -571,13 +582,14 @@ async fn guarded<F: Future<Output = ()>>(f: F) -> Result<(), String> {
         .map_err(panic_message)
 }
 
-async fn next_event<M>(
-    rx: &Receiver<M>,
-    mut input: Option<&mut Input<M>>,
+async fn next_event<A: Actor>(
+    actor: &mut A,
+    rx: &Receiver<A::Msg>,
+    mut input: Option<&mut Input<A::Msg>>,
     deadline: Option<Instant>,
     watch_mailbox: bool,
     input_first: bool,
-) -> Event<M> {
+) -> Event<A::Msg> {
     // Polled by hand rather than with `select!` over three futures: the macro keeps each
     // future twice (the local and its own copy), and this wait is what an idle actor's task
     // holds for its whole life. Polling in a fixed order keeps the simulation deterministic;
@@ -592,12 +604,16 @@ async fn next_event<M>(
                 None
             }
         };
-        let mut inp = |cx: &mut std::task::Context<'_>| match input.as_mut() {
-            Some(i) => match i.stream.poll_next_unpin(cx) {
-                std::task::Poll::Ready(m) => Some(Event::Input(m)),
-                std::task::Poll::Pending => None,
-            },
-            None => None,
+        let mut inp = |cx: &mut std::task::Context<'_>| {
+            if let Some(i) = input.as_mut() {
+                if let Poll::Ready(m) = i.stream.poll_next_unpin(cx) {
+                    return Some(Event::Input(m));
+                }
+            }
+            match actor.poll_input(cx) {
+                Poll::Ready(m) => Some(Event::Own(m)),
+                Poll::Pending => None,
+            }
         };
         let first = if input_first {
             inp(cx).or_else(|| mail(cx))
@@ -644,6 +660,7 @@ async fn run<A: Actor>(mut cell: Box<Cell<A>>, rx: Receiver<A::Msg>) -> Exit {
             let deadline = ctx.timers.next_deadline();
             turn = turn.wrapping_add(1);
             let ev = next_event(
+                &mut *actor,
                 &rx,
                 ctx.input.as_mut(),
                 deadline,
@@ -662,7 +679,7 @@ async fn run<A: Actor>(mut cell: Box<Cell<A>>, rx: Receiver<A::Msg>) -> Exit {
                     watch_mailbox = false;
                     continue;
                 }
-                Event::Input(Some(m)) => {
+                Event::Input(Some(m)) | Event::Own(m) => {
                     // The handler may hand out a new address; look again afterwards.
                     watch_mailbox = true;
                     m
@@ -696,7 +713,7 @@ async fn run<A: Actor>(mut cell: Box<Cell<A>>, rx: Receiver<A::Msg>) -> Exit {
 }
 
 fn stop_children<A: Actor>(ctx: &mut Ctx<A>) {
-    for c in ctx.children.drain(..) {
+    for c in ctx.children.take().map(|c| c.list).unwrap_or_default() {
         if let Some(c) = c.upgrade() {
             c.request_stop();
         }

@@ -72,13 +72,14 @@ impl<M> std::error::Error for TrySendError<M> {}
 struct State<M> {
     urgent: VecDeque<M>,
     normal: VecDeque<M>,
-    capacity: usize,
-    urgent_capacity: usize,
+    // u32 rather than usize: one of these per actor, a million idle connections.
+    capacity: u32,
+    urgent_capacity: u32,
     rx_waker: Option<Waker>,
     /// Senders parked on a full normal lane. All are woken when a slot frees: waking only one
     /// would lose the wake-up if that sender's future was dropped meanwhile.
     tx_wakers: Vec<Waker>,
-    senders: usize,
+    senders: u32,
     /// The receiver is gone: every send fails from now on.
     closed: bool,
     /// Someone asked the actor to stop; the receiver sees it before any queued message.
@@ -100,9 +101,9 @@ impl<M> Shared<M> {
                 return Err(TrySendError::Closed(msg));
             }
             let (len, cap) = if urgent {
-                (st.urgent.len(), st.urgent_capacity)
+                (st.urgent.len(), st.urgent_capacity as usize)
             } else {
-                (st.normal.len(), st.capacity)
+                (st.normal.len(), st.capacity as usize)
             };
             if len >= cap {
                 return Err(TrySendError::Full(msg));
@@ -138,8 +139,8 @@ pub(crate) fn mailbox<M>(capacity: usize, urgent_capacity: usize) -> (Sender<M>,
         state: Mutex::new(State {
             urgent: VecDeque::new(),
             normal: VecDeque::new(),
-            capacity,
-            urgent_capacity: urgent_capacity.max(1),
+            capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
+            urgent_capacity: u32::try_from(urgent_capacity.max(1)).unwrap_or(u32::MAX),
             rx_waker: None,
             tx_wakers: Vec::new(),
             senders: 1,
@@ -214,7 +215,7 @@ impl<M> Sender<M> {
                     // `msg` is only taken on the paths that return Ready.
                     return Poll::Ready(Err(Closed(msg.take().expect("polled after completion"))));
                 }
-                if st.normal.len() >= st.capacity {
+                if st.normal.len() >= st.capacity as usize {
                     // A sender polled again while still blocked (a select! loop, a spurious
                     // wake) must not add its waker twice: the list would grow with polls.
                     if !st.tx_wakers.iter().any(|w| w.will_wake(cx.waker())) {
@@ -366,7 +367,7 @@ impl<M> Receiver<M> {
             };
             match m {
                 Some(m) => {
-                    let wake = if st.normal.len() < st.capacity {
+                    let wake = if st.normal.len() < st.capacity as usize {
                         std::mem::take(&mut st.tx_wakers)
                     } else {
                         Vec::new()
