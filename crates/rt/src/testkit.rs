@@ -4,10 +4,11 @@
 //! Each function panics on failure. Durations are short and tolerances wide because on the
 //! actix backend they are real time.
 
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::stream;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::{
     start, start_watched, start_with, time, Actor, ActorId, Ctx, Exit, Options, Reply, TrySendError,
@@ -21,6 +22,7 @@ pub const ALL: &[&str] = &[
     "urgent_lane_overtakes_normal",
     "timers_fire_once_periodically_and_cancel",
     "input_stream_consumed_beside_mailbox",
+    "own_input_alternates_with_mailbox",
     "stop_runs_stopped_hook_and_reports_exit",
     "idle_actor_stops_when_last_address_dropped",
     "supervisor_learns_child_stop_and_panic",
@@ -266,6 +268,89 @@ pub async fn input_stream_consumed_beside_mailbox() {
         time::sleep(Duration::from_millis(1)).await;
     }
     panic!("the input stream never ended");
+}
+
+// ---------------------------------------------------------------------------------------
+
+enum OMsg {
+    Item(u32),
+    Mail(u32),
+    Block(oneshot::Sender<()>, oneshot::Receiver<()>),
+    Get(Reply<Vec<(bool, u32)>>),
+}
+
+/// Reads its own channel through `poll_input`; logs (is_input, n) per turn.
+struct OwnInput {
+    rx: mpsc::UnboundedReceiver<u32>,
+    log: Vec<(bool, u32)>,
+}
+
+impl Actor for OwnInput {
+    type Msg = OMsg;
+    async fn handle(&mut self, msg: OMsg, _ctx: &mut Ctx<Self>) {
+        match msg {
+            OMsg::Item(i) => self.log.push((true, i)),
+            OMsg::Mail(i) => self.log.push((false, i)),
+            OMsg::Block(entered, gate) => {
+                let _ = entered.send(());
+                let _ = gate.await;
+            }
+            OMsg::Get(r) => {
+                let _ = r.send(self.log.clone());
+            }
+        }
+    }
+    fn poll_input(&mut self, cx: &mut Context<'_>) -> Poll<OMsg> {
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(i)) => Poll::Ready(OMsg::Item(i)),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+pub async fn own_input_alternates_with_mailbox() {
+    const N: u32 = 40;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let a = start(OwnInput { rx, log: vec![] });
+    // Both sources are full before the actor looks at either.
+    let (entered_tx, entered) = oneshot::channel();
+    let (release, gate) = oneshot::channel();
+    a.send(OMsg::Block(entered_tx, gate)).await.unwrap();
+    entered.await.unwrap();
+    for i in 0..N {
+        tx.send(i).unwrap();
+        a.send(OMsg::Mail(i)).await.unwrap();
+    }
+    release.send(()).unwrap();
+    let mut log = Vec::new();
+    for _ in 0..1000 {
+        log = a.ask(OMsg::Get).await.unwrap();
+        if log.len() == 2 * N as usize {
+            break;
+        }
+        time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(log.len(), 2 * N as usize, "not everything arrived: {log:?}");
+    for kind in [true, false] {
+        let seq: Vec<u32> = log.iter().filter(|e| e.0 == kind).map(|e| e.1).collect();
+        assert!(seq.iter().copied().eq(0..N), "out of order: {seq:?}");
+    }
+    // Fair: neither source waits for the other to drain.
+    let first: Vec<bool> = log.iter().take(N as usize).map(|e| e.0).collect();
+    let inputs = first.iter().filter(|&&k| k).count();
+    assert!(
+        (N as usize / 4..=3 * N as usize / 4).contains(&inputs),
+        "unfair: {inputs} inputs among the first {N} turns: {log:?}"
+    );
+    // Input keeps flowing into a live actor afterwards.
+    tx.send(N).unwrap();
+    for _ in 0..1000 {
+        if a.ask(OMsg::Get).await.unwrap().last() == Some(&(true, N)) {
+            return;
+        }
+        time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("later input never arrived");
 }
 
 // ---------------------------------------------------------------------------------------

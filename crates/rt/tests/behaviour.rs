@@ -26,6 +26,7 @@ suite!(
     urgent_lane_overtakes_normal,
     timers_fire_once_periodically_and_cancel,
     input_stream_consumed_beside_mailbox,
+    own_input_alternates_with_mailbox,
     stop_runs_stopped_hook_and_reports_exit,
     idle_actor_stops_when_last_address_dropped,
     supervisor_learns_child_stop_and_panic,
