@@ -17,11 +17,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::BytesMut;
+use futures::FutureExt;
 use starling_codec::{
     decode, encode, Connect, Disconnect, Error as CodecError, Packet, Properties, Protocol,
     ReasonCode, PACKET_SIZE_MAX,
 };
-use starling_rt::{time, Actor, Addr, Ctx, Reply, TimerId, WeakAddr};
+use starling_rt::{time, Actor, Addr, Ctx, Reply, TimerId, TrySendError, WeakAddr};
 use starling_session::{DetachReason, DropReason, Effect, Instant, Message, Session};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
@@ -48,6 +49,19 @@ const READ_SCRATCH: usize = 4096;
 const WRITE_BATCH_MAX: usize = 64 * 1024;
 /// A write that makes no progress for this long means the peer is gone or stuck.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An effect's part that has to wait (see [`Client::run_effects`]).
+enum Wait {
+    /// A message for the router whose mailbox was full, or that is sent without trying
+    /// (will, session end).
+    Route(RouterMsg),
+    Subscribe(
+        starling_codec::PacketId,
+        Vec<starling_session::SubscribeRequest>,
+    ),
+    Unsubscribe(starling_codec::PacketId, Vec<String>),
+    Close(Option<ReasonCode>),
+}
 
 /// One routed message and the options of the subscription(s) it came through.
 pub(crate) type Delivery = (Arc<Message>, starling_session::DeliveryOptions);
@@ -107,7 +121,7 @@ pub(crate) struct Client {
     first: Option<Box<NewConn>>,
     timer: Option<(Instant, TimerId)>,
     /// Attach messages handled, for the registry's retire handshake.
-    attaches: u64,
+    attaches: u32,
     retiring: bool,
 }
 
@@ -144,7 +158,7 @@ impl Client {
     }
 
     async fn attach(&mut self, nc: Box<NewConn>, ctx: &mut Ctx<Self>) {
-        self.attaches += 1;
+        self.attaches = self.attaches.wrapping_add(1);
         self.retiring = false;
         if self.session.is_attached() {
             // Takeover (MQTT 5 §3.1.4): the old connection is closed (0x8E), the session
@@ -231,6 +245,16 @@ impl Client {
 
     /// Applies every pending effect of the session, in order.
     async fn run_effects(&mut self, ctx: &mut Ctx<Self>) {
+        // Effects that need no wait are applied in `apply_effects`; one that does leaves it
+        // as a small `Wait`, so that no effect (a `Packet` is ~400 bytes) is held across an
+        // await: every turn's future, allocated per turn, is sized by what it holds there.
+        while let Some(wait) = self.apply_effects(ctx) {
+            Box::pin(self.wait_effect(wait, ctx)).await;
+        }
+    }
+
+    /// Applies effects until one has to wait (or none is left).
+    fn apply_effects(&mut self, ctx: &mut Ctx<Self>) -> Option<Wait> {
         while let Some(effect) = self.session.poll_effect() {
             match effect {
                 Effect::Send(p) => self.encode(&p),
@@ -243,54 +267,32 @@ impl Client {
                 }
                 Effect::Publish(m) => {
                     add(&self.shared.metrics.messages_received, 1);
-                    // Awaited: a full router mailbox holds this client's reads back, which
-                    // is the back-pressure a fast publisher meets.
-                    let _ = self.router.send(RouterMsg::Publish(m)).await;
-                }
-                Effect::Subscribe { packet_id, filters } => {
-                    let client_id = self.client_id();
-                    let me = ctx.weak_addr();
-                    // Boxed, as every rare await here: an actor's future is as large as its
-                    // largest state, and it is held by every idle connection.
-                    let r = Box::pin(self.router.ask(|reply| RouterMsg::Subscribe {
-                        client_id,
-                        client: me,
-                        filters,
-                        reply,
-                    }))
-                    .await
-                    .unwrap_or_else(|_| SubscribeResult::default());
-                    let now = time::now();
-                    // SUBACK first, then the retained messages (MQTT 5 §3.8.4).
-                    self.session.subscribed(now, packet_id, r.results);
-                    for (m, o) in r.retained {
-                        self.session.deliver(now, &m, &o);
+                    // A full router mailbox is waited on: it holds this client's reads back,
+                    // which is the back-pressure a fast publisher meets.
+                    if let Err(TrySendError::Full(msg)) =
+                        self.router.try_send(RouterMsg::Publish(m))
+                    {
+                        return Some(Wait::Route(msg));
                     }
                 }
+                Effect::Subscribe { packet_id, filters } => {
+                    return Some(Wait::Subscribe(packet_id, filters))
+                }
                 Effect::Unsubscribe { packet_id, filters } => {
-                    let client_id = self.client_id();
-                    let codes = Box::pin(self.router.ask(|reply| RouterMsg::Unsubscribe {
-                        client_id,
-                        filters,
-                        reply,
-                    }))
-                    .await
-                    .unwrap_or_default();
-                    self.session.unsubscribed(time::now(), packet_id, codes);
+                    return Some(Wait::Unsubscribe(packet_id, filters))
                 }
                 Effect::Will(m) => {
                     if self.gate_allows_will(&m) {
-                        let _ = Box::pin(self.router.send(RouterMsg::Publish(m))).await;
+                        return Some(Wait::Route(RouterMsg::Publish(m)));
                     }
                 }
-                Effect::Close(code) => Box::pin(self.close_conn(code, ctx)).await,
+                Effect::Close(code) => return Some(Wait::Close(code)),
                 Effect::SessionEnded { subscriptions } => {
-                    let _ = Box::pin(self.router.send(RouterMsg::SessionEnded {
+                    return Some(Wait::Route(RouterMsg::SessionEnded {
                         client_id: self.client_id(),
                         actor: ctx.id(),
                         filters: subscriptions,
                     }))
-                    .await;
                 }
                 Effect::Dropped { reason, .. } => {
                     let m = &self.shared.metrics;
@@ -304,6 +306,50 @@ impl Client {
                     );
                 }
             }
+        }
+        None
+    }
+
+    /// The part of an effect that waits: on the router, or on the socket at close.
+    async fn wait_effect(&mut self, wait: Wait, ctx: &mut Ctx<Self>) {
+        match wait {
+            Wait::Route(msg) => {
+                let _ = self.router.send(msg).await;
+            }
+            Wait::Subscribe(packet_id, filters) => {
+                let client_id = self.client_id();
+                let me = ctx.weak_addr();
+                let r = self
+                    .router
+                    .ask(|reply| RouterMsg::Subscribe {
+                        client_id,
+                        client: me,
+                        filters,
+                        reply,
+                    })
+                    .await
+                    .unwrap_or_else(|_| SubscribeResult::default());
+                let now = time::now();
+                // SUBACK first, then the retained messages (MQTT 5 §3.8.4).
+                self.session.subscribed(now, packet_id, r.results);
+                for (m, o) in r.retained {
+                    self.session.deliver(now, &m, &o);
+                }
+            }
+            Wait::Unsubscribe(packet_id, filters) => {
+                let client_id = self.client_id();
+                let codes = self
+                    .router
+                    .ask(|reply| RouterMsg::Unsubscribe {
+                        client_id,
+                        filters,
+                        reply,
+                    })
+                    .await
+                    .unwrap_or_default();
+                self.session.unsubscribed(time::now(), packet_id, codes);
+            }
+            Wait::Close(code) => self.close_conn(code, ctx).await,
         }
     }
 
@@ -430,13 +476,18 @@ impl Client {
                 if self.conn.is_none() {
                     return;
                 }
-                for p in packets {
-                    if !self.session.is_attached() {
+                let mut packets = packets.into_iter();
+                while self.session.is_attached() {
+                    // No packet is bound across the await below (see `run_effects`).
+                    let Some(ok) = packets.next().map(|p| {
+                        self.session
+                            .handle_packet(time::now(), p, &mut self.gate)
+                            .is_ok()
+                    }) else {
                         break;
-                    }
-                    let r = self.session.handle_packet(time::now(), p, &mut self.gate);
+                    };
                     self.run_effects(ctx).await;
-                    if r.is_err() {
+                    if !ok {
                         break;
                     }
                 }
@@ -484,14 +535,25 @@ impl Client {
 }
 
 async fn write_out(c: &mut Conn) -> bool {
-    let ok = matches!(
-        time::timeout(WRITE_TIMEOUT, async {
-            c.io.write_all(&c.out).await?;
-            c.io.flush().await
-        })
-        .await,
-        Some(Ok(()))
-    );
+    // Fast path, no timer: the socket takes the whole batch at once (it nearly always does).
+    // Arming and cancelling the write timeout on every write cost more than the write.
+    let mut written = 0;
+    if let Some(Ok(n)) = c.io.write(&c.out).now_or_never() {
+        written = n;
+    }
+    let ok = if written == c.out.len() && matches!(c.io.flush().now_or_never(), Some(Ok(()))) {
+        true
+    } else {
+        // Boxed: rare, and its timer and write state would otherwise sit in every turn.
+        matches!(
+            Box::pin(time::timeout(WRITE_TIMEOUT, async {
+                c.io.write_all(&c.out[written..]).await?;
+                c.io.flush().await
+            }))
+            .await,
+            Some(Ok(()))
+        )
+    };
     c.out.clear();
     if c.out.capacity() > WRITE_BATCH_MAX {
         c.out = BytesMut::new();

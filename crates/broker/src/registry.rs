@@ -27,7 +27,7 @@ pub(crate) enum RegistryMsg {
     Retire {
         client_id: Arc<str>,
         actor: ActorId,
-        attaches: u64,
+        attaches: u32,
     },
     /// Close every connection (v5 0x8B) and stop every client actor.
     Shutdown(Reply<()>),
@@ -35,7 +35,7 @@ pub(crate) enum RegistryMsg {
 
 struct Entry {
     addr: Addr<ClientMsg>,
-    attaches: u64,
+    attaches: u32,
 }
 
 pub(crate) struct Registry {
@@ -56,7 +56,7 @@ impl Registry {
     async fn connect(&mut self, client_id: Arc<str>, conn: Box<NewConn>, ctx: &mut Ctx<Self>) {
         let conn = match self.clients.get_mut(&client_id) {
             Some(e) if !e.addr.is_closed() => {
-                e.attaches += 1;
+                e.attaches = e.attaches.wrapping_add(1);
                 // Urgent lane: a takeover must not wait behind a slow subscriber's backlog.
                 match e.addr.try_send_urgent(ClientMsg::Attach(conn)) {
                     Ok(()) => return,

@@ -123,6 +123,9 @@ struct Client {
     online: bool,
     /// Deliveries routed to this client and not yet handed to its actor, oldest first.
     pending: Vec<Delivery>,
+    /// QoS 0 deliveries in `pending`: a full list is searched for one to evict only if there
+    /// is one.
+    pending_qos0: usize,
 }
 
 impl RouterActor {
@@ -200,18 +203,20 @@ impl RouterActor {
                 self.dirty.push(subscriber.clone());
             }
             if client.pending.len() >= self.pending_max
-                && !make_room(
-                    &mut client.pending,
-                    &msg,
-                    &opts,
-                    self.shared.limits.mqueue_policy,
-                )
+                && !make_room(client, &msg, &opts, self.shared.limits.mqueue_policy)
             {
                 add(&self.shared.metrics.dropped_mailbox_full, 1);
                 debug!(client_id = %subscriber, topic = %msg.topic, "delivery dropped: client behind");
                 continue;
             }
+            if is_qos0(&msg, &opts) {
+                client.pending_qos0 += 1;
+            }
             client.pending.push((msg.clone(), opts));
+            debug_assert_eq!(
+                client.pending_qos0,
+                client.pending.iter().filter(|(m, o)| is_qos0(m, o)).count()
+            );
         }
         self.routed += 1;
         self.out = out;
@@ -231,13 +236,14 @@ impl RouterActor {
             };
             let mut kept = false;
             while !client.pending.is_empty() {
-                let batch = if client.pending.len() <= BATCH_MAX {
+                let batch: Vec<Delivery> = if client.pending.len() <= BATCH_MAX {
                     std::mem::take(&mut client.pending)
                 } else {
                     client.pending.drain(..BATCH_MAX).collect()
                 };
+                let batch_qos0 = batch.iter().filter(|(m, o)| is_qos0(m, o)).count();
                 match client.addr.try_send(ClientMsg::Deliver(batch)) {
-                    Ok(()) => {}
+                    Ok(()) => client.pending_qos0 -= batch_qos0,
                     Err(TrySendError::Full(ClientMsg::Deliver(mut batch))) => {
                         // Back in front, order kept.
                         batch.append(&mut client.pending);
@@ -246,7 +252,10 @@ impl RouterActor {
                         break;
                     }
                     // Gone (its session ended): nothing to deliver to.
-                    Err(_) => client.pending.clear(),
+                    Err(_) => {
+                        client.pending.clear();
+                        client.pending_qos0 = 0;
+                    }
                 }
             }
             if kept {
@@ -313,6 +322,7 @@ impl RouterActor {
             addr: client.clone(),
             online: true,
             pending: Vec::new(),
+            pending_qos0: 0,
         });
         entry.addr = client;
         let mut res = SubscribeResult::default();
@@ -351,21 +361,26 @@ impl RouterActor {
 /// keeps a publish to many subscribers linear.
 const MERGE_WINDOW: usize = 64;
 
+/// Whether a delivery goes out at QoS 0.
+fn is_qos0(m: &Message, o: &DeliveryOptions) -> bool {
+    m.qos.min(o.qos) == QoS::AtMostOnce
+}
+
 /// A client's pending list is full: the session's drop policy picks a victim. True when
 /// room was made (an older QoS 0 delivery evicted), false when the new one is to be dropped.
 fn make_room(
-    pending: &mut Vec<Delivery>,
+    client: &mut Client,
     msg: &Message,
     opts: &DeliveryOptions,
     policy: QueueFullPolicy,
 ) -> bool {
-    let qos0 = |m: &Message, o: &DeliveryOptions| m.qos.min(o.qos) == QoS::AtMostOnce;
-    if qos0(msg, opts) || policy != QueueFullPolicy::DropOldestQos0 {
+    if client.pending_qos0 == 0 || is_qos0(msg, opts) || policy != QueueFullPolicy::DropOldestQos0 {
         return false;
     }
-    match pending.iter().position(|(m, o)| qos0(m, o)) {
+    match client.pending.iter().position(|(m, o)| is_qos0(m, o)) {
         Some(i) => {
-            pending.remove(i);
+            client.pending.remove(i);
+            client.pending_qos0 -= 1;
             true
         }
         None => false,

@@ -238,7 +238,7 @@ pub(crate) struct RawConfig {
 /// What to drop when a client's message queue is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 pub enum DropPolicy {
-    /// Drop the oldest QoS 0 message, else the oldest message.
+    /// Drop the oldest queued QoS 0 message; when none is queued, the arriving message.
     #[default]
     #[serde(rename = "drop_oldest_qos0_first")]
     DropOldestQos0First,

@@ -120,6 +120,9 @@ pub struct Session {
     inflight: BTreeMap<PacketId, Inflight>,
     /// Outbound messages waiting for the window or for a connection.
     queue: VecDeque<Pending>,
+    /// QoS 0 messages in `queue`: a full queue looks for one to evict only if there is one
+    /// (a scan of a full queue per arriving message was the largest cost of an overload).
+    queued_qos0: u32,
     next_packet_id: u16,
     next_seq: u64,
     /// State most sessions never or only briefly have; `None` while all of it is empty, so
@@ -242,6 +245,7 @@ impl Session {
             will: None,
             inflight: BTreeMap::new(),
             queue: VecDeque::new(),
+            queued_qos0: 0,
             next_packet_id: 1,
             next_seq: 0,
             rare: None,
@@ -1103,14 +1107,14 @@ impl Session {
         while let Some(front) = self.queue.front() {
             if front.msg.is_expired(now) {
                 let qos = front.qos;
-                self.queue.pop_front();
+                self.queue_pop_front();
                 self.dropped(DropReason::Expired, qos);
                 continue;
             }
             if front.qos != QoS::AtMostOnce && self.inflight.len() >= window {
                 break;
             }
-            let Some(p) = self.queue.pop_front() else {
+            let Some(p) = self.queue_pop_front() else {
                 break;
             };
             if p.qos == QoS::AtMostOnce {
@@ -1208,18 +1212,35 @@ impl Session {
             use crate::QueueFullPolicy::*;
             let evict = match self.limits.mqueue_policy {
                 DropNew => None,
+                DropOldestQos0 if self.queued_qos0 == 0 => None,
                 DropOldestQos0 => self.queue.iter().position(|q| q.qos == QoS::AtMostOnce),
                 DropOldest => (!self.queue.is_empty()).then_some(0),
             };
             match evict.and_then(|i| self.queue.remove(i)) {
-                Some(old) => self.dropped(DropReason::QueueFull, old.qos),
+                Some(old) => {
+                    if old.qos == QoS::AtMostOnce {
+                        self.queued_qos0 -= 1;
+                    }
+                    self.dropped(DropReason::QueueFull, old.qos)
+                }
                 None => {
                     self.dropped(DropReason::QueueFull, p.qos);
                     return;
                 }
             }
         }
+        if p.qos == QoS::AtMostOnce {
+            self.queued_qos0 += 1;
+        }
         self.queue.push_back(p);
+    }
+
+    fn queue_pop_front(&mut self) -> Option<Pending> {
+        let p = self.queue.pop_front()?;
+        if p.qos == QoS::AtMostOnce {
+            self.queued_qos0 -= 1;
+        }
+        Some(p)
     }
 
     /// Encodes the PUBLISH header for the attached connection: per-delivery
@@ -1408,6 +1429,7 @@ impl Session {
     fn end_state(&mut self, now: Instant) {
         self.publish_will(now);
         let queued = mem::take(&mut self.queue);
+        self.queued_qos0 = 0;
         let inflight = mem::take(&mut self.inflight);
         for qos in queued
             .iter()
@@ -1474,6 +1496,13 @@ impl Session {
         // while earlier messages stay in flight, so the hard bound is our cap.
         assert!(self.inflight.len() <= usize::from(self.limits.inflight_max.max(1)));
         assert!(self.queue.len() <= self.limits.mqueue_len_max);
+        debug_assert_eq!(
+            self.queued_qos0 as usize,
+            self.queue
+                .iter()
+                .filter(|q| q.qos == QoS::AtMostOnce)
+                .count()
+        );
         assert!(self.rare().inbound_qos2.len() <= usize::from(self.limits.receive_max.max(1)));
         // Nothing waits in the queue while the window has room: the queue
         // drains whenever a slot frees.
