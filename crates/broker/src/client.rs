@@ -12,6 +12,7 @@ use std::future::Future;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -120,6 +121,10 @@ pub(crate) struct Client {
     conn: Option<Conn>,
     first: Option<Box<NewConn>>,
     timer: Option<(Instant, TimerId)>,
+    /// Set after each turn while the session's queue refuses new messages, so that the
+    /// router drops them instead of handing them over (see [`Session::refuses_new`]). Made
+    /// at the first subscription.
+    saturated: Option<Arc<AtomicBool>>,
     /// Attach messages handled, for the registry's retire handshake.
     attaches: u32,
     retiring: bool,
@@ -148,6 +153,7 @@ impl Client {
             conn: None,
             first: Some(first),
             timer: None,
+            saturated: None,
             attaches: 0,
             retiring: false,
         }
@@ -319,11 +325,13 @@ impl Client {
             Wait::Subscribe(packet_id, filters) => {
                 let client_id = self.client_id();
                 let me = ctx.weak_addr();
+                let saturated = self.saturated.get_or_insert_with(Arc::default).clone();
                 let r = self
                     .router
                     .ask(|reply| RouterMsg::Subscribe {
                         client_id,
                         client: me,
+                        saturated,
                         filters,
                         reply,
                     })
@@ -439,6 +447,9 @@ impl Client {
             }
         }
         self.rearm(ctx);
+        if let Some(s) = &self.saturated {
+            s.store(self.session.refuses_new(), Ordering::Relaxed);
+        }
         if self.conn.is_none() && self.session.is_ended() && !self.retiring {
             self.retiring = true;
             match self.registry.upgrade() {
@@ -702,7 +713,7 @@ mod size_tests {
     fn idle_connection_state_stays_small() {
         let client = std::mem::size_of::<super::Client>();
         let session = std::mem::size_of::<starling_session::Session>();
-        assert!(client <= 480, "Client is {client} bytes");
+        assert!(client <= 488, "Client is {client} bytes");
         assert!(session <= 224, "Session is {session} bytes");
     }
 }

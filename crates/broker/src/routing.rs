@@ -16,6 +16,7 @@
 //! fast publisher's socket.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,6 +64,8 @@ pub(crate) enum RouterMsg {
     Subscribe {
         client_id: Arc<str>,
         client: WeakAddr<ClientMsg>,
+        /// Set by the client while its session refuses new messages.
+        saturated: Arc<AtomicBool>,
         filters: Vec<SubscribeRequest>,
         reply: Reply<SubscribeResult>,
     },
@@ -126,6 +129,9 @@ struct Client {
     /// QoS 0 deliveries in `pending`: a full list is searched for one to evict only if there
     /// is one.
     pending_qos0: usize,
+    /// The client's session queue is full and refuses more (set by the client after each
+    /// turn): its deliveries are dropped here rather than handed over to be dropped there.
+    saturated: Arc<AtomicBool>,
 }
 
 impl RouterActor {
@@ -199,6 +205,11 @@ impl RouterActor {
             let Some(client) = self.clients.get_mut(&subscriber) else {
                 continue;
             };
+            if client.saturated.load(Ordering::Relaxed) {
+                // What the session would do with it, without the trip.
+                add(&self.shared.metrics.dropped_queue_full, 1);
+                continue;
+            }
             if client.pending.is_empty() {
                 self.dirty.push(subscriber.clone());
             }
@@ -316,6 +327,7 @@ impl RouterActor {
         &mut self,
         client_id: Arc<str>,
         client: WeakAddr<ClientMsg>,
+        saturated: Arc<AtomicBool>,
         filters: Vec<SubscribeRequest>,
     ) -> SubscribeResult {
         let entry = self.clients.entry(client_id.clone()).or_insert(Client {
@@ -323,8 +335,10 @@ impl RouterActor {
             online: true,
             pending: Vec::new(),
             pending_qos0: 0,
+            saturated: saturated.clone(),
         });
         entry.addr = client;
+        entry.saturated = saturated;
         let mut res = SubscribeResult::default();
         for req in filters {
             let opts = SubOpts {
@@ -422,10 +436,11 @@ impl Actor for RouterActor {
             RouterMsg::Subscribe {
                 client_id,
                 client,
+                saturated,
                 filters,
                 reply,
             } => {
-                let r = self.subscribe(client_id, client, filters);
+                let r = self.subscribe(client_id, client, saturated, filters);
                 let _ = reply.send(r);
             }
             RouterMsg::Unsubscribe {

@@ -307,6 +307,19 @@ impl Session {
         self.queue.len()
     }
 
+    /// True when the queue is full and any message arriving now would be refused (dropped
+    /// as [`DropReason::QueueFull`]) whatever its QoS: a router may then drop it before
+    /// handing it over, instead of making the session's owner do it, message by message.
+    pub fn refuses_new(&self) -> bool {
+        use crate::QueueFullPolicy::*;
+        self.queue.len() >= self.limits.mqueue_len_max
+            && match self.limits.mqueue_policy {
+                DropNew => true,
+                DropOldestQos0 => self.queued_qos0 == 0,
+                DropOldest => false,
+            }
+    }
+
     /// The outbound window of the attached connection (0 when detached).
     pub fn window(&self) -> usize {
         self.conn().map_or(0, |c| c.window)

@@ -1595,3 +1595,40 @@ fn per_subscriber_headers_are_not_shared() {
     assert_eq!(published(&h.drain()).len(), 3);
     assert!(m.shared_headers.slot(true).get().is_none());
 }
+
+#[test]
+fn refuses_new_exactly_when_a_full_queue_would_drop_any_arrival() {
+    // Returns the flag with the queue full, and whether an arrival of `qos` then got in.
+    let run = |policy, first_qos, qos| {
+        let limits = SessionLimits {
+            mqueue_len_max: 2,
+            mqueue_policy: policy,
+            queue_qos0_offline: true,
+            ..SessionLimits::default()
+        };
+        let mut h = H::attached(limits, &v5_persistent("c1"));
+        h.s.detach(h.now, DetachReason::ConnectionLost);
+        h.drain();
+        assert!(!h.s.refuses_new());
+        h.s.deliver(h.now, &msg("t", first_qos, b"0"), &sub(first_qos));
+        assert!(!h.s.refuses_new(), "one of two queued");
+        h.s.deliver(
+            h.now,
+            &msg("t", QoS::AtLeastOnce, b"1"),
+            &sub(QoS::AtLeastOnce),
+        );
+        let refuses = h.s.refuses_new();
+        h.s.deliver(h.now, &msg("t", qos, b"x"), &sub(qos));
+        h.s.attach(h.now, &v5_persistent("c1")).unwrap();
+        let e = h.drain();
+        let got_in = published(&e).iter().any(|p| &p.msg.payload[..] == b"x");
+        (refuses, got_in)
+    };
+    use QueueFullPolicy::*;
+    for qos in [QoS::AtMostOnce, QoS::AtLeastOnce] {
+        assert_eq!(run(DropNew, QoS::AtLeastOnce, qos), (true, false));
+        assert_eq!(run(DropOldestQos0, QoS::AtLeastOnce, qos), (true, false));
+        assert_eq!(run(DropOldestQos0, QoS::AtMostOnce, qos), (false, true));
+        assert_eq!(run(DropOldest, QoS::AtLeastOnce, qos), (false, true));
+    }
+}
