@@ -262,7 +262,7 @@ print("%.1f / %.1f / %.1f" % (min(v), statistics.median(v), max(v)) if v else "n
   echo "Peers: $(for b in $BROKERS; do
       case $b in
         mosquitto) [ -n "$MOSQUITTO_BIN" ] && printf 'Mosquitto %s; ' "$("$MOSQUITTO_BIN" -h 2>/dev/null | head -1 | awk '{print $3}')" ;;
-        rmqtt) [ -n "$RMQTTD_BIN" ] && printf 'RMQTT %s; ' "$("$RMQTTD_BIN" --version 2>/dev/null | head -1 | awk '{print $NF}')" ;;
+        rmqtt) [ -n "$RMQTTD_BIN" ] && printf 'RMQTT %s; ' "$("$RMQTTD_BIN" --version 2>/dev/null | head -1 | awk '{print $1}' | sed 's|^rmqtt/||; s|-.*||')" ;;
         rumqttd) [ -n "$RUMQTTD_BIN" ] && printf 'rumqttd %s; ' "$("$RUMQTTD_BIN" --version 2>/dev/null | head -1 | awk '{print $NF}')" ;;
       esac
     done)"

@@ -31,9 +31,9 @@ pub(crate) struct ListenerCtx {
     pub connect_timeout: Duration,
     /// max_connections: one permit per open connection.
     pub connections: Arc<Semaphore>,
-    /// max_handshakes: one permit per connection between accept and its CONNECT's hand-off.
-    /// The accept loop waits for one before it accepts, so a connection storm waits in the
-    /// kernel's accept queue instead of in memory.
+    /// max_handshakes: one permit per connection in its transport handshake (PROXY header,
+    /// TLS, WebSocket upgrade, QUIC). The accept loop waits for one before it accepts, so a
+    /// storm of expensive handshakes waits in the kernel's accept queue, not in memory.
     pub connecting: Arc<Semaphore>,
     /// Whether the TLS client certificate's CN is the username.
     pub cn_as_username: bool,
@@ -93,13 +93,16 @@ impl Actor for ListenerActor {
                     async move {
                         // Boxed apart: a TLS or WebSocket handshake's state is kilobytes, and
                         // while it is not running the task should hold only what follows.
-                        match Box::pin(pending.handshake()).await {
+                        let handshake = Box::pin(pending.handshake()).await;
+                        // Released before the CONNECT is read: a client slow to send it must
+                        // not hold up other connections (the handshake timeout bounds it).
+                        drop(slot);
+                        match handshake {
                             Ok((stream, info)) => {
                                 Box::pin(serve(Box::new(stream), info, Some(permit), lctx)).await
                             }
                             Err(e) => debug!(error = %e, "transport handshake failed"),
                         }
-                        drop(slot);
                     }
                     .instrument(span),
                 );

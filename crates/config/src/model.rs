@@ -123,8 +123,8 @@ pub struct ListenerConfig {
     pub bind: SocketAddr,
     /// Open connections at most; further ones are refused. Default 100000.
     pub max_connections: u32,
-    /// Connections being set up at most (accept to the hand-off of their CONNECT, including
-    /// TLS); more wait in the kernel's accept queue. Default 1000.
+    /// Transport handshakes (PROXY, TLS, WebSocket, QUIC) in progress at most; more wait in
+    /// the kernel's accept queue. Default 1000.
     pub max_handshakes: u32,
     /// Seconds from accept to a complete CONNECT before the connection is closed. Default 10.
     pub handshake_timeout_secs: u32,
