@@ -1,7 +1,7 @@
 //! The client actor: one per client identifier. It owns the [`Session`] for the session's
-//! whole life and, while a connection is attached, that connection's socket (the read half
-//! as its input stream of decoded packets, the write half for batched writes), all in one
-//! task: an idle connection is one task, one mailbox and no buffers.
+//! whole life and, while a connection is attached, that connection's socket (read through
+//! [`Actor::poll_input`] as batches of decoded packets, written in batches), all in one task:
+//! an idle connection is one task, one mailbox and no buffers.
 //!
 //! One actor per client rather than a connection actor plus a session actor: an idle
 //! connection then costs one task and one mailbox, and a takeover is a message to the actor

@@ -113,9 +113,6 @@ impl Broker {
                 connections: Arc::new(Semaphore::new(
                     (lc.max_connections as usize).clamp(1, Semaphore::MAX_PERMITS),
                 )),
-                connecting: Arc::new(Semaphore::new(
-                    (lc.max_handshakes as usize).clamp(1, Semaphore::MAX_PERMITS),
-                )),
                 cn_as_username: lc.tls.as_ref().is_some_and(|t| t.cn_as_username),
             };
             let actor = start_with(ListenerActor::new(bound, lctx), Options::named("listener"));
@@ -235,7 +232,6 @@ impl Broker {
             auth: Authenticator::new(lc.allow_anonymous, self.shared.passwords.clone()),
             connect_timeout: Duration::from_secs(u64::from(lc.handshake_timeout_secs)),
             connections: Arc::new(Semaphore::new(1)),
-            connecting: Arc::new(Semaphore::new(1)),
             cn_as_username: false,
         });
         let info = starling_net::ConnInfo {

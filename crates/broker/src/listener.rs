@@ -31,16 +31,12 @@ pub(crate) struct ListenerCtx {
     pub connect_timeout: Duration,
     /// max_connections: one permit per open connection.
     pub connections: Arc<Semaphore>,
-    /// max_handshakes: one permit per connection in its transport handshake (PROXY header,
-    /// TLS, WebSocket upgrade, QUIC). The accept loop waits for one before it accepts, so a
-    /// storm of expensive handshakes waits in the kernel's accept queue, not in memory.
-    pub connecting: Arc<Semaphore>,
     /// Whether the TLS client certificate's CN is the username.
     pub cn_as_username: bool,
 }
 
 pub(crate) enum ListenerMsg {
-    Accepted(Result<PendingConnection, NetError>, OwnedSemaphorePermit),
+    Accepted(Result<PendingConnection, NetError>),
 }
 
 pub(crate) struct ListenerActor {
@@ -64,23 +60,19 @@ impl Actor for ListenerActor {
         let Some(listener) = self.listener.take() else {
             return;
         };
-        // The accept loop is the actor's input: one accepted connection per item, each with
-        // its place among the connections being set up.
-        let connecting = self.ctx.connecting.clone();
-        let accepts = futures::stream::unfold(listener, move |l| {
-            let connecting = connecting.clone();
-            async move {
-                let slot = connecting.acquire_owned().await.ok()?;
-                let r = l.accept().await;
-                Some((ListenerMsg::Accepted(r, slot), l))
-            }
+        // The accept loop is the actor's input: one accepted connection per item. It waits
+        // while `max_handshakes` transport handshakes run (`MqttListener::accept`), so a storm
+        // of TLS handshakes waits in the kernel's accept queue, not in memory.
+        let accepts = futures::stream::unfold(listener, |l| async move {
+            let r = l.accept().await;
+            Some((ListenerMsg::Accepted(r), l))
         });
         ctx.add_stream(accepts, None);
     }
 
     async fn handle(&mut self, msg: ListenerMsg, _ctx: &mut Ctx<Self>) {
         match msg {
-            ListenerMsg::Accepted(Ok(pending), slot) => {
+            ListenerMsg::Accepted(Ok(pending)) => {
                 let peer = pending.transport_peer();
                 let Ok(permit) = self.ctx.connections.clone().try_acquire_owned() else {
                     add(&self.ctx.shared.metrics.connections_refused, 1);
@@ -93,11 +85,10 @@ impl Actor for ListenerActor {
                     async move {
                         // Boxed apart: a TLS or WebSocket handshake's state is kilobytes, and
                         // while it is not running the task should hold only what follows.
-                        let handshake = Box::pin(pending.handshake()).await;
-                        // Released before the CONNECT is read: a client slow to send it must
-                        // not hold up other connections (the handshake timeout bounds it).
-                        drop(slot);
-                        match handshake {
+                        // Its place under max_handshakes is freed when this returns, before
+                        // the CONNECT is read: a client slow to send it must not hold up
+                        // other connections (the handshake timeout bounds it).
+                        match Box::pin(pending.handshake()).await {
                             Ok((stream, info)) => {
                                 Box::pin(serve(Box::new(stream), info, Some(permit), lctx)).await
                             }
@@ -107,7 +98,7 @@ impl Actor for ListenerActor {
                     .instrument(span),
                 );
             }
-            ListenerMsg::Accepted(Err(e), _slot) => {
+            ListenerMsg::Accepted(Err(e)) => {
                 // Per-connection accept failures (out of descriptors...) are transient.
                 warn!(error = %e, "accept failed");
                 time::sleep(Duration::from_millis(10)).await;

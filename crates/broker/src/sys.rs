@@ -95,7 +95,6 @@ impl SysActor {
                 ("accepted", c.accepted),
                 ("handshake_failed", c.handshake_failed),
                 ("handshake_timed_out", c.timed_out),
-                ("refused_over_limit", c.refused_over_limit),
             ] {
                 self.publish(
                     &format!("listeners/{kind}/{port}/{name}"),

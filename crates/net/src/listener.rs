@@ -2,8 +2,8 @@
 //! a byte stream and what is known about the client.
 //!
 //! Accepting is split in two so one slow or hostile client cannot hold up the others:
-//! [`MqttListener::accept`] only takes the connection off the socket and admits it under the
-//! listener's handshake limit; [`PendingConnection::handshake`], run in the connection's own
+//! [`MqttListener::accept`] waits for a place under the listener's handshake limit, then only
+//! takes the connection off the socket; [`PendingConnection::handshake`], run in the connection's own
 //! task, does everything that waits on the peer (PROXY header, TLS, WebSocket upgrade, QUIC
 //! handshake and first stream) under the handshake timeout.
 //!
@@ -113,9 +113,9 @@ impl Transport {
 /// Bounds on handshakes, per listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HandshakeLimits {
-    /// Connections allowed between accept and the end of their handshake at once; more are
-    /// refused at once (closed, or a QUIC refusal) and counted in `refused_over_limit`.
-    /// At least 1.
+    /// Connections allowed between accept and the end of their handshake at once; while that
+    /// many run, [`MqttListener::accept`] waits and further connections wait in the kernel's
+    /// accept queue (QUIC: quinn's). At least 1.
     pub handshakes_in_flight_max: usize,
     /// A handshake not finished in this time ends its connection (counted in `timed_out`).
     /// Covers the PROXY header, TLS, the WebSocket upgrade and, for QUIC, the first stream.
@@ -149,7 +149,6 @@ pub struct ListenerCounters {
     accepted: AtomicU64,
     handshake_failed: AtomicU64,
     timed_out: AtomicU64,
-    refused_over_limit: AtomicU64,
 }
 
 /// A copy of a listener's counters at one moment.
@@ -162,8 +161,6 @@ pub struct CounterSnapshot {
     pub handshake_failed: u64,
     /// Handshakes that exceeded the handshake timeout.
     pub timed_out: u64,
-    /// Connections refused because `handshakes_in_flight_max` handshakes were running.
-    pub refused_over_limit: u64,
 }
 
 impl ListenerCounters {
@@ -174,7 +171,6 @@ impl ListenerCounters {
             accepted: self.accepted.load(Ordering::Relaxed),
             handshake_failed: self.handshake_failed.load(Ordering::Relaxed),
             timed_out: self.timed_out.load(Ordering::Relaxed),
-            refused_over_limit: self.refused_over_limit.load(Ordering::Relaxed),
         }
     }
 
@@ -430,48 +426,45 @@ impl MqttListener {
         self.reloader.clone()
     }
 
-    /// Waits for the next connection admitted under `handshakes_in_flight_max`. Connections
-    /// over the limit are closed (QUIC: refused) here, counted and logged, and the wait goes
-    /// on. Run the returned connection's [`PendingConnection::handshake`] in its own task.
+    /// Waits for a place under `handshakes_in_flight_max`, then for the next connection. Run
+    /// the returned connection's [`PendingConnection::handshake`] in its own task; the place
+    /// is freed when the handshake ends (or the connection is dropped).
     ///
     /// # Errors
     /// [`NetError::Accept`] on a failed TCP accept (transient, e.g. out of file descriptors:
     /// keep accepting), [`NetError::ListenerClosed`] once a QUIC endpoint is closed.
     pub async fn accept(&self) -> Result<PendingConnection, NetError> {
-        loop {
-            let (raw, peer) = match &self.socket {
-                Socket::Tcp(listener) => {
-                    let (stream, peer) = listener.accept().await?;
-                    (Raw::Tcp(stream), peer)
-                }
-                Socket::Quic(endpoint) => {
-                    let incoming = endpoint.accept().await.ok_or(NetError::ListenerClosed {
-                        addr: self.shared.local_addr,
-                    })?;
-                    let peer = incoming.remote_address();
-                    (Raw::Quic(Box::new(incoming)), peer)
-                }
-            };
-            let Ok(permit) = self.shared.handshakes.clone().try_acquire_owned() else {
-                ListenerCounters::bump(&self.shared.counters.refused_over_limit);
-                tracing::info!(
-                    listener = %self.shared.kind,
-                    %peer,
-                    limit = self.shared.settings.limits.handshakes_in_flight_max,
-                    "connection refused: handshakes in flight at limit"
-                );
-                if let Raw::Quic(incoming) = raw {
-                    incoming.refuse();
-                }
-                continue;
-            };
-            return Ok(PendingConnection {
-                raw,
-                peer,
-                _permit: permit,
-                shared: self.shared.clone(),
-            });
-        }
+        // The place first, then the connection: while `handshakes_in_flight_max` handshakes
+        // run, new connections wait in the kernel's accept queue (QUIC: quinn's incoming
+        // queue) instead of being taken and closed.
+        let permit = self
+            .shared
+            .handshakes
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| NetError::ListenerClosed {
+                addr: self.shared.local_addr,
+            })?;
+        let (raw, peer) = match &self.socket {
+            Socket::Tcp(listener) => {
+                let (stream, peer) = listener.accept().await?;
+                (Raw::Tcp(stream), peer)
+            }
+            Socket::Quic(endpoint) => {
+                let incoming = endpoint.accept().await.ok_or(NetError::ListenerClosed {
+                    addr: self.shared.local_addr,
+                })?;
+                let peer = incoming.remote_address();
+                (Raw::Quic(Box::new(incoming)), peer)
+            }
+        };
+        Ok(PendingConnection {
+            raw,
+            peer,
+            _permit: permit,
+            shared: self.shared.clone(),
+        })
     }
 }
 

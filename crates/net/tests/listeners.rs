@@ -286,19 +286,26 @@ async fn handshake_timeout_and_in_flight_limit_bound_slow_clients() {
     // A client that connects and says nothing holds the only handshake slot...
     let mut silent = starling_net::connect(echo.addr).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    // ...so the next one is refused at once...
-    let mut refused = starling_net::connect(echo.addr).await.unwrap();
+    // ...so the next one waits in the accept queue (not refused)...
+    let started = tokio::time::Instant::now();
+    let addr = echo.addr;
+    let ca = pki.ca.cert_der();
+    let waiting = tokio::spawn(async move { tls_client(addr, &ClientTls::new(vec![ca])).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "a handshake ran past the limit");
+    assert_eq!(echo.counters.snapshot().accepted, 0);
+    // ...until the silent one times out; then it is served.
     let mut rest = Vec::new();
-    let _ = within("refused connection closed", refused.read_to_end(&mut rest)).await;
-    // ...until the silent one times out.
     let _ = within("silent connection closed", silent.read_to_end(&mut rest)).await;
+    let mut client = within("waiting client served", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(300));
     let c = echo
-        .counters_until(|c| c.timed_out == 1 && c.refused_over_limit == 1)
+        .counters_until(|c| c.timed_out == 1 && c.accepted == 1)
         .await;
     assert_eq!(c.handshake_failed, 0);
-    let mut client = tls_client(echo.addr, &ClientTls::new(vec![pki.ca.cert_der()]))
-        .await
-        .unwrap();
     round_trip(&mut client, b"served after the slow ones").await;
 }
 
