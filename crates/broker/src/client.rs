@@ -12,7 +12,6 @@ use std::future::Future;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -20,7 +19,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use futures::FutureExt;
 use starling_codec::{
-    decode, encode, Connect, Disconnect, Error as CodecError, Packet, Properties, Protocol,
+    decode, encode, Connect, Disconnect, Error as CodecError, Packet, Properties, Protocol, QoS,
     ReasonCode, PACKET_SIZE_MAX,
 };
 use starling_rt::{time, Actor, Addr, Ctx, Reply, TimerId, TrySendError, WeakAddr};
@@ -29,6 +28,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, Instrument};
 
+use crate::flow::Flow;
 use crate::gate::AclGate;
 use crate::metrics::{add, dec};
 use crate::registry::RegistryMsg;
@@ -44,6 +44,9 @@ const INPUT_BATCH_MAX: usize = 64;
 /// Smallest read buffer. An idle connection holds none: a read that finds the buffer
 /// released goes through a stack scratch of [`READ_SCRATCH`] bytes first.
 const READ_BUF_INITIAL: usize = 256;
+/// Packets held back at most while the client's publishes are (see [`crate::flow`]): past
+/// this nothing more is read, acknowledgements included, until it is released.
+const HELD_MAX: usize = 256;
 /// Stack space for the first read after an idle period.
 const READ_SCRATCH: usize = 4096;
 /// Pending output past this is written at once rather than at the end of the burst.
@@ -103,8 +106,14 @@ struct Conn {
     /// Read, not yet decoded. Released (capacity 0) whenever a read finds nothing to do with
     /// an empty buffer, so an idle connection holds none.
     input: BytesMut,
-    /// EOF, a read error or a decode error was reported: nothing more is read.
+    /// EOF, a read error or a decode error was met: nothing more is read.
     input_ended: bool,
+    /// EOF was met and [`ClientMsg::InputEnd`] is still owed (after the held packets).
+    end_owed: bool,
+    /// Decoded while the client's publishes are held back (see [`crate::flow`]): packets
+    /// that must not pass a held PUBLISH, in order. Boxed: most connections never hold.
+    #[allow(clippy::box_collection)] // 8 bytes on every connection instead of 24
+    held: Option<Box<Vec<Packet>>>,
     /// The peer closed (or the socket failed): nothing is left to linger for.
     eof: bool,
     out: BytesMut,
@@ -121,10 +130,11 @@ pub(crate) struct Client {
     conn: Option<Conn>,
     first: Option<Box<NewConn>>,
     timer: Option<(Instant, TimerId)>,
-    /// Set after each turn while the session's queue refuses new messages, so that the
-    /// router drops them instead of handing them over (see [`Session::refuses_new`]). Made
-    /// at the first subscription.
-    saturated: Option<Arc<AtomicBool>>,
+    /// Shared with the router: whether the session refuses new messages (the router then
+    /// drops them instead of handing them over, see [`Session::refuses_new`]), whether it
+    /// holds back its publishers, and whom this client is held back by. Made at the first
+    /// subscription or QoS 1/2 publish.
+    flow: Option<Arc<Flow>>,
     /// Attach messages handled, for the registry's retire handshake.
     attaches: u32,
     retiring: bool,
@@ -153,7 +163,7 @@ impl Client {
             conn: None,
             first: Some(first),
             timer: None,
-            saturated: None,
+            flow: None,
             attaches: 0,
             retiring: false,
         }
@@ -190,6 +200,8 @@ impl Client {
             io,
             input: buf,
             input_ended: false,
+            end_owed: false,
+            held: None,
             eof: false,
             out: BytesMut::new(),
             protocol,
@@ -246,7 +258,7 @@ impl Client {
         }
         payload.push('}');
         let msg = crate::sys::message(topic, payload, false);
-        let _ = self.router.send(RouterMsg::Publish(msg)).await;
+        let _ = self.router.send(RouterMsg::Publish(msg, None)).await;
     }
 
     /// Applies every pending effect of the session, in order.
@@ -273,10 +285,14 @@ impl Client {
                 }
                 Effect::Publish(m) => {
                     add(&self.shared.metrics.messages_received, 1);
+                    // The router marks a QoS 1/2 publisher that feeds a backlogged
+                    // subscriber through its flow (see `crate::flow`).
+                    let from = (m.qos != QoS::AtMostOnce && self.shared.config.mqtt.backpressure)
+                        .then(|| self.flow.get_or_insert_with(Arc::default).clone());
                     // A full router mailbox is waited on: it holds this client's reads back,
                     // which is the back-pressure a fast publisher meets.
                     if let Err(TrySendError::Full(msg)) =
-                        self.router.try_send(RouterMsg::Publish(m))
+                        self.router.try_send(RouterMsg::Publish(m, from))
                     {
                         return Some(Wait::Route(msg));
                     }
@@ -289,7 +305,7 @@ impl Client {
                 }
                 Effect::Will(m) => {
                     if self.gate_allows_will(&m) {
-                        return Some(Wait::Route(RouterMsg::Publish(m)));
+                        return Some(Wait::Route(RouterMsg::Publish(m, None)));
                     }
                 }
                 Effect::Close(code) => return Some(Wait::Close(code)),
@@ -325,13 +341,13 @@ impl Client {
             Wait::Subscribe(packet_id, filters) => {
                 let client_id = self.client_id();
                 let me = ctx.weak_addr();
-                let saturated = self.saturated.get_or_insert_with(Arc::default).clone();
+                let flow = self.flow.get_or_insert_with(Arc::default).clone();
                 let r = self
                     .router
                     .ask(|reply| RouterMsg::Subscribe {
                         client_id,
                         client: me,
-                        saturated,
+                        flow,
                         filters,
                         reply,
                     })
@@ -447,8 +463,14 @@ impl Client {
             }
         }
         self.rearm(ctx);
-        if let Some(s) = &self.saturated {
-            s.store(self.session.refuses_new(), Ordering::Relaxed);
+        if let Some(f) = &self.flow {
+            let backlogged = self.shared.config.mqtt.backpressure
+                && self.session.backlogged(f.backlogged(), f.in_transit());
+            f.update(
+                self.session.refuses_new(),
+                backlogged,
+                self.session.queue_len(),
+            );
         }
         if self.conn.is_none() && self.session.is_ended() && !self.retiring {
             self.retiring = true;
@@ -464,6 +486,22 @@ impl Client {
                 None => ctx.stop(),
             }
         }
+    }
+
+    /// Moves what is left of an input batch into the held packets, keeping order: what
+    /// passes a hold stays in `packets` (moved to its front), the rest goes before anything
+    /// held later.
+    fn hold(&mut self, packets: &mut std::vec::IntoIter<Packet>) {
+        let Some(c) = &mut self.conn else {
+            // No connection to hold them for.
+            packets.by_ref().for_each(drop);
+            return;
+        };
+        let (pass, held): (Vec<Packet>, Vec<Packet>) = packets.by_ref().partition(passes_hold);
+        let h = c.held.get_or_insert_with(Box::default);
+        let later = std::mem::replace(&mut **h, held);
+        h.extend(later);
+        *packets = pass.into_iter();
     }
 
     fn rearm(&mut self, ctx: &mut Ctx<Self>) {
@@ -489,6 +527,14 @@ impl Client {
                 }
                 let mut packets = packets.into_iter();
                 while self.session.is_attached() {
+                    // Held back since the turn began (the router runs meanwhile on another
+                    // thread): the rest waits, in order, and only what passes a hold goes on.
+                    if let Some(f) = &self.flow {
+                        if !packets.as_slice().first().is_none_or(passes_hold) && f.is_held() {
+                            self.hold(&mut packets);
+                            continue;
+                        }
+                    }
                     // No packet is bound across the await below (see `run_effects`).
                     let Some(ok) = packets.next().map(|p| {
                         self.session
@@ -522,6 +568,9 @@ impl Client {
                 Box::pin(self.drop_conn(ctx)).await;
             }
             ClientMsg::Deliver(batch) => {
+                if let Some(f) = &self.flow {
+                    f.taken(batch.len());
+                }
                 let now = time::now();
                 for (m, o) in &batch {
                     self.session.deliver(now, m, o);
@@ -595,19 +644,46 @@ impl Actor for Client {
     /// Decoded packets of the attached connection, in batches: polled only between turns, so
     /// a busy client stops reading its socket (back-pressure to the peer), and its
     /// acknowledgements never queue behind routed messages in the mailbox.
+    ///
+    /// While the router holds this client's publishes back (see [`crate::flow`]), the
+    /// acknowledgements of its own deliveries and PINGREQ still pass; a PUBLISH and whatever
+    /// must stay behind it (PUBREL, SUBSCRIBE, DISCONNECT, ...) wait in `held`, in order,
+    /// and past [`HELD_MAX`] of them nothing more is read.
     fn poll_input(&mut self, cx: &mut Context<'_>) -> Poll<ClientMsg> {
         let max = self.shared.limits.packet_size_max;
         let Some(c) = self.conn.as_mut() else {
             return Poll::Pending;
         };
+        let holding = self.flow.as_ref().is_some_and(|f| f.poll_held(cx));
         loop {
             if c.input_ended {
+                // The peer is gone or broke the protocol: what it sent before goes now.
+                if let Some(held) = c.held.take() {
+                    return Poll::Ready(ClientMsg::Input(*held, None));
+                }
+                if std::mem::take(&mut c.end_owed) {
+                    return Poll::Ready(ClientMsg::InputEnd);
+                }
                 return Poll::Pending;
             }
-            let mut batch = Vec::new();
+            // Released a batch at a time, like fresh input: the router may hold the client
+            // back again before the rest.
+            let mut batch = match c.held.as_mut() {
+                Some(held) if !holding && held.len() > INPUT_BATCH_MAX => {
+                    held.drain(..INPUT_BATCH_MAX).collect()
+                }
+                Some(_) if !holding => *c.held.take().unwrap_or_default(),
+                _ => Vec::new(),
+            };
             let mut error = None;
             while batch.len() < INPUT_BATCH_MAX {
+                if c.held.as_ref().is_some_and(|h| h.len() >= HELD_MAX) {
+                    break;
+                }
                 match decode(&mut c.input, c.protocol, max) {
+                    Ok(Some(p)) if holding && !passes_hold(&p) => {
+                        c.held.get_or_insert_with(Box::default).push(p);
+                    }
                     Ok(Some(p)) => batch.push(p),
                     Ok(None) => break,
                     Err(e) => {
@@ -616,10 +692,21 @@ impl Actor for Client {
                     }
                 }
             }
-            if !batch.is_empty() || error.is_some() {
-                // Nothing after a decode error is read: the connection is closing.
-                c.input_ended = error.is_some();
-                return Poll::Ready(ClientMsg::Input(batch, error));
+            if let Some(e) = error {
+                // Nothing after a decode error is read: the connection is closing, and what
+                // came before the bad packet is handled first, held or not.
+                c.input_ended = true;
+                if let Some(held) = c.held.take() {
+                    batch.extend(*held);
+                }
+                return Poll::Ready(ClientMsg::Input(batch, Some(e)));
+            }
+            if !batch.is_empty() {
+                return Poll::Ready(ClientMsg::Input(batch, None));
+            }
+            if c.held.as_ref().is_some_and(|h| h.len() >= HELD_MAX) {
+                // Woken through the flow once released.
+                return Poll::Pending;
             }
             match c.poll_fill(cx) {
                 Poll::Pending => {
@@ -630,11 +717,30 @@ impl Actor for Client {
                 }
                 Poll::Ready(0) => {
                     c.input_ended = true;
+                    c.end_owed = true;
                     c.eof = true;
-                    return Poll::Ready(ClientMsg::InputEnd);
                 }
                 Poll::Ready(n) => add(&self.shared.metrics.bytes_received, n as u64),
             }
+        }
+    }
+}
+
+/// Whether a packet may pass a held-back PUBLISH: it belongs to the other direction (our
+/// deliveries' acknowledgements) or to no flow at all (PINGREQ). Letting these through is
+/// what keeps two clients that publish to each other from holding each other forever.
+fn passes_hold(p: &Packet) -> bool {
+    matches!(
+        p,
+        Packet::Puback(_) | Packet::Pubrec(_) | Packet::Pubcomp(_) | Packet::Pingreq
+    )
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // Publishers waiting on this client would otherwise wait for good.
+        if let Some(f) = &self.flow {
+            f.release();
         }
     }
 }
@@ -713,7 +819,8 @@ mod size_tests {
     fn idle_connection_state_stays_small() {
         let client = std::mem::size_of::<super::Client>();
         let session = std::mem::size_of::<starling_session::Session>();
-        assert!(client <= 488, "Client is {client} bytes");
+        // 496: +8 for the packets held back while the router holds this client back (flow.rs).
+        assert!(client <= 496, "Client is {client} bytes");
         assert!(session <= 224, "Session is {session} bytes");
     }
 }

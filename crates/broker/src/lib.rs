@@ -28,6 +28,7 @@
 
 mod client;
 mod error;
+mod flow;
 mod gate;
 mod listener;
 mod metrics;

@@ -13,10 +13,11 @@
 //! (a slow subscriber costs itself, not the others). So a QoS 1/2 message is not lost to a
 //! momentarily busy client actor: it reaches the session's own queue, whose policy decides.
 //! Publishers do wait on the router (`send`), which is the back-pressure that reaches a
-//! fast publisher's socket.
+//! fast publisher's socket. And a QoS 1/2 publish that reaches a subscriber whose queue is
+//! backed up marks its publisher to be held back until that subscriber drains (see
+//! [`crate::flow`]), so a flood slows to the subscriber's pace instead of being dropped.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +32,7 @@ use starling_session::{DeliveryOptions, Message, QueueFullPolicy, SubscribeReque
 use tracing::debug;
 
 use crate::client::{ClientMsg, Delivery};
+use crate::flow::Flow;
 use crate::metrics::add;
 use crate::settings::Shared;
 
@@ -59,13 +61,14 @@ pub(crate) struct RouterStats {
 }
 
 pub(crate) enum RouterMsg {
-    /// Route (and retain, or schedule if `$delayed/`) a message.
-    Publish(Arc<Message>),
+    /// Route (and retain, or schedule if `$delayed/`) a message; with the publisher's flow
+    /// when it may be held back.
+    Publish(Arc<Message>, Option<Arc<Flow>>),
     Subscribe {
         client_id: Arc<str>,
         client: WeakAddr<ClientMsg>,
-        /// Set by the client while its session refuses new messages.
-        saturated: Arc<AtomicBool>,
+        /// The client's back-pressure state (see [`crate::flow`]).
+        flow: Arc<Flow>,
         filters: Vec<SubscribeRequest>,
         reply: Reply<SubscribeResult>,
     },
@@ -129,9 +132,10 @@ struct Client {
     /// QoS 0 deliveries in `pending`: a full list is searched for one to evict only if there
     /// is one.
     pending_qos0: usize,
-    /// The client's session queue is full and refuses more (set by the client after each
-    /// turn): its deliveries are dropped here rather than handed over to be dropped there.
-    saturated: Arc<AtomicBool>,
+    /// Set by the client after each turn: whether its session refuses more (its deliveries
+    /// are then dropped here rather than handed over to be dropped there) and whether it
+    /// holds back its publishers.
+    flow: Arc<Flow>,
 }
 
 impl RouterActor {
@@ -157,7 +161,7 @@ impl RouterActor {
         }
     }
 
-    fn publish(&mut self, msg: Arc<Message>, ctx: &mut Ctx<Self>) {
+    fn publish(&mut self, msg: Arc<Message>, from: Option<Arc<Flow>>, ctx: &mut Ctx<Self>) {
         if let Some(rest) = msg.topic.strip_prefix("$delayed/") {
             self.schedule(rest, &msg, ctx);
             return;
@@ -201,11 +205,29 @@ impl RouterActor {
                 None => merged.push((d.subscriber, opts)),
             }
         }
-        for (subscriber, opts) in merged.drain(..) {
+        for (subscriber, mut opts) in merged.drain(..) {
             let Some(client) = self.clients.get_mut(&subscriber) else {
                 continue;
             };
-            if client.saturated.load(Ordering::Relaxed) {
+            if let Some(from) = &from {
+                // Held back for a QoS 1/2 delivery to an online subscriber only, and never
+                // by itself. What waits here and in its mailbox counts: its own flag shows
+                // a flood only after its next turn, too late for what is routed meanwhile.
+                let f = &client.flow;
+                if !is_qos0(&msg, &opts)
+                    && client.online
+                    && !Arc::ptr_eq(from, f)
+                    && (f.backlogged()
+                        || f.waiting() + client.pending.len() >= self.shared.limits.backlog_high())
+                {
+                    f.set_backlogged();
+                    from.hold_for(f);
+                    // Read and acknowledged before the hold reached its publisher: kept
+                    // past the queue bound (up to the hard bound) rather than dropped.
+                    opts.held_back = true;
+                }
+            }
+            if client.flow.saturated() && !opts.held_back {
                 // What the session would do with it, without the trip.
                 add(&self.shared.metrics.dropped_queue_full, 1);
                 continue;
@@ -213,7 +235,12 @@ impl RouterActor {
             if client.pending.is_empty() {
                 self.dirty.push(subscriber.clone());
             }
-            if client.pending.len() >= self.pending_max
+            let bound = if opts.held_back {
+                self.pending_max.saturating_mul(2)
+            } else {
+                self.pending_max
+            };
+            if client.pending.len() >= bound
                 && !make_room(client, &msg, &opts, self.shared.limits.mqueue_policy)
             {
                 add(&self.shared.metrics.dropped_mailbox_full, 1);
@@ -253,8 +280,12 @@ impl RouterActor {
                     client.pending.drain(..BATCH_MAX).collect()
                 };
                 let batch_qos0 = batch.iter().filter(|(m, o)| is_qos0(m, o)).count();
+                let n = batch.len();
                 match client.addr.try_send(ClientMsg::Deliver(batch)) {
-                    Ok(()) => client.pending_qos0 -= batch_qos0,
+                    Ok(()) => {
+                        client.pending_qos0 -= batch_qos0;
+                        client.flow.handed(n);
+                    }
                     Err(TrySendError::Full(ClientMsg::Deliver(mut batch))) => {
                         // Back in front, order kept.
                         batch.append(&mut client.pending);
@@ -327,7 +358,7 @@ impl RouterActor {
         &mut self,
         client_id: Arc<str>,
         client: WeakAddr<ClientMsg>,
-        saturated: Arc<AtomicBool>,
+        flow: Arc<Flow>,
         filters: Vec<SubscribeRequest>,
     ) -> SubscribeResult {
         let entry = self.clients.entry(client_id.clone()).or_insert(Client {
@@ -335,10 +366,10 @@ impl RouterActor {
             online: true,
             pending: Vec::new(),
             pending_qos0: 0,
-            saturated: saturated.clone(),
+            flow: flow.clone(),
         });
         entry.addr = client;
-        entry.saturated = saturated;
+        entry.flow = flow;
         let mut res = SubscribeResult::default();
         for req in filters {
             let opts = SubOpts {
@@ -427,20 +458,20 @@ impl Actor for RouterActor {
 
     async fn handle(&mut self, msg: RouterMsg, ctx: &mut Ctx<Self>) {
         match msg {
-            RouterMsg::Publish(m) => self.publish(m, ctx),
+            RouterMsg::Publish(m, from) => self.publish(m, from, ctx),
             RouterMsg::DelayedDue(m) => {
                 self.delayed = self.delayed.saturating_sub(1);
-                self.publish(m, ctx);
+                self.publish(m, None, ctx);
             }
             RouterMsg::RetryBlocked => self.retry = None,
             RouterMsg::Subscribe {
                 client_id,
                 client,
-                saturated,
+                flow,
                 filters,
                 reply,
             } => {
-                let r = self.subscribe(client_id, client, saturated, filters);
+                let r = self.subscribe(client_id, client, flow, filters);
                 let _ = reply.send(r);
             }
             RouterMsg::Unsubscribe {

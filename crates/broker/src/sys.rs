@@ -58,7 +58,7 @@ impl SysActor {
         let topic = format!("{}/{}", self.shared.sys_prefix, name);
         let _ = self
             .router
-            .send(RouterMsg::Publish(message(topic, value, true)))
+            .send(RouterMsg::Publish(message(topic, value, true), None))
             .await;
     }
 

@@ -274,6 +274,10 @@ pub struct MqttConfig {
     pub max_mqueue_len: u32,
     /// What a full queue drops. Default `drop_oldest_qos0_first`.
     pub mqueue_drop_policy: DropPolicy,
+    /// Whether an online subscriber whose queue is half full holds back the clients that
+    /// publish QoS 1/2 messages to it (they are not read until it drains to a quarter),
+    /// instead of its queue dropping what does not fit. Default true.
+    pub backpressure: bool,
     /// Largest keep alive accepted; larger requests get this (v5 Server Keep Alive). Default 65535.
     pub keepalive_max_secs: u16,
     /// Smallest non-zero keep alive accepted. Default 0.
@@ -329,6 +333,7 @@ impl Default for MqttConfig {
             max_inflight: 16,
             max_mqueue_len: 1000,
             mqueue_drop_policy: DropPolicy::DropOldestQos0First,
+            backpressure: true,
             keepalive_max_secs: 65535,
             keepalive_min_secs: 0,
             allow_zero_keepalive: true,

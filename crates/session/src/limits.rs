@@ -91,6 +91,28 @@ pub struct SessionLimits {
     pub validate_utf8_payload: bool,
 }
 
+impl SessionLimits {
+    /// Messages waiting for a session (queued, or on their way to it) from which the
+    /// publishers feeding it are held back: half the queue bound, so that what they send
+    /// before the word reaches them still fits.
+    pub fn backlog_high(&self) -> usize {
+        (self.mqueue_len_max / 2).max(1)
+    }
+
+    /// The queue bound for messages whose publisher is held back (see
+    /// [`DeliveryOptions::held_back`](crate::DeliveryOptions::held_back)): twice
+    /// `mqueue_len_max`, room for what publishers sent before the hold reached them.
+    pub fn mqueue_len_hard(&self) -> usize {
+        self.mqueue_len_max.saturating_mul(2)
+    }
+
+    /// Messages waiting below which held-back publishers are let go again: a quarter of the
+    /// queue bound, so that they resume in bursts rather than one message at a time.
+    pub fn backlog_low(&self) -> usize {
+        self.mqueue_len_max / 4
+    }
+}
+
 impl Default for SessionLimits {
     /// The broker defaults of issue 3: 16 inflight, 1000 queued, 1 MiB packets.
     fn default() -> Self {

@@ -138,6 +138,10 @@ pub struct DeliveryOptions {
     /// SUBSCRIBE: RETAIN stays 1 whatever `retain_as_published` says
     /// (MQTT 5 §3.3.1.3).
     pub from_retained: bool,
+    /// The message's publisher is being held back for this session (broker back-pressure):
+    /// it was read and acknowledged before the hold reached it, so a full queue keeps it
+    /// rather than dropping it, up to [`SessionLimits::mqueue_len_hard`](crate::SessionLimits::mqueue_len_hard).
+    pub held_back: bool,
 }
 
 impl DeliveryOptions {
@@ -149,6 +153,7 @@ impl DeliveryOptions {
             retain_as_published: options.retain_as_published,
             subscription_ids: subscription_id.into_iter().collect(),
             from_retained: false,
+            held_back: false,
         }
     }
 

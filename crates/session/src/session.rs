@@ -320,6 +320,23 @@ impl Session {
             }
     }
 
+    /// Whether the queue, with `incoming` messages on their way to it, is backed up enough
+    /// that publishers feeding this session should be held back, with hysteresis (see
+    /// [`SessionLimits::backlog_high`] and [`SessionLimits::backlog_low`]); `was` is the
+    /// previous answer. Always false while detached: an offline session's queue fills and
+    /// drops by its policy, nobody waits on it.
+    pub fn backlogged(&self, was: bool, incoming: usize) -> bool {
+        if !self.is_attached() {
+            return false;
+        }
+        let len = self.queue.len() + incoming;
+        if was {
+            len > self.limits.backlog_low()
+        } else {
+            len >= self.limits.backlog_high()
+        }
+    }
+
     /// The outbound window of the attached connection (0 when detached).
     pub fn window(&self) -> usize {
         self.conn().map_or(0, |c| c.window)
@@ -731,7 +748,7 @@ impl Session {
                         return;
                     }
                 }
-                self.enqueue(pending);
+                self.enqueue(pending, options.held_back);
                 // An eviction may have put QoS 0 at the front, which needs no slot.
                 self.pump(now);
             }
@@ -740,7 +757,7 @@ impl Session {
                     self.dropped(DropReason::Offline, qos);
                     return;
                 }
-                self.enqueue(pending);
+                self.enqueue(pending, options.held_back);
             }
         }
         self.check_invariants();
@@ -1219,8 +1236,12 @@ impl Session {
         }
     }
 
-    fn enqueue(&mut self, p: Pending) {
-        let cap = self.limits.mqueue_len_max;
+    fn enqueue(&mut self, p: Pending, held_back: bool) {
+        let cap = if held_back && p.qos != QoS::AtMostOnce {
+            self.limits.mqueue_len_hard()
+        } else {
+            self.limits.mqueue_len_max
+        };
         if self.queue.len() >= cap {
             use crate::QueueFullPolicy::*;
             let evict = match self.limits.mqueue_policy {
@@ -1508,7 +1529,7 @@ impl Session {
         // The window can shrink on reconnect (a smaller Receive Maximum)
         // while earlier messages stay in flight, so the hard bound is our cap.
         assert!(self.inflight.len() <= usize::from(self.limits.inflight_max.max(1)));
-        assert!(self.queue.len() <= self.limits.mqueue_len_max);
+        assert!(self.queue.len() <= self.limits.mqueue_len_hard());
         debug_assert_eq!(
             self.queued_qos0 as usize,
             self.queue

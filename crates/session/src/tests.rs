@@ -1632,3 +1632,116 @@ fn refuses_new_exactly_when_a_full_queue_would_drop_any_arrival() {
         assert_eq!(run(DropOldest, QoS::AtLeastOnce, qos), (false, true));
     }
 }
+
+#[test]
+fn backlogged_from_half_the_queue_until_a_quarter_and_never_while_detached() {
+    let l = SessionLimits {
+        inflight_max: 1,
+        mqueue_len_max: 8,
+        ..SessionLimits::default()
+    };
+    let mut h = H::attached(l, &connect(Protocol::V3_1_1, "c1", false));
+    let mut was = false;
+    let mut seen = Vec::new();
+    // One in flight, then the queue grows to 6.
+    for _ in 0..7 {
+        h.s.deliver(
+            h.now,
+            &msg("t", QoS::AtLeastOnce, b"x"),
+            &sub(QoS::AtLeastOnce),
+        );
+        was = h.s.backlogged(was, 0);
+        seen.push((h.s.queue_len(), was));
+    }
+    assert_eq!(
+        seen,
+        [
+            (0, false),
+            (1, false),
+            (2, false),
+            (3, false),
+            (4, true),
+            (5, true),
+            (6, true)
+        ]
+    );
+    // Each acknowledgement moves one queued message into the window.
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let e = h.drain();
+        let out = published(&e);
+        assert_eq!(out.len(), 1, "one in flight at a time");
+        let id = out[0].packet_id.unwrap();
+        h.packet(Packet::Puback(PubAck::new(id))).unwrap();
+        was = h.s.backlogged(was, 0);
+        seen.push((h.s.queue_len(), was));
+    }
+    assert_eq!(
+        seen,
+        [(5, true), (4, true), (3, true), (2, false), (1, false)]
+    );
+    // Back over half, then the connection goes: nobody is held back by an offline queue.
+    for _ in 0..4 {
+        h.s.deliver(
+            h.now,
+            &msg("t", QoS::AtLeastOnce, b"x"),
+            &sub(QoS::AtLeastOnce),
+        );
+    }
+    assert!(h.s.backlogged(false, 0));
+    // Messages on their way count as queued.
+    assert!(h.s.backlogged(false, 100));
+    h.s.detach(h.now, DetachReason::ConnectionLost);
+    assert!(!h.s.backlogged(true, 100));
+}
+
+#[test]
+fn held_back_deliveries_go_past_the_queue_bound_up_to_twice_it() {
+    let l = SessionLimits {
+        inflight_max: 1,
+        mqueue_len_max: 4,
+        mqueue_policy: QueueFullPolicy::DropNew,
+        ..SessionLimits::default()
+    };
+    let mut h = H::attached(l, &connect(Protocol::V3_1_1, "c1", false));
+    let held = DeliveryOptions {
+        held_back: true,
+        ..sub(QoS::AtLeastOnce)
+    };
+    // One in flight, four queued: full for anything not held back.
+    for _ in 0..5 {
+        h.s.deliver(
+            h.now,
+            &msg("t", QoS::AtLeastOnce, b"x"),
+            &sub(QoS::AtLeastOnce),
+        );
+    }
+    assert!(h.s.refuses_new());
+    h.s.deliver(
+        h.now,
+        &msg("t", QoS::AtLeastOnce, b"x"),
+        &sub(QoS::AtLeastOnce),
+    );
+    assert_eq!(h.s.queue_len(), 4, "not held back: dropped");
+    for _ in 0..6 {
+        h.s.deliver(h.now, &msg("t", QoS::AtLeastOnce, b"x"), &held);
+    }
+    assert_eq!(h.s.queue_len(), 8, "held back: kept up to twice the bound");
+    // QoS 0 is never held back, so never kept past the bound.
+    h.s.deliver(h.now, &msg("t", QoS::AtMostOnce, b"x"), &held);
+    assert_eq!(h.s.queue_len(), 8);
+    let drops = h
+        .drain()
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Effect::Dropped {
+                    reason: DropReason::QueueFull,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(drops, 1 + 2 + 1);
+}
