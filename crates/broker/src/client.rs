@@ -47,6 +47,10 @@ const READ_BUF_INITIAL: usize = 256;
 /// Packets held back at most while the client's publishes are (see [`crate::flow`]): past
 /// this nothing more is read, acknowledgements included, until it is released.
 const HELD_MAX: usize = 256;
+/// Held packets released per input item once the hold is lifted: small, so that publishers
+/// let go together (every one that fed a subscriber is woken when it drains) add little to
+/// its queue before the router holds them again, rather than a full batch each.
+const HELD_RELEASE: usize = 16;
 /// Stack space for the first read after an idle period.
 const READ_SCRATCH: usize = 4096;
 /// Pending output past this is written at once rather than at the end of the burst.
@@ -114,6 +118,9 @@ struct Conn {
     /// that must not pass a held PUBLISH, in order. Boxed: most connections never hold.
     #[allow(clippy::box_collection)] // 8 bytes on every connection instead of 24
     held: Option<Box<Vec<Packet>>>,
+    /// A chunk of held packets was released and more remain: the next look for input
+    /// yields first, so that the router runs (and may hold the client again) in between.
+    releasing: bool,
     /// The peer closed (or the socket failed): nothing is left to linger for.
     eof: bool,
     out: BytesMut,
@@ -202,6 +209,7 @@ impl Client {
             input_ended: false,
             end_owed: false,
             held: None,
+            releasing: false,
             eof: false,
             out: BytesMut::new(),
             protocol,
@@ -666,15 +674,28 @@ impl Actor for Client {
                 }
                 return Poll::Pending;
             }
-            // Released a batch at a time, like fresh input: the router may hold the client
-            // back again before the rest.
+            if !holding && c.held.is_some() && std::mem::take(&mut c.releasing) {
+                // Yield between released chunks (woken at once, behind the tasks already
+                // ready, the router among them), so that the router may hold the client
+                // again before the rest: every publisher of a drained subscriber is let go
+                // at the same moment.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            // Released a chunk at a time: the router may hold the client back again before
+            // the rest.
             let mut batch = match c.held.as_mut() {
-                Some(held) if !holding && held.len() > INPUT_BATCH_MAX => {
-                    held.drain(..INPUT_BATCH_MAX).collect()
+                Some(held) if !holding && held.len() > HELD_RELEASE => {
+                    held.drain(..HELD_RELEASE).collect()
                 }
                 Some(_) if !holding => *c.held.take().unwrap_or_default(),
                 _ => Vec::new(),
             };
+            if !holding && c.held.is_some() {
+                c.releasing = true;
+                // More held packets come before anything read after them.
+                return Poll::Ready(ClientMsg::Input(batch, None));
+            }
             let mut error = None;
             while batch.len() < INPUT_BATCH_MAX {
                 if c.held.as_ref().is_some_and(|h| h.len() >= HELD_MAX) {

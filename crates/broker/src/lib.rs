@@ -63,7 +63,7 @@ use sys::{SysActor, SysMsg};
 
 /// Mailbox of the router: deep enough to absorb a burst from many publishers; a full one
 /// makes publishers wait (back-pressure), never grows.
-const ROUTER_MAILBOX: usize = 4096;
+pub(crate) const ROUTER_MAILBOX: usize = 4096;
 
 /// One started listener, with what the broker keeps to observe and reload it.
 struct BoundListener {

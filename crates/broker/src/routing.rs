@@ -236,7 +236,7 @@ impl RouterActor {
                 self.dirty.push(subscriber.clone());
             }
             let bound = if opts.held_back {
-                self.pending_max.saturating_mul(2)
+                self.shared.limits.mqueue_len_hard()
             } else {
                 self.pending_max
             };

@@ -41,6 +41,9 @@ impl Shared {
                 DropPolicy::DropNew => QueueFullPolicy::DropNew,
             },
             queue_qos0_offline: false,
+            // Publishes accepted but not yet routed are bounded by the router's mailbox:
+            // that is what can reach a backlogged subscriber before its publishers stop.
+            mqueue_held_slack: crate::ROUTER_MAILBOX,
             retry_interval: Some(Duration::from_secs(u64::from(m.retry_interval_secs.max(1)))),
             topic_alias_max: m.topic_alias_max,
             packet_size_max: m.max_packet_size,

@@ -43,6 +43,10 @@ pub struct SessionLimits {
     /// Queue QoS 0 messages for a disconnected persistent session (MQTT 5
     /// §3.1.2.4 makes this optional).
     pub queue_qos0_offline: bool,
+    /// Room past twice `mqueue_len_max` for messages whose publisher is held back (see
+    /// [`Self::mqueue_len_hard`]): what can be on its way before the hold takes effect (a
+    /// broker sets its router's mailbox bound). Default 0.
+    pub mqueue_held_slack: usize,
     /// MQTT 3.x only: resend unacknowledged messages after this long while
     /// connected. `None`: only on reconnect. Never used for MQTT 5, which
     /// forbids resending except on reconnect (MQTT 5 §4.4).
@@ -101,9 +105,12 @@ impl SessionLimits {
 
     /// The queue bound for messages whose publisher is held back (see
     /// [`DeliveryOptions::held_back`](crate::DeliveryOptions::held_back)): twice
-    /// `mqueue_len_max`, room for what publishers sent before the hold reached them.
+    /// `mqueue_len_max` and `mqueue_held_slack`, room for what publishers sent before the
+    /// hold reached them.
     pub fn mqueue_len_hard(&self) -> usize {
-        self.mqueue_len_max.saturating_mul(2)
+        self.mqueue_len_max
+            .saturating_mul(2)
+            .saturating_add(self.mqueue_held_slack)
     }
 
     /// Messages waiting below which held-back publishers are let go again: a quarter of the
@@ -122,6 +129,7 @@ impl Default for SessionLimits {
             mqueue_len_max: 1000,
             mqueue_policy: QueueFullPolicy::default(),
             queue_qos0_offline: false,
+            mqueue_held_slack: 0,
             retry_interval: Some(Duration::from_secs(30)),
             topic_alias_max: 64,
             packet_size_max: 1 << 20,
