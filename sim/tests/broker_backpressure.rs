@@ -1,0 +1,198 @@
+//! One broker node with a small queue bound; several QoS 1 publishers flood one slow
+//! subscriber that acknowledges at its own (random) pace. With back-pressure on (the
+//! default) the publishers are held back instead of the subscriber's queue dropping what
+//! does not fit. Checked: every publisher gets every publish acknowledged, and the
+//! subscriber receives every message exactly once, in each publisher's order, although
+//! the publishers together send many times the queue bound.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use madsim::rand::{thread_rng, Rng};
+use madsim::runtime::Handle;
+use madsim::time::{sleep, Instant};
+use starling_codec::{
+    Packet, Properties, Protocol, PubAck, Publish, QoS, Subscribe, SubscribeFilter,
+    SubscriptionOptions,
+};
+use starling_sim::mqtt::{pid, ConnectOpts, MqttClient};
+use starling_sim::{check, run, RunConfig};
+
+const BROKER: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 1883);
+const PUBLISHERS: usize = 6;
+/// Publishes per publisher: together ten times the queue bound below.
+const N: u64 = 100;
+/// Unacknowledged publishes each publisher keeps in flight.
+const WINDOW: u64 = 24;
+const CONFIG: &str = "[mqtt]\nmax_mqueue_len = 60\nmax_inflight = 4\n";
+
+#[derive(Default)]
+struct Oracle {
+    /// publisher → sequence numbers received, in arrival order
+    received: BTreeMap<usize, Vec<u64>>,
+    /// publishers whose every publish was acknowledged
+    done: usize,
+    subscribed: bool,
+}
+
+type Shared = Arc<Mutex<Oracle>>;
+
+fn lock(o: &Shared) -> std::sync::MutexGuard<'_, Oracle> {
+    o.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn opts(id: String) -> ConnectOpts {
+    ConnectOpts {
+        client_id: id,
+        protocol: Protocol::V3_1_1,
+        clean_start: true,
+        session_expiry: 0,
+        will: None,
+    }
+}
+
+async fn subscriber(oracle: Shared) {
+    let (mut c, _) = MqttClient::connect(BROKER, &opts("slow".into()))
+        .await
+        .expect("subscriber connects");
+    c.send(&Packet::Subscribe(Subscribe {
+        packet_id: pid(1),
+        filters: vec![SubscribeFilter {
+            filter: "bp/#".into(),
+            options: SubscriptionOptions {
+                qos: QoS::AtLeastOnce,
+                ..Default::default()
+            },
+        }],
+        properties: Properties::default(),
+    }))
+    .await
+    .expect("subscribe sent");
+    loop {
+        match c.recv().await.expect("subscriber connection holds") {
+            Packet::Suback(_) => lock(&oracle).subscribed = true,
+            Packet::Publish(p) => {
+                let s = std::str::from_utf8(&p.payload).expect("utf-8");
+                let (k, seq) = s.split_once(':').expect("k:seq");
+                lock(&oracle)
+                    .received
+                    .entry(k.parse().unwrap())
+                    .or_default()
+                    .push(seq.parse().unwrap());
+                // Slow: each acknowledgement takes its time.
+                let pause = thread_rng().gen_range(0..3000u64);
+                sleep(Duration::from_micros(pause)).await;
+                let id = p.packet_id.expect("QoS 1");
+                c.send(&Packet::Puback(PubAck::new(id)))
+                    .await
+                    .expect("puback sent");
+            }
+            other => panic!("subscriber got {other:?}"),
+        }
+    }
+}
+
+async fn publisher(k: usize, oracle: Shared) {
+    let (mut c, _) = MqttClient::connect(BROKER, &opts(format!("pub{k}")))
+        .await
+        .expect("publisher connects");
+    let (mut next, mut acked) = (0u64, 0u64);
+    while acked < N {
+        while next < N && next - acked < WINDOW {
+            c.send(&Packet::Publish(Publish {
+                dup: false,
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                topic: format!("bp/{k}"),
+                packet_id: Some(pid(next as u32 % 60_000 + 1)),
+                properties: Properties::default(),
+                payload: Bytes::from(format!("{k}:{next}")),
+            }))
+            .await
+            .expect("publish sent");
+            next += 1;
+        }
+        match c.recv().await.expect("publisher connection holds") {
+            Packet::Puback(_) => acked += 1,
+            other => panic!("publisher got {other:?}"),
+        }
+    }
+    lock(&oracle).done += 1;
+}
+
+async fn flood_into_slow_subscriber() {
+    let oracle: Shared = Arc::default();
+    let h = Handle::current();
+    starling_sim::runner::spawn_tripwire_watcher();
+    h.create_node()
+        .name("broker")
+        .ip(BROKER.ip())
+        .init(|| async {
+            let config = starling_config::Config::from_str(CONFIG)
+                .expect("valid config")
+                .0;
+            let _broker = starling_broker::Broker::start(config)
+                .await
+                .expect("broker starts");
+            std::future::pending::<()>().await;
+        })
+        .build();
+    sleep(Duration::from_millis(200)).await;
+    let mut ip = 10u8;
+    let mut node = |name: String| {
+        ip += 1;
+        h.create_node()
+            .name(name)
+            .ip(IpAddr::V4(Ipv4Addr::new(10, 0, 1, ip)))
+            .build()
+    };
+    node("sub".into()).spawn(subscriber(oracle.clone()));
+    let started = Instant::now();
+    while !lock(&oracle).subscribed {
+        check!(started.elapsed() < Duration::from_secs(10), "no SUBACK");
+        sleep(Duration::from_millis(20)).await;
+    }
+    for k in 0..PUBLISHERS {
+        node(format!("pub{k}")).spawn(publisher(k, oracle.clone()));
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (done, got) = {
+            let g = lock(&oracle);
+            (g.done, g.received.values().map(Vec::len).sum::<usize>())
+        };
+        if done == PUBLISHERS && got == PUBLISHERS * N as usize {
+            break;
+        }
+        check!(
+            Instant::now() < deadline,
+            "{done} of {PUBLISHERS} publishers done, {got} of {} messages received",
+            PUBLISHERS * N as usize
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    let g = lock(&oracle);
+    let want: Vec<u64> = (0..N).collect();
+    for k in 0..PUBLISHERS {
+        check!(
+            g.received.get(&k) == Some(&want),
+            "publisher {k}: received out of order, twice or not at all"
+        );
+    }
+    eprintln!("[scenario] all delivered at {:?}", starling_sim::elapsed());
+}
+
+#[test]
+fn qos1_flood_into_a_slow_subscriber_is_held_back_not_dropped() {
+    run(
+        RunConfig::new(
+            "broker_backpressure",
+            "qos1_flood_into_a_slow_subscriber_is_held_back_not_dropped",
+        )
+        .seeds(20),
+        flood_into_slow_subscriber,
+    );
+}
