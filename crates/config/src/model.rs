@@ -268,7 +268,7 @@ pub enum SharedStrategy {
 pub struct MqttConfig {
     /// Largest packet accepted or sent, in bytes, whole packet. 2..=268435455, default 1 MiB.
     pub max_packet_size: u32,
-    /// QoS 1/2 messages in flight to one client. 1..=65535, default 16.
+    /// QoS 1/2 messages in flight to one client. 1..=65535, default 32.
     pub max_inflight: u16,
     /// Messages queued for one client (offline or over the window). Default 1000.
     pub max_mqueue_len: u32,
@@ -330,7 +330,7 @@ impl Default for MqttConfig {
     fn default() -> Self {
         Self {
             max_packet_size: 1024 * 1024,
-            max_inflight: 16,
+            max_inflight: 32,
             max_mqueue_len: 1000,
             mqueue_drop_policy: DropPolicy::DropOldestQos0First,
             backpressure: true,

@@ -29,7 +29,7 @@ fn empty_file_gives_the_defaults() {
     assert_eq!(l.kind, ListenerKind::Tcp);
     assert_eq!(l.bind, "0.0.0.0:1883".parse::<SocketAddr>().unwrap());
     assert_eq!(config.mqtt.max_packet_size, 1024 * 1024);
-    assert_eq!(config.mqtt.max_inflight, 16);
+    assert_eq!(config.mqtt.max_inflight, 32);
     assert_eq!(config.mqtt.max_mqueue_len, 1000);
     assert_eq!(config.mqtt.session_expiry_max_secs, 7200);
     assert_eq!(config.node.id, 1);
