@@ -99,6 +99,8 @@ pub(crate) enum ClientMsg {
     Deliver(Vec<Delivery>),
     /// The session's timer.
     Timeout,
+    /// Time to see whether this subscriber is still backlogged (see [`crate::flow`]).
+    BacklogCheck(u64),
     /// The broker is stopping.
     Shutdown(Reply<()>),
 }
@@ -479,6 +481,13 @@ impl Client {
                 backlogged,
                 self.session.queue_len(),
             );
+            if let Some(stretch) = f.arm_check() {
+                let max = self.shared.config.mqtt.backpressure_max_secs;
+                ctx.after(
+                    Duration::from_secs(u64::from(max)),
+                    ClientMsg::BacklogCheck(stretch),
+                );
+            }
         }
         if self.conn.is_none() && self.session.is_ended() && !self.retiring {
             self.retiring = true;
@@ -584,6 +593,11 @@ impl Client {
                     self.session.deliver(now, m, o);
                 }
                 self.run_effects(ctx).await;
+            }
+            ClientMsg::BacklogCheck(stretch) => {
+                if self.flow.as_ref().is_some_and(|f| f.check(stretch)) {
+                    debug!("backlogged too long: no longer holding publishers back");
+                }
             }
             ClientMsg::Timeout => {
                 self.timer = None;

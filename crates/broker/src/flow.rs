@@ -34,6 +34,13 @@ pub(crate) struct Flow {
     taken: AtomicU64,
     /// As a subscriber: its session's queue length after its last turn.
     queued: AtomicUsize,
+    /// As a subscriber: backlogged for longer than `mqtt.backpressure_max_secs` without
+    /// draining; it holds no one back until it drains.
+    stuck: AtomicBool,
+    /// As a subscriber: a check of how long it has been backlogged is scheduled.
+    check_armed: AtomicBool,
+    /// As a subscriber: backlogged stretches ended so far; a check belongs to one stretch.
+    stretch: AtomicU64,
     /// As a publisher: the subscriber it waits on.
     held_by: Mutex<Option<Arc<Flow>>>,
 }
@@ -50,6 +57,42 @@ impl Flow {
 
     pub(crate) fn backlogged(&self) -> bool {
         self.backlogged.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_stuck(&self) -> bool {
+        self.stuck.load(Ordering::Acquire)
+    }
+
+    /// Whether publishers feeding it are to be held back now: backlogged, and not stuck.
+    pub(crate) fn holds(&self) -> bool {
+        self.backlogged() && !self.stuck.load(Ordering::Acquire)
+    }
+
+    /// Subscriber, after a turn: the stretch to schedule a check of its backlog for (once
+    /// per backlogged stretch).
+    pub(crate) fn arm_check(&self) -> Option<u64> {
+        (self.holds() && !self.check_armed.swap(true, Ordering::AcqRel))
+            .then(|| self.stretch.load(Ordering::Acquire))
+    }
+
+    /// Subscriber, when the check armed in `stretch` fires: still in that backlogged
+    /// stretch means it did not drain for that long: it stops holding its publishers back,
+    /// and they go.
+    pub(crate) fn check(&self, stretch: u64) -> bool {
+        if stretch != self.stretch.load(Ordering::Acquire) {
+            // From a stretch that ended; the current one has its own check.
+            return false;
+        }
+        self.check_armed.store(false, Ordering::Release);
+        if !self.backlogged() {
+            return false;
+        }
+        self.stuck.store(true, Ordering::Release);
+        let waiters = std::mem::take(&mut *lock(&self.waiters));
+        for w in waiters {
+            w.wake();
+        }
+        true
     }
 
     /// Router: marks the subscriber backlogged ahead of its own next update, from what the
@@ -86,6 +129,13 @@ impl Flow {
         self.saturated.store(saturated, Ordering::Relaxed);
         self.queued.store(queued, Ordering::Relaxed);
         let was = self.backlogged.swap(backlogged, Ordering::AcqRel);
+        if !backlogged && (was || self.check_armed.load(Ordering::Acquire)) {
+            // Drained: the stretch ends (its check, if armed, finds it over), and it holds
+            // publishers back again next time.
+            self.stretch.fetch_add(1, Ordering::AcqRel);
+            self.check_armed.store(false, Ordering::Release);
+            self.stuck.store(false, Ordering::Release);
+        }
         if was && !backlogged {
             let waiters = std::mem::take(&mut *lock(&self.waiters));
             for w in waiters {
@@ -104,7 +154,7 @@ impl Flow {
     pub(crate) fn is_held(&self) -> bool {
         lock(&self.held_by)
             .as_ref()
-            .is_some_and(|subscriber| subscriber.backlogged())
+            .is_some_and(|subscriber| subscriber.holds())
     }
 
     /// Publisher: whether its publishes are held back now. When they are, the task of `cx`
@@ -114,7 +164,7 @@ impl Flow {
         let Some(subscriber) = held_by.as_ref() else {
             return false;
         };
-        if subscriber.backlogged() {
+        if subscriber.holds() {
             {
                 let mut waiters = lock(&subscriber.waiters);
                 if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
@@ -122,7 +172,7 @@ impl Flow {
                 }
             }
             // Checked again after registering: a drain in between found no waker to wake.
-            if subscriber.backlogged() {
+            if subscriber.holds() {
                 return true;
             }
         }
@@ -169,6 +219,45 @@ mod tests {
         assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken when it drained");
         assert!(!publisher.poll_held(&cx));
         assert!(lock(&publisher.held_by).is_none(), "forgotten once clear");
+    }
+
+    #[test]
+    fn a_subscriber_backlogged_past_its_check_lets_its_publishers_go_until_it_drains() {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let cx = Context::from_waker(&waker);
+        let (publisher, subscriber) = (Flow::default(), Arc::new(Flow::default()));
+        subscriber.update(false, true, 40);
+        let first = subscriber.arm_check().expect("armed");
+        assert_eq!(subscriber.arm_check(), None, "armed once per stretch");
+        publisher.hold_for(&subscriber);
+        assert!(publisher.poll_held(&cx));
+        assert!(
+            subscriber.check(first),
+            "still backlogged when the check fires"
+        );
+        assert_eq!(
+            count.0.load(Ordering::SeqCst),
+            1,
+            "its publishers are woken"
+        );
+        assert!(!publisher.poll_held(&cx), "and no longer held");
+        assert!(!subscriber.holds());
+        assert_eq!(subscriber.arm_check(), None, "stuck: nothing to check");
+        // Drained, then backlogged again: it holds publishers back again.
+        subscriber.update(false, false, 0);
+        subscriber.update(false, true, 40);
+        assert!(subscriber.holds());
+        let second = subscriber.arm_check().expect("armed again");
+        subscriber.update(false, false, 0);
+        subscriber.update(false, true, 40);
+        let third = subscriber.arm_check().expect("a new stretch");
+        assert!(
+            !subscriber.check(second),
+            "that stretch ended: its check is void"
+        );
+        assert!(subscriber.holds(), "the new stretch still holds");
+        assert!(subscriber.check(third));
     }
 
     #[test]

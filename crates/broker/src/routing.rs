@@ -217,6 +217,7 @@ impl RouterActor {
                 if !is_qos0(&msg, &opts)
                     && client.online
                     && !Arc::ptr_eq(from, f)
+                    && !f.is_stuck()
                     && (f.backlogged()
                         || f.waiting() + client.pending.len() >= self.shared.limits.backlog_high())
                 {

@@ -476,6 +476,28 @@ async fn backlogged_subscriber_holds_back_its_qos1_publisher_and_loses_nothing()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_stops_acknowledging_holds_its_publisher_back_only_so_long() {
+    let (b, addr) =
+        broker("[mqtt]\nmax_inflight = 4\nmax_mqueue_len = 100\nbackpressure_max_secs = 1\n").await;
+    // Subscribed, then never reads or acknowledges again.
+    let mut stuck = Client::connect(addr, Protocol::V5, "stuck", true).await;
+    stuck.subscribe(1, "flood", QoS::AtLeastOnce).await;
+    let mut p = Client::connect(addr, Protocol::V5, "fast", true).await;
+    for i in 0..300u32 {
+        p.send(publish_packet("flood", i)).await;
+    }
+    let (early, _) = acks_within(&mut p, Duration::from_millis(500)).await;
+    assert!(early < 300, "held back at first ({early} acknowledged)");
+    // Past backpressure_max_secs the subscriber stops holding it: the rest is taken, and
+    // what does not fit the subscriber's queue is dropped, as without back-pressure.
+    let (late, _) = acks_within(&mut p, Duration::from_millis(2500)).await;
+    assert_eq!(early + late, 300);
+    let m = b.metrics();
+    assert!(m.dropped_queue_full + m.dropped_mailbox_full > 0, "{m:?}");
+    drop(stuck);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clients_flooding_each_other_do_not_hold_each_other_forever() {
     let (b, addr) = broker("[mqtt]\nmax_inflight = 2\nmax_mqueue_len = 200\n").await;
     let mut a = Client::connect(addr, Protocol::V3_1_1, "a", true).await;

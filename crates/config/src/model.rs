@@ -278,6 +278,11 @@ pub struct MqttConfig {
     /// publish QoS 1/2 messages to it (they are not read until it drains to a quarter),
     /// instead of its queue dropping what does not fit. Default true.
     pub backpressure: bool,
+    /// Longest a subscriber may stay backlogged without draining to a quarter before it
+    /// stops holding its publishers back (its queue then drops by its policy, as without
+    /// back-pressure): a client that stops acknowledging must not stall its publishers
+    /// for good. 1..=3600, default 10.
+    pub backpressure_max_secs: u32,
     /// Largest keep alive accepted; larger requests get this (v5 Server Keep Alive). Default 65535.
     pub keepalive_max_secs: u16,
     /// Smallest non-zero keep alive accepted. Default 0.
@@ -334,6 +339,7 @@ impl Default for MqttConfig {
             max_mqueue_len: 1000,
             mqueue_drop_policy: DropPolicy::DropOldestQos0First,
             backpressure: true,
+            backpressure_max_secs: 10,
             keepalive_max_secs: 65535,
             keepalive_min_secs: 0,
             allow_zero_keepalive: true,

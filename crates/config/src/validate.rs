@@ -196,6 +196,12 @@ fn validate_mqtt(m: &MqttConfig) -> Result<(), ConfigError> {
     )?;
     range("mqtt.delayed_max_secs", m.delayed_max_secs, 1, SECS_MAX)?;
     range("mqtt.sys_interval_secs", m.sys_interval_secs, 1, 86_400)?;
+    range(
+        "mqtt.backpressure_max_secs",
+        m.backpressure_max_secs,
+        1,
+        3600,
+    )?;
     if m.response_information.as_deref() == Some("") {
         return Err(invalid(
             "mqtt.response_information",

@@ -92,6 +92,8 @@ fn each_mqtt_limit_refuses_its_out_of_range_value() {
     let cases = [
         ("max_inflight", "0"),
         ("max_mqueue_len", "0"),
+        ("backpressure_max_secs", "0"),
+        ("backpressure_max_secs", "3601"),
         ("keepalive_max_secs", "0"),
         ("session_expiry_max_secs", "4294967295"),
         ("message_expiry_max_secs", "0"),
