@@ -477,21 +477,38 @@ async fn backlogged_subscriber_holds_back_its_qos1_publisher_and_loses_nothing()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_that_stops_acknowledging_holds_its_publisher_back_only_so_long() {
+    // 3 s: well past how long the sends take (0.3 s), even on a loaded machine.
     let (b, addr) =
-        broker("[mqtt]\nmax_inflight = 4\nmax_mqueue_len = 100\nbackpressure_max_secs = 1\n").await;
+        broker("[mqtt]\nmax_inflight = 4\nmax_mqueue_len = 100\nbackpressure_max_secs = 3\n").await;
     // Subscribed, then never reads or acknowledges again.
     let mut stuck = Client::connect(addr, Protocol::V5, "stuck", true).await;
     stuck.subscribe(1, "flood", QoS::AtLeastOnce).await;
     let mut p = Client::connect(addr, Protocol::V5, "fast", true).await;
-    for i in 0..300u32 {
-        p.send(publish_packet("flood", i)).await;
+    let start = std::time::Instant::now();
+    // In chunks with pauses, so that the router keeps up: a burst read before the router
+    // has routed any of it all goes through (it is acknowledged, then kept or dropped).
+    for chunk in 0..15u32 {
+        for i in chunk * 20..(chunk + 1) * 20 {
+            p.send(publish_packet("flood", i)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (early, _) = acks_within(&mut p, Duration::from_millis(500)).await;
-    assert!(early < 300, "held back at first ({early} acknowledged)");
+    // Until the acknowledgements pause: the hold.
+    let (early, _) = acks_within(&mut p, Duration::from_millis(300)).await;
+    let held_at = start.elapsed();
+    assert!(
+        early < 300,
+        "held back at first ({early} acknowledged in {held_at:?})"
+    );
     // Past backpressure_max_secs the subscriber stops holding it: the rest is taken, and
     // what does not fit the subscriber's queue is dropped, as without back-pressure.
-    let (late, _) = acks_within(&mut p, Duration::from_millis(2500)).await;
+    let (late, _) = acks_within(&mut p, Duration::from_secs(5)).await;
     assert_eq!(early + late, 300);
+    assert!(
+        start.elapsed() >= Duration::from_millis(2500),
+        "released after about backpressure_max_secs, not at once ({:?})",
+        start.elapsed()
+    );
     let m = b.metrics();
     assert!(m.dropped_queue_full + m.dropped_mailbox_full > 0, "{m:?}");
     drop(stuck);
