@@ -43,6 +43,9 @@ pub(crate) struct Flow {
     stretch: AtomicU64,
     /// As a publisher: the subscriber it waits on.
     held_by: Mutex<Option<Arc<Flow>>>,
+    /// As a publisher: `held_by` is set (written under its lock). Read without the lock on
+    /// every look for input and every publish, where a lock would be paid per message.
+    maybe_held: AtomicBool,
 }
 
 /// Poison carries no meaning here (every critical section leaves the data consistent).
@@ -146,12 +149,17 @@ impl Flow {
 
     /// Router: this publisher fed `subscriber` while it was backlogged.
     pub(crate) fn hold_for(&self, subscriber: &Arc<Flow>) {
-        *lock(&self.held_by) = Some(subscriber.clone());
+        let mut held_by = lock(&self.held_by);
+        *held_by = Some(subscriber.clone());
+        self.maybe_held.store(true, Ordering::Release);
     }
 
     /// Publisher, in the middle of a turn: whether it has been held back since the turn
     /// began (no waker: the turn ends, and the next look for input registers one).
     pub(crate) fn is_held(&self) -> bool {
+        if !self.maybe_held.load(Ordering::Acquire) {
+            return false;
+        }
         lock(&self.held_by)
             .as_ref()
             .is_some_and(|subscriber| subscriber.holds())
@@ -160,6 +168,9 @@ impl Flow {
     /// Publisher: whether its publishes are held back now. When they are, the task of `cx`
     /// is woken once the subscriber it waits on drains.
     pub(crate) fn poll_held(&self, cx: &Context<'_>) -> bool {
+        if !self.maybe_held.load(Ordering::Acquire) {
+            return false;
+        }
         let mut held_by = lock(&self.held_by);
         let Some(subscriber) = held_by.as_ref() else {
             return false;
@@ -177,13 +188,16 @@ impl Flow {
             }
         }
         *held_by = None;
+        self.maybe_held.store(false, Ordering::Release);
         false
     }
 
     /// The client is gone or detached: nobody waits on it, and it waits on nobody.
     pub(crate) fn release(&self) {
         self.update(false, false, 0);
-        *lock(&self.held_by) = None;
+        let mut held_by = lock(&self.held_by);
+        *held_by = None;
+        self.maybe_held.store(false, Ordering::Release);
     }
 }
 
