@@ -109,3 +109,24 @@ impl MqttClient {
 pub fn pid(n: u32) -> NonZeroU16 {
     NonZeroU16::new((n % 65535 + 1) as u16).expect("1..=65535")
 }
+
+/// Starts a broker node at `addr` with `config` (TOML) on the current simulation, and
+/// returns once its listener had time to bind (200 ms of virtual time).
+pub async fn broker_node(addr: SocketAddr, config: &'static str) -> madsim::runtime::NodeHandle {
+    let node = madsim::runtime::Handle::current()
+        .create_node()
+        .name("broker")
+        .ip(addr.ip())
+        .init(move || async move {
+            let config = starling_config::Config::from_str(config)
+                .expect("valid config")
+                .0;
+            let _broker = starling_broker::Broker::start(config)
+                .await
+                .expect("broker starts");
+            std::future::pending::<()>().await;
+        })
+        .build();
+    madsim::time::sleep(std::time::Duration::from_millis(200)).await;
+    node
+}

@@ -18,7 +18,7 @@ use starling_codec::{
     Packet, Properties, Protocol, PubAck, Publish, QoS, Subscribe, SubscribeFilter,
     SubscriptionOptions,
 };
-use starling_sim::mqtt::{pid, ConnectOpts, MqttClient};
+use starling_sim::mqtt::{broker_node, pid, ConnectOpts, MqttClient};
 use starling_sim::{check, run, RunConfig};
 
 const BROKER: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 1883);
@@ -127,20 +127,7 @@ async fn flood_into_slow_subscriber() {
     let oracle: Shared = Arc::default();
     let h = Handle::current();
     starling_sim::runner::spawn_tripwire_watcher();
-    h.create_node()
-        .name("broker")
-        .ip(BROKER.ip())
-        .init(|| async {
-            let config = starling_config::Config::from_str(CONFIG)
-                .expect("valid config")
-                .0;
-            let _broker = starling_broker::Broker::start(config)
-                .await
-                .expect("broker starts");
-            std::future::pending::<()>().await;
-        })
-        .build();
-    sleep(Duration::from_millis(200)).await;
+    let _broker = broker_node(BROKER, CONFIG).await;
     let mut ip = 10u8;
     let mut node = |name: String| {
         ip += 1;

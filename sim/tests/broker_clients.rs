@@ -18,7 +18,7 @@ use starling_codec::{
     LastWill, Packet, Properties, Protocol, PubAck, Publish, QoS, ReasonCode, RetainHandling,
     Subscribe, SubscribeFilter, SubscriptionOptions,
 };
-use starling_sim::mqtt::{pid, ConnectOpts, MqttClient};
+use starling_sim::mqtt::{broker_node, pid, ConnectOpts, MqttClient};
 use starling_sim::{check, run, Knobs, RunConfig};
 
 const BROKER: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 1883);
@@ -524,22 +524,11 @@ async fn clients_reconnecting_at_random() {
     madsim::net::NetSim::current().update_config(|c| {
         c.send_latency = knobs.latency.0..knobs.latency.1 + Duration::from_millis(1)
     });
-    h.create_node()
-        .name("broker")
-        .ip(BROKER.ip())
-        .init(|| async {
-            let config = starling_config::Config::from_str(
-                "[mqtt]\nmax_mqueue_len = 100000\nmax_inflight = 32\n",
-            )
-            .expect("valid config")
-            .0;
-            let _broker = starling_broker::Broker::start(config)
-                .await
-                .expect("broker starts");
-            std::future::pending::<()>().await;
-        })
-        .build();
-    sleep(Duration::from_millis(200)).await;
+    let _broker = broker_node(
+        BROKER,
+        "[mqtt]\nmax_mqueue_len = 100000\nmax_inflight = 32\n",
+    )
+    .await;
     let mut ip = 10u8;
     let mut node = |name: String| {
         ip += 1;

@@ -214,10 +214,15 @@ mod tests {
         }
     }
 
+    /// A waker that counts its wakes.
+    fn counting_waker() -> (Arc<Count>, Waker) {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        (count.clone(), Waker::from(count))
+    }
+
     #[test]
     fn a_publisher_is_held_while_its_subscriber_is_backlogged_and_woken_once_it_drains() {
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
+        let (count, waker) = counting_waker();
         let cx = Context::from_waker(&waker);
         let (publisher, subscriber) = (Flow::default(), Arc::new(Flow::default()));
         assert!(!publisher.poll_held(&cx), "nothing holds it");
@@ -237,8 +242,7 @@ mod tests {
 
     #[test]
     fn a_subscriber_backlogged_past_its_check_lets_its_publishers_go_until_it_drains() {
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
+        let (count, waker) = counting_waker();
         let cx = Context::from_waker(&waker);
         let (publisher, subscriber) = (Flow::default(), Arc::new(Flow::default()));
         subscriber.update(false, true, 40);
@@ -290,8 +294,7 @@ mod tests {
 
     #[test]
     fn a_subscriber_that_goes_away_releases_its_publishers() {
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
+        let (count, waker) = counting_waker();
         let cx = Context::from_waker(&waker);
         let (publisher, subscriber) = (Flow::default(), Arc::new(Flow::default()));
         subscriber.update(true, true, 0);
