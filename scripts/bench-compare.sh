@@ -9,8 +9,13 @@
 # Knobs (environment): REPS (3), DURATION (10 s per run), CLIENTS (100),
 # PAIRS (50), PAYLOAD (64), CONN_CLIENTS (10000), SCENARIOS (space-separated
 # subset of the names below), BROKERS (subset of: starling mosquitto rmqtt
-# rumqttd), RMQTTD_ARGS / RMQTTD_PORT (how to start RMQTT, default: its own
+# rumqttd starling-base), RMQTTD_ARGS / RMQTTD_PORT (how to start RMQTT, default: its own
 # defaults on 1883), DOC (docs/benchmarks.md).
+#
+# A/B against an earlier Starling: STARLING_BASE_BIN=path/to/old/starling and
+# BROKERS="starling starling-base" (the ratio column is then new/old). STARLING_TOML is
+# appended to both Starling configurations (e.g. an [auth] section with an acl_file), so
+# that a feature's cost is measured with it switched on.
 #
 # A broker that cannot be built, found or started gets n/a, never a failure
 # of the whole run.
@@ -82,6 +87,8 @@ if [ -z "$MOSQUITTO_BIN" ] && [[ " $BROKERS " == *" mosquitto "* ]]; then
     log "mosquitto install failed (see $OUT/apt.log): its column is n/a"
   fi
 fi
+STARLING_BASE_BIN=${STARLING_BASE_BIN:-}
+STARLING_TOML=${STARLING_TOML:-}
 RMQTTD_BIN=$(command -v rmqttd || true)
 RUMQTTD_BIN=$(command -v rumqttd || true)
 
@@ -92,8 +99,10 @@ start_broker() {
   local name=$1 port=$2 dir=$3 pid=""
   mkdir -p "$dir"
   case $name in
-    starling)
-      [ -n "$STARLING_BIN" ] || return 0
+    starling|starling-base)
+      local bin=$STARLING_BIN
+      [ "$name" = starling-base ] && bin=$STARLING_BASE_BIN
+      [ -n "$bin" ] || return 0
       cat >"$dir/starling.toml" <<TOML
 [node]
 data_dir = "$dir/data"
@@ -102,8 +111,9 @@ data_dir = "$dir/data"
 kind = "tcp"
 bind = "127.0.0.1:$port"
 allow_anonymous = true
+$STARLING_TOML
 TOML
-      taskset -c "$BROKER_CPU" "$STARLING_BIN" --config "$dir/starling.toml" >"$dir/broker.log" 2>&1 &
+      taskset -c "$BROKER_CPU" "$bin" --config "$dir/starling.toml" >"$dir/broker.log" 2>&1 &
       pid=$! ;;
     mosquitto)
       [ -n "$MOSQUITTO_BIN" ] || return 0

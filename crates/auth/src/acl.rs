@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 
 use crate::error::{AclProblem, AuthError};
-use crate::topic::{filter_is_subset, filter_matches_topic, validate_filter};
+use crate::topic::{filter_is_subset, filter_matches_topic, filters_overlap, validate_filter};
 
 /// The outcome of an ACL check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -29,6 +29,19 @@ pub enum Action {
     Publish,
     /// SUBSCRIBE to a topic filter, without any `$share/{group}/` prefix.
     Subscribe,
+}
+
+/// What a SUBSCRIBE may receive, by the rules that apply to its client
+/// ([`Acl::subscribe_scope`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every topic the filter matches may be read: its deliveries need no check.
+    All,
+    /// Some topics the filter matches may be read and some may not: the SUBSCRIBE is
+    /// granted and each delivery is checked with [`Acl::check_read`].
+    Partial,
+    /// No topic the filter matches may be read: the SUBSCRIBE is refused.
+    Nothing,
 }
 
 /// The client an operation comes from.
@@ -166,6 +179,92 @@ impl Acl {
     }
 }
 
+impl Acl {
+    /// Decides a SUBSCRIBE to `filter` (without any `$share/{group}/` prefix) by what it
+    /// could deliver: rules are read in order, as [`Acl::check_read`] reads them for each
+    /// topic. A rule whose pattern covers the whole filter decides the rest of it; one whose
+    /// pattern only overlaps it decides part of it and the reading goes on. So a `deny`
+    /// over `private/alice/#` makes a subscription to `#` [`Scope::Partial`]: granted, and
+    /// alice's topics are withheld at delivery.
+    pub fn subscribe_scope(&self, client: &ClientInfo<'_>, filter: &str) -> Scope {
+        let (mut allow, mut deny) = (false, false);
+        let mut mark = |d: Decision| match d {
+            Decision::Allow => allow = true,
+            Decision::Deny => deny = true,
+        };
+        let mut covered = false;
+        'rules: for rule in self
+            .rules
+            .iter()
+            .filter(|r| r.applies(client, Action::Subscribe))
+        {
+            for p in &rule.topics {
+                let Some(pattern) = p.substitute(client) else {
+                    continue;
+                };
+                let (covers, overlaps) = if p.literal {
+                    // `eq` speaks of one filter literally, and of a topic only when the
+                    // text is a topic name.
+                    let same = pattern == filter;
+                    let name = !pattern.contains(['+', '#']);
+                    (
+                        same,
+                        same || (name && filter_matches_topic(filter, &pattern)),
+                    )
+                } else {
+                    (
+                        filter_is_subset(filter, &pattern),
+                        filters_overlap(filter, &pattern),
+                    )
+                };
+                if covers {
+                    mark(rule.permission);
+                    covered = true;
+                    break 'rules;
+                }
+                if overlaps {
+                    mark(rule.permission);
+                }
+            }
+        }
+        if !covered {
+            mark(self.default);
+        }
+        match (allow, deny) {
+            (true, false) => Scope::All,
+            (true, true) => Scope::Partial,
+            _ => Scope::Nothing,
+        }
+    }
+
+    /// Whether `client` may receive a message published to the topic name `topic`: the
+    /// first rule for subscribe (or all) whose pattern matches the topic decides, else the
+    /// default. Checked at delivery for subscriptions of [`Scope::Partial`].
+    pub fn check_read(&self, client: &ClientInfo<'_>, topic: &str) -> Decision {
+        self.rules
+            .iter()
+            .filter(|r| r.applies(client, Action::Subscribe))
+            .find(|r| {
+                r.topics.iter().any(|p| match p.substitute(client) {
+                    Some(pattern) if p.literal => pattern == topic,
+                    Some(pattern) => filter_matches_topic(&pattern, topic),
+                    None => false,
+                })
+            })
+            .map_or(self.default, |r| r.permission)
+    }
+
+    /// Whether some topic could be denied to `client` at delivery: the default denies, or
+    /// a deny rule for subscribe applies to it. When not, its deliveries need no check.
+    pub fn may_deny_reads(&self, client: &ClientInfo<'_>) -> bool {
+        self.default == Decision::Deny
+            || self
+                .rules
+                .iter()
+                .any(|r| r.permission == Decision::Deny && r.applies(client, Action::Subscribe))
+    }
+}
+
 /// Parses an ACL file:
 ///
 /// ```toml
@@ -253,6 +352,11 @@ impl Rule {
     }
 
     fn matches(&self, client: &ClientInfo<'_>, action: Action, topic: &str) -> bool {
+        self.applies(client, action) && self.topics.iter().any(|p| p.matches(client, action, topic))
+    }
+
+    /// Whether the rule speaks of this client and action, whatever the topic.
+    fn applies(&self, client: &ClientInfo<'_>, action: Action) -> bool {
         let action_ok = matches!(
             (self.action, action),
             (RuleAction::All, _)
@@ -270,7 +374,6 @@ impl Rule {
                 .is_none_or(|c| client.client_id == c)
             // A v4 peer on a dual-stack socket shows up as ::ffff:a.b.c.d; compare it as v4.
             && self.ip.is_none_or(|net| net.contains(&client.addr.to_canonical()))
-            && self.topics.iter().any(|p| p.matches(client, action, topic))
     }
 }
 

@@ -87,6 +87,13 @@ impl Authenticator {
         }
     }
 
+    /// Whether [`Authenticator::authenticate`] would run a password verification for these
+    /// fields (a username and a password, and a password file): the costly case, to be run
+    /// off the connection's threads. Every other case is decided at once.
+    pub fn needs_verification(&self, username: Option<&str>, password: Option<&[u8]>) -> bool {
+        username.is_some() && password.is_some() && self.passwords.is_some()
+    }
+
     fn anonymous(&self) -> AuthResult {
         if self.allow_anonymous {
             AuthResult::Allowed

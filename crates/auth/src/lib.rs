@@ -7,11 +7,13 @@
 mod acl;
 mod authenticator;
 mod error;
+mod limiter;
 mod password;
 mod topic;
 
-pub use acl::{Acl, Action, ClientInfo, Decision};
+pub use acl::{Acl, Action, ClientInfo, Decision, Scope};
 pub use authenticator::{AuthResult, Authenticator};
 pub use error::{AclProblem, AuthError, PasswordLineProblem};
+pub use limiter::{Admission, FailureLimits, LoginGuard, Recorded};
 pub use password::{add_or_update, delete, hash_password, validate_username, PasswordFile};
-pub use topic::{filter_is_subset, filter_matches_topic, validate_filter};
+pub use topic::{filter_is_subset, filter_matches_topic, filters_overlap, validate_filter};

@@ -84,6 +84,35 @@ fn subset_levels(r: &[&str], p: &[&str]) -> bool {
     }
 }
 
+/// Whether some topic name is matched by both filters: a subscription to `a` can receive
+/// what a rule over `b` speaks of. `a/+` and `+/b` overlap (on `a/b`), `a/#` and `a` do
+/// (`#` matches the parent level), `#` and `$SYS/x` do not (the `$` rule, MQTT 5 §4.7.2).
+pub fn filters_overlap(a: &str, b: &str) -> bool {
+    let a_dollar = a.starts_with('$');
+    let b_dollar = b.starts_with('$');
+    // A topic starting with `$` is matched only by filters whose first level is literal.
+    if (a_dollar && (b.starts_with('+') || b.starts_with('#')))
+        || (b_dollar && (a.starts_with('+') || a.starts_with('#')))
+    {
+        return false;
+    }
+    let mut x = a.split('/');
+    let mut y = b.split('/');
+    loop {
+        match (x.next(), y.next()) {
+            (Some("#"), _) | (_, Some("#")) => return true,
+            (None, None) => return true,
+            // One ended where the other goes on: only a closing `#` matches the parent.
+            (None, Some(rest)) | (Some(rest), None) => {
+                return rest == "#";
+            }
+            (Some("+"), Some(_)) | (Some(_), Some("+")) => {}
+            (Some(l), Some(r)) if l == r => {}
+            _ => return false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +125,22 @@ mod tests {
         assert!(validate_filter("a/#/b").is_err());
         assert!(validate_filter("a/b#").is_err());
         assert!(validate_filter("a+/b").is_err());
+    }
+
+    #[test]
+    fn overlapping_filters_share_a_topic() {
+        assert!(filters_overlap("#", "private/alice/#"));
+        assert!(filters_overlap("private/+/x", "private/alice/#"));
+        assert!(filters_overlap("a/+", "+/b"));
+        assert!(filters_overlap("a/#", "a"));
+        assert!(filters_overlap("a", "a/#"));
+        assert!(filters_overlap("secret/#", "secret/nosub"));
+        assert!(!filters_overlap("a/+", "a"));
+        assert!(!filters_overlap("a/b", "a/c"));
+        assert!(!filters_overlap("a/b/c", "a/+"));
+        assert!(!filters_overlap("#", "$SYS/x"));
+        assert!(!filters_overlap("+/x", "$SYS/x"));
+        assert!(filters_overlap("$SYS/#", "$SYS/x"));
     }
 
     #[test]

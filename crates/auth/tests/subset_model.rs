@@ -6,7 +6,12 @@
 //! what `#` matches beyond a fixed depth: over this universe the brute force is exact.
 
 use proptest::prelude::*;
-use starling_auth::{filter_is_subset, filter_matches_topic, validate_filter};
+use std::str::FromStr;
+
+use starling_auth::{
+    filter_is_subset, filter_matches_topic, filters_overlap, validate_filter, Acl, ClientInfo,
+    Decision, Scope,
+};
 
 const TOPIC_LEVELS: [&str; 4] = ["a", "b", "c", "$s"];
 
@@ -56,9 +61,7 @@ proptest! {
     }
 }
 
-#[test]
-fn subset_agrees_with_brute_force_on_every_pair() {
-    // The filter space is small enough to check exhaustively as well.
+fn every_filter() -> Vec<String> {
     let levels = ["a", "b", "$s", "+", "#"];
     let mut filters = Vec::new();
     for n in 1..=3u32 {
@@ -77,6 +80,13 @@ fn subset_agrees_with_brute_force_on_every_pair() {
             }
         }
     }
+    filters
+}
+
+#[test]
+fn subset_agrees_with_brute_force_on_every_pair() {
+    // The filter space is small enough to check exhaustively as well.
+    let filters = every_filter();
     let universe = universe();
     for r in &filters {
         for p in &filters {
@@ -85,6 +95,61 @@ fn subset_agrees_with_brute_force_on_every_pair() {
                 brute_force_subset(&universe, r, p),
                 "requested {r} pattern {p}"
             );
+        }
+    }
+}
+
+#[test]
+fn overlap_agrees_with_brute_force_on_every_pair() {
+    let filters = every_filter();
+    let universe = universe();
+    for a in &filters {
+        for b in &filters {
+            let brute = universe
+                .iter()
+                .any(|t| filter_matches_topic(a, t) && filter_matches_topic(b, t));
+            assert_eq!(filters_overlap(a, b), brute, "{a} and {b}");
+        }
+    }
+}
+
+fn rule_set() -> impl Strategy<Value = (Vec<(bool, String)>, bool)> {
+    (
+        prop::collection::vec((any::<bool>(), filter()), 0..5),
+        any::<bool>(),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+    /// A subscription's scope never promises more than delivery checks give: `All` only
+    /// when every topic it matches may be read, `Nothing` only when none may be.
+    #[test]
+    fn subscribe_scope_agrees_with_delivery_checks((rules, default_allow) in rule_set(), requested in filter()) {
+        let mut text = String::new();
+        for (allow, pattern) in &rules {
+            let permission = if *allow { "allow" } else { "deny" };
+            text.push_str(&format!(
+                "[[rules]]\npermission = \"{permission}\"\naction = \"subscribe\"\ntopics = [\"{pattern}\"]\n"
+            ));
+        }
+        let default = if default_allow { Decision::Allow } else { Decision::Deny };
+        let acl = Acl::from_str(&text).expect("valid").with_default(default);
+        let who = ClientInfo { username: Some("u"), client_id: "c", addr: "192.0.2.1".parse().unwrap() };
+        let reads: Vec<Decision> = universe()
+            .iter()
+            .filter(|t| filter_matches_topic(&requested, t))
+            .map(|t| acl.check_read(&who, t))
+            .collect();
+        let any_allowed = reads.contains(&Decision::Allow);
+        let any_denied = reads.contains(&Decision::Deny);
+        match acl.subscribe_scope(&who, &requested) {
+            Scope::All => prop_assert!(!any_denied, "{} under {:?}", requested, rules),
+            Scope::Nothing => prop_assert!(!any_allowed, "{} under {:?}", requested, rules),
+            Scope::Partial => {}
+        }
+        if any_denied {
+            prop_assert!(acl.may_deny_reads(&who));
         }
     }
 }

@@ -22,13 +22,14 @@ use starling_codec::{
     decode, encode, Connect, Disconnect, Error as CodecError, Packet, Properties, Protocol, QoS,
     ReasonCode, PACKET_SIZE_MAX,
 };
+use starling_config::{BackpressureHolders, MqttConfig, StuckPolicy};
 use starling_rt::{time, Actor, Addr, Ctx, Reply, TimerId, TrySendError, WeakAddr};
 use starling_session::{DetachReason, DropReason, Effect, Instant, Message, Session};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, Instrument};
 
-use crate::flow::Flow;
+use crate::flow::{Flow, StallRules};
 use crate::gate::AclGate;
 use crate::metrics::{add, dec};
 use crate::registry::RegistryMsg;
@@ -147,6 +148,9 @@ pub(crate) struct Client {
     /// Attach messages handled, for the registry's retire handshake.
     attaches: u32,
     retiring: bool,
+    /// This turn acknowledged a delivery: progress, for telling a slow subscriber from a
+    /// stalled one (see [`crate::flow::StallRules`]).
+    progressed: bool,
 }
 
 impl Client {
@@ -175,11 +179,33 @@ impl Client {
             flow: None,
             attaches: 0,
             retiring: false,
+            progressed: false,
         }
+    }
+
+    /// The client's back-pressure state, made at its first need.
+    fn flow_handle(&mut self) -> Arc<Flow> {
+        let m = &self.shared.config.mqtt;
+        let may_hold = may_hold(m, self.gate.username());
+        self.flow
+            .get_or_insert_with(|| {
+                let f = Flow::new(StallRules::from_config(m));
+                f.set_may_hold(may_hold);
+                Arc::new(f)
+            })
+            .clone()
     }
 
     fn client_id(&self) -> Arc<str> {
         self.session.client_id().clone()
+    }
+
+    /// The identity the session belongs to: the first connection's username.
+    pub(crate) fn owner(&self) -> Option<Arc<str>> {
+        self.first
+            .as_ref()
+            .and_then(|c| c.username.as_deref())
+            .map(Arc::from)
     }
 
     async fn attach(&mut self, nc: Box<NewConn>, ctx: &mut Ctx<Self>) {
@@ -204,6 +230,9 @@ impl Client {
             permit,
         } = *nc;
         self.gate = AclGate::new(self.shared.clone(), username, self.client_id(), peer.ip());
+        if let Some(f) = &self.flow {
+            f.set_may_hold(may_hold(&self.shared.config.mqtt, self.gate.username()));
+        }
         let protocol = connect.protocol;
         self.conn = Some(Conn {
             io,
@@ -225,10 +254,13 @@ impl Client {
                     .await;
             }
             Err(e) => {
-                // Cannot happen (the old connection was detached above); close rather than
-                // leave a connection the session does not serve.
-                debug!(error = %e, "attach failed");
-                self.close_conn(None, ctx).await;
+                // The session refused the connection before anything was sent (a CONNACK
+                // past the client's Maximum Packet Size, MQTT 5 §3.1.2.11.4): close it at
+                // once. It never counted as connected, so no presence or event goes out.
+                debug!(error = %e, "attach refused; closing");
+                if let Some(c) = self.conn.take() {
+                    starling_rt::spawn(linger(c.io).instrument(tracing::Span::current()));
+                }
                 return;
             }
         }
@@ -298,7 +330,7 @@ impl Client {
                     // The router marks a QoS 1/2 publisher that feeds a backlogged
                     // subscriber through its flow (see `crate::flow`).
                     let from = (m.qos != QoS::AtMostOnce && self.shared.config.mqtt.backpressure)
-                        .then(|| self.flow.get_or_insert_with(Arc::default).clone());
+                        .then(|| self.flow_handle());
                     // A full router mailbox is waited on: it holds this client's reads back,
                     // which is the back-pressure a fast publisher meets.
                     if let Err(TrySendError::Full(msg)) =
@@ -351,7 +383,7 @@ impl Client {
             Wait::Subscribe(packet_id, filters) => {
                 let client_id = self.client_id();
                 let me = ctx.weak_addr();
-                let flow = self.flow.get_or_insert_with(Arc::default).clone();
+                let flow = self.flow_handle();
                 let r = self
                     .router
                     .ask(|reply| RouterMsg::Subscribe {
@@ -367,7 +399,11 @@ impl Client {
                 // SUBACK first, then the retained messages (MQTT 5 §3.8.4).
                 self.session.subscribed(now, packet_id, r.results);
                 for (m, o) in r.retained {
-                    self.session.deliver(now, &m, &o);
+                    if self.gate.may_read(&m.topic) {
+                        self.session.deliver(now, &m, &o);
+                    } else {
+                        add(&self.shared.metrics.dropped_acl, 1);
+                    }
                 }
             }
             Wait::Unsubscribe(packet_id, filters) => {
@@ -473,20 +509,34 @@ impl Client {
             }
         }
         self.rearm(ctx);
-        if let Some(f) = &self.flow {
-            let backlogged = self.shared.config.mqtt.backpressure
-                && self.session.backlogged(f.backlogged(), f.in_transit());
+        if let Some(f) = self.flow.clone() {
+            let m = &self.shared.config.mqtt;
+            let backlogged =
+                m.backpressure && self.session.backlogged(f.backlogged(), f.in_transit());
             f.update(
                 self.session.refuses_new(),
                 backlogged,
                 self.session.queue_len(),
+                std::mem::take(&mut self.progressed),
+                time::now(),
             );
             if let Some(stretch) = f.arm_check() {
-                let max = self.shared.config.mqtt.backpressure_max_secs;
                 ctx.after(
-                    Duration::from_secs(u64::from(max)),
+                    Duration::from_secs(u64::from(m.backpressure_max_secs)),
                     ClientMsg::BacklogCheck(stretch),
                 );
+            }
+            if f.is_stuck()
+                && m.backpressure_stuck_policy == StuckPolicy::Disconnect
+                && self.session.is_attached()
+            {
+                debug!("stalled while holding publishers back: disconnected");
+                f.forgive();
+                self.session.detach(
+                    time::now(),
+                    DetachReason::ProtocolError(ReasonCode::QuotaExceeded),
+                );
+                Box::pin(self.run_effects(ctx)).await;
             }
         }
         if self.conn.is_none() && self.session.is_ended() && !self.retiring {
@@ -542,6 +592,12 @@ impl Client {
                 if self.conn.is_none() {
                     return;
                 }
+                self.progressed |= packets.iter().any(|p| {
+                    matches!(
+                        p,
+                        Packet::Puback(_) | Packet::Pubrec(_) | Packet::Pubcomp(_)
+                    )
+                });
                 let mut packets = packets.into_iter();
                 while self.session.is_attached() {
                     // Held back since the turn began (the router runs meanwhile on another
@@ -590,12 +646,17 @@ impl Client {
                 }
                 let now = time::now();
                 for (m, o) in &batch {
-                    self.session.deliver(now, m, o);
+                    if self.gate.may_read(&m.topic) {
+                        self.session.deliver(now, m, o);
+                    } else {
+                        add(&self.shared.metrics.dropped_acl, 1);
+                    }
                 }
                 self.run_effects(ctx).await;
             }
             ClientMsg::BacklogCheck(stretch) => {
                 if self.flow.as_ref().is_some_and(|f| f.check(stretch)) {
+                    add(&self.shared.metrics.backpressure_stalls, 1);
                     debug!("backlogged too long: no longer holding publishers back");
                 }
             }
@@ -676,7 +737,8 @@ impl Actor for Client {
         let Some(c) = self.conn.as_mut() else {
             return Poll::Pending;
         };
-        let holding = self.flow.as_ref().is_some_and(|f| f.poll_held(cx));
+        let stalls = &self.shared.metrics.backpressure_stalls;
+        let holding = self.flow.as_ref().is_some_and(|f| f.poll_held(cx, stalls));
         loop {
             if c.input_ended {
                 // The peer is gone or broke the protocol: what it sent before goes now.
@@ -758,6 +820,15 @@ impl Actor for Client {
                 Poll::Ready(n) => add(&self.shared.metrics.bytes_received, n as u64),
             }
         }
+    }
+}
+
+/// Whether a subscriber with this username may hold its publishers back
+/// (`mqtt.backpressure_holders`).
+fn may_hold(m: &MqttConfig, username: Option<&str>) -> bool {
+    match m.backpressure_holders {
+        BackpressureHolders::All => true,
+        BackpressureHolders::Authenticated => username.is_some(),
     }
 }
 

@@ -32,6 +32,7 @@ mod flow;
 mod gate;
 mod listener;
 mod metrics;
+mod refuse;
 mod registry;
 mod routing;
 mod settings;
@@ -42,20 +43,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::RngCore;
-use starling_auth::Authenticator;
 use starling_config::{Config, ListenerConfig, ListenerKind};
 use starling_net::{
     ClientAuth, CounterSnapshot, HandshakeLimits, ListenerCounters, ListenerSettings, MqttListener,
     ProxyProtocol, QuicConfig, TlsFiles, TlsReloader, Transport, WsConfig,
 };
 use starling_rt::{start_with, Addr, Options};
-use tokio::sync::Semaphore;
 
 pub use client::Io;
 pub use error::BrokerError;
 pub use metrics::MetricsSnapshot;
 
-use listener::{ListenerActor, ListenerCtx, ListenerMsg};
+use listener::{ListenerActor, ListenerCtx, ListenerMsg, Logins};
 use registry::{Registry, RegistryMsg};
 use routing::{RouterActor, RouterMsg};
 use settings::Shared;
@@ -82,6 +81,8 @@ pub struct Broker {
     registry: Addr<RegistryMsg>,
     _router: Addr<RouterMsg>,
     sys: Addr<SysMsg>,
+    /// Password verification for [`Broker::serve_stream`] (listeners hold their own handle).
+    logins: Logins,
 }
 
 impl Broker {
@@ -100,22 +101,21 @@ impl Broker {
             Registry::new(shared.clone(), router.clone()),
             Options::named("registry").capacity(1024),
         );
+        warn_volatile_state(&shared.config);
+        let logins = Logins::start(&shared);
         let mut listeners = Vec::new();
         for lc in &shared.config.listeners {
             let bound = bind(lc, shared.config.mqtt.max_packet_size).await?;
             let addr = bound.local_addr();
             let counters = bound.counters();
             let tls = tls_files(lc).zip(bound.tls_reloader());
-            let lctx = ListenerCtx {
-                shared: shared.clone(),
-                registry: registry.clone(),
-                auth: Authenticator::new(lc.allow_anonymous, shared.passwords.clone()),
-                connect_timeout: Duration::from_secs(u64::from(lc.handshake_timeout_secs.max(1))),
-                connections: Arc::new(Semaphore::new(
-                    (lc.max_connections as usize).clamp(1, Semaphore::MAX_PERMITS),
-                )),
-                cn_as_username: lc.tls.as_ref().is_some_and(|t| t.cn_as_username),
-            };
+            let lctx = ListenerCtx::new(
+                &shared,
+                registry.clone(),
+                lc,
+                counters.clone(),
+                logins.clone(),
+            );
             let actor = start_with(ListenerActor::new(bound, lctx), Options::named("listener"));
             tracing::info!(kind = %lc.kind, %addr, "listening");
             listeners.push(BoundListener {
@@ -140,6 +140,7 @@ impl Broker {
             registry,
             _router: router,
             sys,
+            logins,
         })
     }
 
@@ -227,14 +228,14 @@ impl Broker {
         kind: starling_net::ListenerKind,
     ) {
         let lc = ListenerConfig::default();
-        let lctx = Arc::new(ListenerCtx {
-            shared: self.shared.clone(),
-            registry: self.registry.clone(),
-            auth: Authenticator::new(lc.allow_anonymous, self.shared.passwords.clone()),
-            connect_timeout: Duration::from_secs(u64::from(lc.handshake_timeout_secs)),
-            connections: Arc::new(Semaphore::new(1)),
-            cn_as_username: false,
-        });
+        let lctx = Arc::new(ListenerCtx::new(
+            &self.shared,
+            self.registry.clone(),
+            &lc,
+            Arc::new(ListenerCounters::default()),
+            self.logins.clone(),
+        ));
+        let deadline = starling_rt::time::now() + lctx.connect_timeout;
         let info = starling_net::ConnInfo {
             peer,
             transport_peer: peer,
@@ -242,7 +243,7 @@ impl Broker {
             kind,
             tls_client_cn: None,
         };
-        listener::serve(io, info, None, lctx).await;
+        listener::serve(io, info, None, lctx, deadline).await;
     }
 
     /// Stops accepting, closes every connection (MQTT 5: DISCONNECT 0x8B) and stops the
@@ -308,6 +309,19 @@ async fn bind(lc: &ListenerConfig, max_packet_size: u32) -> Result<MqttListener,
     MqttListener::bind(lc.bind, transport, settings)
         .await
         .map_err(err)
+}
+
+/// Nothing is persisted yet (`node.data_dir` stays empty), so say so where operators look
+/// whenever a session can outlive its connection, which with the defaults is always: MQTT
+/// 3.x clean-session-0 clients are always accepted, and v5 ones when
+/// `session_expiry_max_secs` > 0.
+fn warn_volatile_state(config: &Config) {
+    tracing::warn!(
+        data_dir = %config.node.data_dir.display(),
+        session_expiry_max_secs = config.mqtt.session_expiry_max_secs,
+        "sessions and retained messages are kept in memory only and are lost on restart \
+         (persistence is not implemented; nothing is written to data_dir)"
+    );
 }
 
 /// The certificate files of a listener with TLS settings (tls, wss, quic).

@@ -1,38 +1,197 @@
 //! The listener actor (accept loop) and the CONNECT handshake each accepted connection runs
 //! in its own task before it is handed to the registry.
+//!
+//! Everything here runs for peers that have not authenticated, so every resource it spends
+//! is bounded: bytes of CONNECT buffered (`max_connect_packet_size` per connection,
+//! `connect_read_budget_bytes` per listener), password verifications (a bounded pool off
+//! the connection threads, and bans of addresses that keep failing), and log lines (one per
+//! [`LOG_EVERY`] per listener and kind of event).
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use rand::RngCore;
-use starling_auth::{AuthResult, Authenticator};
+use starling_auth::{Admission, AuthResult, Authenticator, FailureLimits, LoginGuard, Recorded};
 use starling_codec::{
-    decode_connect, encode, peek_protocol, Connect, Packet, Protocol, ReasonCode,
+    decode_connect, peek_protocol, Connect, Error as CodecError, Protocol, ReasonCode,
 };
-use starling_net::{ConnInfo, MqttListener, NetError, PendingConnection};
-use starling_rt::{rng, time, Actor, Addr, Ctx};
-use starling_session::{check_connect, refusal, ClientIdentity};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use starling_config::ListenerConfig;
+use starling_net::{ConnInfo, ListenerCounters, MqttListener, NetError, PendingConnection};
+use starling_rt::blocking::BlockingPool;
+use starling_rt::throttle::Throttle;
+use starling_rt::{rng, time, Actor, Addr, Ctx, Reply};
+use starling_session::{check_connect, ClientIdentity};
+use tokio::io::AsyncReadExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn, Instrument};
 
 use crate::client::{Io, NewConn};
 use crate::metrics::add;
+use crate::refuse::refuse;
 use crate::registry::RegistryMsg;
 use crate::settings::Shared;
+
+/// Peer-caused events (bad handshakes, malformed CONNECTs, failed logins) are logged at
+/// info at most once per this, per listener and kind, with the count held back.
+pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// The first read buffer of a connection. A CONNECT is typically well under this; one
+/// declaring more reserves its size from the listener's read budget before it is buffered.
+const FIRST_READ: usize = 256;
+
+/// Sources the login guard tracks at most (about 100 bytes each).
+const GUARD_SOURCES_MAX: usize = 65_536;
 
 /// What every connection of one listener needs.
 pub(crate) struct ListenerCtx {
     pub shared: Arc<Shared>,
     pub registry: Addr<RegistryMsg>,
-    pub auth: Authenticator,
+    /// Shared with the verification jobs, which run on the pool's threads.
+    pub auth: Arc<Authenticator>,
     /// Seconds from accept to a complete CONNECT.
     pub connect_timeout: Duration,
     /// max_connections: one permit per open connection.
     pub connections: Arc<Semaphore>,
     /// Whether the TLS client certificate's CN is the username.
     pub cn_as_username: bool,
+    /// Largest CONNECT read before authentication, whole packet.
+    pub max_connect: u32,
+    /// connect_read_budget_bytes: one permit per byte of CONNECT being buffered.
+    pub connect_budget: Arc<Semaphore>,
+    /// The listener's transport counters (CONNECT timeouts are counted here too).
+    pub counters: Arc<ListenerCounters>,
+    /// Password verification, broker-wide.
+    pub logins: Logins,
+    /// Rate limits of the info lines peers can cause on this listener.
+    pub log_refused: Throttle,
+    pub log_logins: Throttle,
+}
+
+impl ListenerCtx {
+    /// The context of a listener configured as `lc`.
+    pub(crate) fn new(
+        shared: &Arc<Shared>,
+        registry: Addr<RegistryMsg>,
+        lc: &ListenerConfig,
+        counters: Arc<ListenerCounters>,
+        logins: Logins,
+    ) -> Self {
+        let max_connect = lc
+            .max_connect_packet_size
+            .min(shared.config.mqtt.max_packet_size);
+        let budget = usize::try_from(lc.connect_read_budget_bytes)
+            .unwrap_or(usize::MAX)
+            .clamp(max_connect as usize, Semaphore::MAX_PERMITS);
+        Self {
+            shared: shared.clone(),
+            registry,
+            auth: Arc::new(Authenticator::new(
+                lc.allow_anonymous,
+                shared.passwords.clone(),
+            )),
+            connect_timeout: Duration::from_secs(u64::from(lc.handshake_timeout_secs.max(1))),
+            connections: Arc::new(Semaphore::new(
+                (lc.max_connections as usize).clamp(1, Semaphore::MAX_PERMITS),
+            )),
+            cn_as_username: lc.tls.as_ref().is_some_and(|t| t.cn_as_username),
+            max_connect,
+            connect_budget: Arc::new(Semaphore::new(budget)),
+            counters,
+            logins,
+            log_refused: Throttle::new(LOG_EVERY),
+            log_logins: Throttle::new(LOG_EVERY),
+        }
+    }
+}
+
+/// Password verification shared by every listener: the pool that runs it off the
+/// connection threads, and the guard actor that bans addresses that keep failing.
+#[derive(Clone)]
+pub(crate) struct Logins {
+    pool: BlockingPool,
+    guard: Addr<GuardMsg>,
+}
+
+impl Logins {
+    /// Starts the guard and the verification pool as `[auth]` says.
+    pub(crate) fn start(shared: &Shared) -> Self {
+        let a = &shared.config.auth;
+        let threads = a
+            .verify_threads
+            .map_or_else(BlockingPool::default_threads, |t| t as usize);
+        let pool = BlockingPool::new("starling-verify", threads, a.verify_queue as usize);
+        let limits = FailureLimits {
+            failures_max: a.failed_logins_max.max(1),
+            window: Duration::from_secs(u64::from(a.failed_logins_window_secs.max(1))),
+            ban: Duration::from_secs(u64::from(a.failed_login_ban_secs.max(1))),
+            sources_max: GUARD_SOURCES_MAX,
+        };
+        let guard = starling_rt::start_with(
+            GuardActor {
+                guard: LoginGuard::new(limits),
+                started_at: time::now(),
+                log_bans: Throttle::new(LOG_EVERY),
+                prune_every: limits.window,
+            },
+            starling_rt::Options::named("login-guard").capacity(1024),
+        );
+        Logins { pool, guard }
+    }
+}
+
+pub(crate) enum GuardMsg {
+    /// May credentials from this address be verified now?
+    Check(IpAddr, Reply<Admission>),
+    /// A verification from this address failed.
+    Failed(IpAddr),
+    Prune,
+}
+
+/// Owns the failed-login counts and bans (a sans-IO [`LoginGuard`]), so that every
+/// connection task of every listener sees the same bans.
+struct GuardActor {
+    guard: LoginGuard,
+    started_at: time::Instant,
+    log_bans: Throttle,
+    prune_every: Duration,
+}
+
+impl GuardActor {
+    fn now(&self) -> Duration {
+        time::now().saturating_duration_since(self.started_at)
+    }
+}
+
+impl Actor for GuardActor {
+    type Msg = GuardMsg;
+
+    async fn started(&mut self, ctx: &mut Ctx<Self>) {
+        ctx.every(self.prune_every, || GuardMsg::Prune);
+    }
+
+    async fn handle(&mut self, msg: GuardMsg, _ctx: &mut Ctx<Self>) {
+        match msg {
+            GuardMsg::Check(ip, reply) => {
+                let _ = reply.send(self.guard.check(self.now(), ip));
+            }
+            GuardMsg::Failed(ip) => {
+                let now = self.now();
+                if let Recorded::BanStarted { until } = self.guard.record_failure(now, ip) {
+                    if let Some(suppressed) = self.log_bans.admit() {
+                        info!(
+                            %ip,
+                            ban_secs = until.saturating_sub(now).as_secs(),
+                            suppressed,
+                            "address banned after repeated failed logins"
+                        );
+                    }
+                }
+            }
+            GuardMsg::Prune => self.guard.prune(self.now()),
+        }
+    }
 }
 
 pub(crate) enum ListenerMsg {
@@ -80,6 +239,9 @@ impl Actor for ListenerActor {
                     return;
                 };
                 let lctx = self.ctx.clone();
+                // `handshake_timeout_secs` runs from here to a complete CONNECT, across the
+                // transport handshake and the CONNECT read.
+                let deadline = time::now() + lctx.connect_timeout;
                 let span = tracing::debug_span!("conn", %peer);
                 starling_rt::spawn(
                     async move {
@@ -87,12 +249,22 @@ impl Actor for ListenerActor {
                         // while it is not running the task should hold only what follows.
                         // Its place under max_handshakes is freed when this returns, before
                         // the CONNECT is read: a client slow to send it must not hold up
-                        // other connections (the handshake timeout bounds it).
+                        // other connections (the deadline and the read budget bound it).
                         match Box::pin(pending.handshake()).await {
                             Ok((stream, info)) => {
-                                Box::pin(serve(Box::new(stream), info, Some(permit), lctx)).await
+                                let io = Box::new(stream);
+                                Box::pin(serve(io, info, Some(permit), lctx, deadline)).await
                             }
-                            Err(e) => debug!(error = %e, "transport handshake failed"),
+                            Err(e) => {
+                                if let Some(suppressed) = lctx.log_refused.admit() {
+                                    info!(
+                                        %peer,
+                                        error = %e,
+                                        suppressed,
+                                        "transport handshake failed"
+                                    );
+                                }
+                            }
                         }
                     }
                     .instrument(span),
@@ -115,55 +287,54 @@ pub(crate) enum ConnectError {
     #[error("connection closed before CONNECT")]
     Closed,
     #[error("malformed CONNECT: {0}")]
-    Codec(#[from] starling_codec::Error),
+    Codec(#[from] CodecError),
 }
 
 /// Runs the CONNECT handshake on an accepted stream and hands the connection to the
-/// registry: reads the CONNECT (under the listener's timeout), authenticates, checks it
-/// against the session limits, assigns a client id if needed. Refusals get their CONNACK.
+/// registry: reads the CONNECT (by `deadline`, within the listener's CONNECT size and read
+/// budget), authenticates, checks it against the session limits, assigns a client id if
+/// needed. Refusals get their CONNACK.
 pub(crate) async fn serve(
     mut io: Box<dyn Io>,
     info: ConnInfo,
     permit: Option<OwnedSemaphorePermit>,
     lctx: Arc<ListenerCtx>,
+    deadline: time::Instant,
 ) {
     let shared = &lctx.shared;
-    let max = shared.limits.packet_size_max;
-    // Small: a CONNECT is typically well under 256 bytes; the buffer grows if needed.
-    let mut buf = BytesMut::with_capacity(256);
-    let read = time::timeout(lctx.connect_timeout, read_connect(&mut io, &mut buf, max)).await;
+    let mut buf = BytesMut::with_capacity(FIRST_READ);
+    let left = deadline.saturating_duration_since(time::now());
+    let read = time::timeout(left, read_connect(&mut io, &mut buf, &lctx)).await;
     let result = match read {
         None => Err(ConnectError::Timeout(lctx.connect_timeout)),
         Some(r) => r,
     };
-    let mut connect = match result {
+    let (mut connect, budget) = match result {
         Ok(c) => c,
         Err(e) => {
             add(&shared.metrics.connections_refused, 1);
-            if let ConnectError::Codec(_) = &e {
-                // Garbage where a CONNECT belongs (any transport): worth an operator's eye,
-                // and bounded by the listener's handshake limits.
-                info!(
-                    listener = %info.kind,
-                    peer = %info.peer,
-                    error = %e,
-                    "connection refused: malformed CONNECT"
-                );
-            } else {
-                debug!(error = %e, "connection closed before session");
+            match &e {
+                ConnectError::Timeout(_) => {
+                    lctx.counters.record_connect_timeout();
+                    debug!(error = %e, "connection closed before session");
+                }
+                ConnectError::Closed => debug!(error = %e, "connection closed before session"),
+                ConnectError::Codec(_) => {
+                    // Garbage where a CONNECT belongs (any transport): worth an operator's
+                    // eye, but peers send it at will, so rate-limited.
+                    if let Some(suppressed) = lctx.log_refused.admit() {
+                        info!(
+                            listener = %info.kind,
+                            peer = %info.peer,
+                            error = %e,
+                            suppressed,
+                            "connection refused: malformed CONNECT"
+                        );
+                    }
+                }
             }
             if let ConnectError::Codec(ce) = &e {
-                // Answer in the client's version when it can be told (MQTT 5 §3.1.2.2:
-                // unknown versions get 0x84, in 3.x form 0x01).
-                let code = ce.reason_code();
-                let protocol = match peek_protocol(&buf) {
-                    Ok(Some(p)) => Some(p),
-                    _ if code == ReasonCode::UnsupportedProtocolVersion => Some(Protocol::V3_1_1),
-                    _ => None,
-                };
-                if let Some(p) = protocol {
-                    refuse(&mut io, p, code).await;
-                }
+                refuse_malformed(&mut io, &mut buf, ce, left).await;
             }
             return;
         }
@@ -173,15 +344,17 @@ pub(crate) async fn serve(
     } else {
         connect.username.clone()
     };
-    let auth = lctx
-        .auth
-        .authenticate(connect.username.as_deref(), connect.password.as_deref());
-    if auth != AuthResult::Allowed && !(lctx.cn_as_username && info.tls_client_cn.is_some()) {
+    let password = connect.password.take();
+    let verdict = if lctx.cn_as_username && info.tls_client_cn.is_some() {
+        // The verified certificate is the credential.
+        Ok(())
+    } else {
+        authenticate(&lctx, &info, connect.username.as_deref(), password).await
+    };
+    // The CONNECT is decoded and authenticated: its bytes no longer count as unauthenticated.
+    drop(budget);
+    if let Err(code) = verdict {
         add(&shared.metrics.connections_refused, 1);
-        let code = match auth {
-            AuthResult::BadCredentials => ReasonCode::BadUserNameOrPassword,
-            _ => ReasonCode::NotAuthorized,
-        };
         debug!(?code, "CONNECT refused by authentication");
         refuse(&mut io, connect.protocol, code).await;
         return;
@@ -197,7 +370,6 @@ pub(crate) async fn serve(
         }
     };
     // An assigned id leaves `connect.client_id` empty: the session announces it in CONNACK.
-    connect.password = None;
     let conn = Box::new(NewConn {
         connect,
         io,
@@ -212,17 +384,148 @@ pub(crate) async fn serve(
         .await;
 }
 
+/// Decides a CONNECT's credentials: `Err` is the CONNACK code to refuse with. Password
+/// verification runs on the pool, after the address's ban check; a full pool, a ban or a
+/// lost job refuse with Server unavailable (MQTT 5 §3.2.2.2 0x88; 3.x return code 3), which
+/// tells the client to retry later and says nothing about the password.
+async fn authenticate(
+    lctx: &ListenerCtx,
+    info: &ConnInfo,
+    username: Option<&str>,
+    password: Option<bytes::Bytes>,
+) -> Result<(), ReasonCode> {
+    let metrics = &lctx.shared.metrics;
+    let ip = info.peer.ip();
+    let result = if lctx.auth.needs_verification(username, password.as_deref()) {
+        let logins = &lctx.logins;
+        let admission = logins
+            .guard
+            .ask(|r| GuardMsg::Check(ip, r))
+            .await
+            .unwrap_or(Admission::Verify);
+        if let Admission::Banned { .. } = admission {
+            add(&metrics.login_banned, 1);
+            log_login(lctx, info, username, "address banned after failed logins");
+            return Err(ReasonCode::ServerUnavailable);
+        }
+        let auth = lctx.auth.clone();
+        let user = username.map(str::to_owned);
+        let job = logins
+            .pool
+            .try_run(move || auth.authenticate(user.as_deref(), password.as_deref()));
+        let job = match job {
+            Ok(job) => job,
+            Err(_) => {
+                add(&metrics.verify_queue_full, 1);
+                log_login(lctx, info, username, "password verification queue full");
+                return Err(ReasonCode::ServerUnavailable);
+            }
+        };
+        let Ok(result) = job.await else {
+            return Err(ReasonCode::ServerUnavailable);
+        };
+        if result == AuthResult::BadCredentials {
+            // Only verified failures count towards a ban: they are what costs the broker.
+            // `try_send`: under a storm a full guard mailbox loses a count, not a thread.
+            let _ = logins.guard.try_send(GuardMsg::Failed(ip));
+        }
+        result
+    } else {
+        lctx.auth.authenticate(username, password.as_deref())
+    };
+    match result {
+        AuthResult::Allowed => Ok(()),
+        AuthResult::BadCredentials => {
+            add(&metrics.login_failed, 1);
+            log_login(lctx, info, username, "bad user name or password");
+            Err(ReasonCode::BadUserNameOrPassword)
+        }
+        AuthResult::NotAuthorized => {
+            add(&metrics.login_failed, 1);
+            log_login(lctx, info, username, "not authorized");
+            Err(ReasonCode::NotAuthorized)
+        }
+    }
+}
+
+fn log_login(lctx: &ListenerCtx, info: &ConnInfo, username: Option<&str>, reason: &'static str) {
+    if let Some(suppressed) = lctx.log_logins.admit() {
+        info!(
+            listener = %info.kind,
+            peer = %info.peer,
+            username = username.unwrap_or(""),
+            reason,
+            suppressed,
+            "login refused"
+        );
+    }
+}
+
+/// Answers a CONNECT that did not decode, in the client's version when it can be told
+/// (MQTT 5 §3.1.2.2: unknown versions get 0x84, in 3.x form 0x01). One declaring more
+/// than `max_connect_packet_size` gets 0x95 Packet too large in MQTT 5; MQTT 3.x has no
+/// such code, so the connection is just closed.
+async fn refuse_malformed(
+    io: &mut Box<dyn Io>,
+    buf: &mut BytesMut,
+    error: &CodecError,
+    left: Duration,
+) {
+    let code = error.reason_code();
+    if code == ReasonCode::PacketTooLarge {
+        // The size is known from the fixed header alone; the protocol level may be a few
+        // bytes further on. Read at most up to the first buffer's size, briefly, to tell.
+        let wait = left.min(Duration::from_secs(1));
+        let _ = time::timeout(wait, async {
+            while matches!(peek_protocol(buf), Ok(None)) && buf.len() < FIRST_READ {
+                let mut limited = (&mut *io).take((FIRST_READ - buf.len()) as u64);
+                match limited.read_buf(buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+    }
+    let protocol = match peek_protocol(buf) {
+        Ok(Some(p)) => Some(p),
+        _ if code == ReasonCode::UnsupportedProtocolVersion => Some(Protocol::V3_1_1),
+        _ => None,
+    };
+    match protocol {
+        Some(Protocol::V5) => refuse(io, Protocol::V5, code).await,
+        Some(_) if code == ReasonCode::PacketTooLarge => {}
+        Some(p) => refuse(io, p, code).await,
+        None => {}
+    }
+}
+
+/// Reads the CONNECT, returning it with the read-budget permit its bytes hold (if it was
+/// larger than the first buffer). Refuses, before buffering, a CONNECT declaring more than
+/// `max_connect`.
 async fn read_connect(
     io: &mut Box<dyn Io>,
     buf: &mut BytesMut,
-    max: u32,
-) -> Result<Connect, ConnectError> {
+    lctx: &ListenerCtx,
+) -> Result<(Connect, Option<OwnedSemaphorePermit>), ConnectError> {
+    let mut budget = None;
     loop {
-        if let Some(c) = decode_connect(buf, max)? {
-            return Ok(c);
+        match decode_connect(buf, lctx.max_connect) {
+            Ok(Some(c)) => return Ok((c, budget)),
+            Ok(None) => {}
+            Err(e) => {
+                if matches!(e, CodecError::PacketTooLarge { .. }) {
+                    add(&lctx.shared.metrics.connect_too_large, 1);
+                }
+                return Err(e.into());
+            }
         }
-        if buf.capacity() - buf.len() < 128 {
-            buf.reserve(buf.len().max(256));
+        // `decode_connect` has checked the declared size against `max_connect`.
+        if let (None, Some(size)) = (&budget, declared_size(buf)) {
+            if size > buf.capacity() {
+                budget = Some(reserve_budget(lctx, size).await?);
+                buf.reserve(size - buf.len());
+            }
         }
         match io.read_buf(buf).await {
             Ok(0) | Err(_) => return Err(ConnectError::Closed),
@@ -231,28 +534,38 @@ async fn read_connect(
     }
 }
 
-async fn refuse(io: &mut Box<dyn Io>, protocol: Protocol, code: ReasonCode) {
-    let mut out = BytesMut::new();
-    if encode(
-        &Packet::Connack(refusal(code)),
-        protocol,
-        u32::MAX,
-        &mut out,
-    )
-    .is_ok()
-    {
-        let _ = time::timeout(Duration::from_secs(5), async {
-            io.write_all(&out).await?;
-            io.flush().await?;
-            io.shutdown().await?;
-            // Read until the peer closes: closing with unread input sends RST, which can
-            // destroy the CONNACK before the client reads it.
-            let mut scratch = [0u8; 256];
-            while io.read(&mut scratch).await? > 0 {}
-            std::io::Result::Ok(())
-        })
-        .await;
+/// Takes `size` bytes from the listener's CONNECT read budget, waiting (and counting the
+/// wait) while it is spent; the caller's deadline bounds the wait.
+async fn reserve_budget(
+    lctx: &ListenerCtx,
+    size: usize,
+) -> Result<OwnedSemaphorePermit, ConnectError> {
+    // `size` is at most `max_connect`, a u32, and the budget holds at least that much.
+    let n = u32::try_from(size).map_err(|_| ConnectError::Closed)?;
+    match lctx.connect_budget.clone().try_acquire_many_owned(n) {
+        Ok(p) => Ok(p),
+        Err(_) => {
+            add(&lctx.shared.metrics.connect_budget_waits, 1);
+            lctx.connect_budget
+                .clone()
+                .acquire_many_owned(n)
+                .await
+                .map_err(|_| ConnectError::Closed)
+        }
     }
+}
+
+/// The whole size of the packet at the start of `buf` (fixed header included), once its
+/// Remaining Length is all there (MQTT 5 §1.5.5: at most 4 bytes).
+fn declared_size(buf: &[u8]) -> Option<usize> {
+    let mut remaining = 0usize;
+    for (i, &b) in buf.get(1..)?.iter().take(4).enumerate() {
+        remaining |= usize::from(b & 0x7F) << (7 * i);
+        if b & 0x80 == 0 {
+            return Some(1 + (i + 1) + remaining);
+        }
+    }
+    None
 }
 
 /// A broker-assigned client id: unique with overwhelming probability, from the runtime's
@@ -260,4 +573,22 @@ async fn refuse(io: &mut Box<dyn Io>, protocol: Protocol, code: ReasonCode) {
 fn assign_client_id() -> String {
     let mut r = rng::rng();
     format!("starling-{:016x}{:08x}", r.next_u64(), r.next_u32())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::declared_size;
+
+    #[test]
+    fn declared_size_counts_the_fixed_header_once_the_length_is_complete() {
+        assert_eq!(declared_size(&[0x10]), None);
+        assert_eq!(declared_size(&[0x10, 0x0A]), Some(12));
+        assert_eq!(declared_size(&[0x10, 0x80]), None);
+        assert_eq!(declared_size(&[0x10, 0x80, 0x01]), Some(131));
+        // 1 MiB: 0x80 0x80 0x40.
+        assert_eq!(
+            declared_size(&[0x10, 0x80, 0x80, 0x40]),
+            Some(4 + (1 << 20))
+        );
+    }
 }

@@ -21,6 +21,16 @@ pub(crate) struct Metrics {
     pub dropped_other: AtomicU64,
     pub delayed_refused: AtomicU64,
     pub retained_refused: AtomicU64,
+    pub reserved_topic_refused: AtomicU64,
+    pub dropped_acl: AtomicU64,
+    pub client_id_refused: AtomicU64,
+    pub backpressure_stalls: AtomicU64,
+    // Before authentication (listener.rs).
+    pub connect_too_large: AtomicU64,
+    pub connect_budget_waits: AtomicU64,
+    pub login_failed: AtomicU64,
+    pub login_banned: AtomicU64,
+    pub verify_queue_full: AtomicU64,
 }
 
 /// Adds `n` to a counter.
@@ -65,6 +75,27 @@ pub struct MetricsSnapshot {
     pub delayed_refused: u64,
     /// Retained messages the store refused (its caps).
     pub retained_refused: u64,
+    /// Client publishes (wills and `$delayed/` targets included) refused because their
+    /// topic is reserved for the broker (`$SYS`, any `$` topic but `$delayed/`).
+    pub reserved_topic_refused: u64,
+    /// Deliveries withheld because the subscriber's ACL denies it the topic.
+    pub dropped_acl: u64,
+    /// CONNECTs refused because their client id belongs to another identity.
+    pub client_id_refused: u64,
+    /// Subscribers found stalled while holding publishers back (they stopped holding).
+    pub backpressure_stalls: u64,
+    /// CONNECTs refused because they declared more than the listener's
+    /// `max_connect_packet_size`.
+    pub connect_too_large: u64,
+    /// CONNECT reads that had to wait for the listener's `connect_read_budget_bytes`.
+    pub connect_budget_waits: u64,
+    /// CONNECTs whose credentials were verified and found wrong (or absent where needed).
+    pub login_failed: u64,
+    /// CONNECTs with credentials refused unverified: their address is banned after
+    /// `failed_logins_max` failures.
+    pub login_banned: u64,
+    /// CONNECTs refused because the password verification queue was full.
+    pub verify_queue_full: u64,
 }
 
 impl Metrics {
@@ -82,6 +113,15 @@ impl Metrics {
             dropped_other: get(&self.dropped_other),
             delayed_refused: get(&self.delayed_refused),
             retained_refused: get(&self.retained_refused),
+            reserved_topic_refused: get(&self.reserved_topic_refused),
+            dropped_acl: get(&self.dropped_acl),
+            client_id_refused: get(&self.client_id_refused),
+            backpressure_stalls: get(&self.backpressure_stalls),
+            connect_too_large: get(&self.connect_too_large),
+            connect_budget_waits: get(&self.connect_budget_waits),
+            login_failed: get(&self.login_failed),
+            login_banned: get(&self.login_banned),
+            verify_queue_full: get(&self.verify_queue_full),
         }
     }
 }

@@ -6,10 +6,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use starling_codec::ReasonCode;
+use starling_config::ClientIdPolicy;
 use starling_rt::{start_with, time, Actor, ActorId, Addr, Ctx, Options, Reply, TrySendError};
 use tracing::debug;
 
 use crate::client::{Client, ClientMsg, NewConn};
+use crate::metrics::add;
+use crate::refuse::refuse;
 use crate::routing::RouterMsg;
 use crate::settings::Shared;
 
@@ -36,6 +40,9 @@ pub(crate) enum RegistryMsg {
 struct Entry {
     addr: Addr<ClientMsg>,
     attaches: u32,
+    /// The identity the session belongs to (its username; `None` for anonymous): only
+    /// connections of that identity may resume or take it over.
+    owner: Option<Arc<str>>,
 }
 
 pub(crate) struct Registry {
@@ -54,7 +61,25 @@ impl Registry {
     }
 
     async fn connect(&mut self, client_id: Arc<str>, conn: Box<NewConn>, ctx: &mut Ctx<Self>) {
+        let username = conn.username.as_deref();
+        if !id_allowed(
+            self.shared.config.auth.client_id_policy,
+            &client_id,
+            username,
+        ) {
+            debug!(client_id = %client_id, username, "CONNECT refused: client id not allowed for this user");
+            self.refuse(conn);
+            return;
+        }
         let conn = match self.clients.get_mut(&client_id) {
+            Some(e) if !e.addr.is_closed() && e.owner.as_deref() != username => {
+                // Another identity's session, online or not: neither resumed nor taken
+                // over. Counted and logged at debug only: it is cheap for a client to
+                // repeat (the counter shows a storm).
+                debug!(client_id = %client_id, username, "CONNECT refused: client id belongs to another user");
+                self.refuse(conn);
+                return;
+            }
             Some(e) if !e.addr.is_closed() => {
                 e.attaches = e.attaches.wrapping_add(1);
                 // Urgent lane: a takeover must not wait behind a slow subscriber's backlog.
@@ -77,9 +102,55 @@ impl Registry {
             client_id.clone(),
             conn,
         );
+        let owner = client.owner();
         let opts = Options::named("client").capacity(self.shared.client_mailbox);
         let addr = start_with(client, opts);
-        self.clients.insert(client_id, Entry { addr, attaches: 1 });
+        self.clients.insert(
+            client_id,
+            Entry {
+                addr,
+                attaches: 1,
+                owner,
+            },
+        );
+    }
+
+    /// Answers a CONNECT whose client id this identity may not use (v5 0x85 Client
+    /// Identifier not valid, 3.x return code 2), off the registry's turn.
+    fn refuse(&self, conn: Box<NewConn>) {
+        add(&self.shared.metrics.connections_refused, 1);
+        add(&self.shared.metrics.client_id_refused, 1);
+        let NewConn {
+            connect,
+            mut io,
+            permit,
+            ..
+        } = *conn;
+        starling_rt::spawn(async move {
+            refuse(
+                &mut io,
+                connect.protocol,
+                ReasonCode::ClientIdentifierNotValid,
+            )
+            .await;
+            drop(permit);
+        });
+    }
+}
+
+/// Whether `policy` lets a client with `username` use `client_id` at all (whose session it
+/// is, is the entry's `owner`). Anonymous clients have no name to hold an id to.
+fn id_allowed(policy: ClientIdPolicy, client_id: &str, username: Option<&str>) -> bool {
+    let Some(user) = username else { return true };
+    match policy {
+        ClientIdPolicy::Bound => true,
+        ClientIdPolicy::EqualUsername => client_id == user,
+        ClientIdPolicy::UsernamePrefix => {
+            client_id == user
+                || client_id
+                    .strip_prefix(user)
+                    .is_some_and(|rest| rest.starts_with('-'))
+        }
     }
 }
 

@@ -222,11 +222,12 @@ impl RouterActor {
                     && client.online
                     && !Arc::ptr_eq(from, f)
                     && !f.is_stuck()
+                    && f.may_hold()
                     && (f.backlogged()
                         || f.waiting() + client.pending.len() >= self.shared.limits.backlog_high())
                 {
                     f.set_backlogged();
-                    from.hold_for(f);
+                    from.hold_for(f, starling_rt::time::now());
                     // Read and acknowledged before the hold reached its publisher: kept
                     // past the queue bound (up to the hard bound) rather than dropped.
                     opts.held_back = true;

@@ -59,6 +59,8 @@ impl Shared {
             shared_available: m.shared_subscription,
             subscriptions_max: m.subscriptions_max as usize,
             client_id_len_max: usize::from(m.client_id_len_max),
+            topic_len_max: usize::from(m.topic_len_max),
+            topic_levels_max: usize::from(m.topic_levels_max),
             response_information: m.response_information.clone(),
             validate_utf8_payload: false,
         };

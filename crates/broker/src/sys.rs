@@ -79,7 +79,8 @@ impl SysActor {
                 (m.dropped_queue_full
                     + m.dropped_mailbox_full
                     + m.dropped_expired
-                    + m.dropped_other)
+                    + m.dropped_other
+                    + m.dropped_acl)
                     .to_string(),
             ),
             ("subscriptions/count", stats.subscriptions.to_string()),
@@ -94,7 +95,10 @@ impl SysActor {
             for (name, value) in [
                 ("accepted", c.accepted),
                 ("handshake_failed", c.handshake_failed),
-                ("handshake_timed_out", c.timed_out),
+                // Every connection that did not reach a complete CONNECT in time, whether
+                // its transport handshake or its CONNECT was late.
+                ("handshake_timed_out", c.timed_out + c.connect_timed_out),
+                ("connect_timed_out", c.connect_timed_out),
             ] {
                 self.publish(
                     &format!("listeners/{kind}/{port}/{name}"),

@@ -139,7 +139,15 @@ fn check_first_byte(first: u8, protocol: Protocol) -> Result<PacketType, Error> 
         PacketType::Pubrel | PacketType::Subscribe | PacketType::Unsubscribe => 0b0010,
         _ => 0,
     };
-    if flags != expected {
+    // MQTT 3.1 §3.6 (and §3.8, §3.10): PUBREL, SUBSCRIBE and UNSUBSCRIBE travel at QoS 1
+    // and are retried like a QoS 1 PUBLISH, with DUP set. 3.1.1 and 5.0 fixed the flags at
+    // 0b0010, so the DUP bit is tolerated for 3.1 only.
+    let checked = if protocol == Protocol::V3_1 && expected == 0b0010 {
+        flags & !0b1000
+    } else {
+        flags
+    };
+    if checked != expected {
         return Err(Error::InvalidFixedHeaderFlags { packet_type, flags });
     }
     Ok(packet_type)
@@ -320,8 +328,10 @@ fn decode_connect_body(r: &mut Reader) -> Result<Connect, Error> {
     let protocol = protocol_of(&name, level)?;
     let v5 = protocol.is_v5();
     let flags = r.u8()?;
-    // MQTT 5 §3.1.2.3: the reserved flag must be 0, else Malformed Packet.
-    if flags & 0x01 != 0 {
+    // MQTT 5 §3.1.2.3 and MQTT 3.1.1 §3.1.2.3 [MQTT-3.1.2-3]: the reserved flag must be 0,
+    // else Malformed Packet. MQTT 3.1 leaves bit 0 unused and says nothing of its value,
+    // and some 3.1 clients send it set: ignored there.
+    if flags & 0x01 != 0 && protocol != Protocol::V3_1 {
         return Err(Error::ConnectReservedFlag);
     }
     let clean_start = flags & 0x02 != 0;
@@ -506,7 +516,7 @@ fn decode_options(byte: u8, protocol: Protocol) -> Result<SubscriptionOptions, E
     if byte & reserved != 0 {
         return Err(Error::SubscriptionOptionsReserved);
     }
-    let qos = QoS::from_u8(byte & 0b11).ok_or(Error::InvalidQoS)?;
+    let qos = QoS::from_u8(byte & 0b11).ok_or(Error::SubscriptionQoSInvalid)?;
     let retain_handling = match (byte >> 4) & 0b11 {
         0 => RetainHandling::SendAtSubscribe,
         1 => RetainHandling::SendIfNewSubscription,

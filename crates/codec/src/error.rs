@@ -100,9 +100,15 @@ pub enum Error {
     /// Will QoS or Will Retain set without the Will Flag (MQTT 5 §3.1.2.6, §3.1.2.7).
     #[error("will QoS or retain set without will flag")]
     WillFlagsWithoutWill,
-    /// A QoS field holds 3 (MQTT 5 §3.3.1.2, §3.1.2.6).
+    /// A PUBLISH or Will QoS field holds 3 (MQTT 5 §3.3.1.2, §3.1.2.6: "is a
+    /// Malformed Packet").
     #[error("QoS 3 is reserved")]
     InvalidQoS,
+    /// A SUBSCRIBE's Maximum QoS holds 3. Its own variant because MQTT 5
+    /// §3.8.3.1 makes it a Protocol Error, not a Malformed Packet as for
+    /// PUBLISH and the will.
+    #[error("subscription maximum QoS 3 is reserved")]
+    SubscriptionQoSInvalid,
     /// Password Flag without User Name Flag, forbidden before 5.0 (MQTT 3.1.1 §3.1.2.9).
     #[error("password without user name")]
     PasswordWithoutUsername,
@@ -239,6 +245,7 @@ impl Error {
             | PacketIdMismatch { .. }
             | EmptyPayload { .. }
             | RetainHandlingInvalid
+            | SubscriptionQoSInvalid
             | DuplicateProperty { .. }
             | PropertyValueZero { .. }
             | InvalidPropertyValue { .. }

@@ -114,6 +114,49 @@ fn reserved_fixed_header_flags_are_malformed() {
 }
 
 #[test]
+fn mqtt_3_1_pubrel_subscribe_unsubscribe_with_dup_are_accepted() {
+    // MQTT 3.1 §3.6: PUBREL is sent at QoS 1 and retried with DUP set, like SUBSCRIBE and
+    // UNSUBSCRIBE (§3.8, §3.10).
+    assert_eq!(
+        ok(&[0x6A, 0x02, 0x00, 0x07], V31),
+        Packet::Pubrel(PubAck::new(PacketId::new(7).expect("non-zero")))
+    );
+    assert!(matches!(
+        ok(&frame(0x8A, &[0, 1, 0, 1, b'a', 1]), V31),
+        Packet::Subscribe(_)
+    ));
+    assert!(matches!(
+        ok(&frame(0xAA, &[0, 1, 0, 1, b'a']), V31),
+        Packet::Unsubscribe(_)
+    ));
+    // Only DUP: other flag bits stay refused in 3.1.
+    assert_err(
+        &[0x6B, 0x02, 0x00, 0x07],
+        V31,
+        Error::InvalidFixedHeaderFlags {
+            packet_type: PacketType::Pubrel,
+            flags: 0b1011,
+        },
+        MALFORMED,
+    );
+}
+
+#[test]
+fn pubrel_with_dup_is_malformed_in_3_1_1_and_5() {
+    for protocol in [V311, V5] {
+        assert_err(
+            &[0x6A, 0x02, 0x00, 0x07],
+            protocol,
+            Error::InvalidFixedHeaderFlags {
+                packet_type: PacketType::Pubrel,
+                flags: 0b1010,
+            },
+            MALFORMED,
+        );
+    }
+}
+
+#[test]
 fn fixed_header_is_checked_before_the_body_arrives() {
     // Only the first byte is there: still refused.
     assert!(matches!(
@@ -676,10 +719,29 @@ fn subscription_options_reserved_bits_are_malformed() {
 }
 
 #[test]
-fn subscription_qos_3_is_malformed() {
+fn subscription_qos_3_is_a_protocol_error() {
+    // MQTT 5 §3.8.3.1: "It is a Protocol Error if the Maximum QoS field has the value 3".
+    assert_err(
+        &frame(0x82, &[0, 1, 0, 0, 1, b'a', 3]),
+        V5,
+        Error::SubscriptionQoSInvalid,
+        PROTOCOL,
+    );
+    // 3.1.1 only closes the connection; the same error either way.
     assert_err(
         &frame(0x82, &[0, 1, 0, 1, b'a', 3]),
         V311,
+        Error::SubscriptionQoSInvalid,
+        PROTOCOL,
+    );
+}
+
+#[test]
+fn publish_qos_3_stays_malformed() {
+    // MQTT 5 §3.3.1.2: unlike SUBSCRIBE, a PUBLISH with both QoS bits set is malformed.
+    assert_err(
+        &frame(0x36, &[0, 1, b'a', 0, 1]),
+        V5,
         Error::InvalidQoS,
         MALFORMED,
     );
@@ -768,9 +830,22 @@ fn first_packet_other_than_connect_is_a_protocol_error() {
 
 #[test]
 fn connect_reserved_flag_is_malformed() {
-    let e = connect_of(&connect_bytes(b"MQTT", 4, 0x01, &[0, 0])).unwrap_err();
-    assert_eq!(e, Error::ConnectReservedFlag);
-    assert_eq!(e.reason_code(), MALFORMED);
+    for level in [4, 5] {
+        let e = connect_of(&connect_bytes(b"MQTT", level, 0x01 | 0x02, &[0, 1, b'c'])).unwrap_err();
+        assert_eq!(e, Error::ConnectReservedFlag);
+        assert_eq!(e.reason_code(), MALFORMED);
+    }
+}
+
+#[test]
+fn mqtt_3_1_connect_with_the_unused_flag_bit_is_accepted() {
+    // MQTT 3.1 leaves bit 0 unused without requiring 0: ignored, the other flags stand.
+    let c = connect_of(&connect_bytes(b"MQIsdp", 3, 0x01 | 0x02, &[0, 1, b'c']))
+        .expect("accepted")
+        .expect("whole packet");
+    assert_eq!(c.protocol, V31);
+    assert!(c.clean_start);
+    assert_eq!(c.client_id, "c");
 }
 
 #[test]

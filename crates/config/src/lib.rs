@@ -17,8 +17,9 @@ mod validate;
 
 pub use error::{ConfigError, Warning};
 pub use model::{
-    AclDefault, AuthConfig, Config, DropPolicy, ListenerConfig, ListenerKind, LogConfig,
-    MqttConfig, NodeConfig, QuicConfig, SharedStrategy, TlsConfig, WsConfig,
+    AclDefault, AuthConfig, BackpressureHolders, ClientIdPolicy, Config, DropPolicy,
+    ListenerConfig, ListenerKind, LogConfig, MqttConfig, NodeConfig, QuicConfig, SharedStrategy,
+    StuckPolicy, TlsConfig, WsConfig,
 };
 
 /// Every key the file format accepts, as dotted paths with `listeners[]` for the array

@@ -128,6 +128,15 @@ pub struct ListenerConfig {
     pub max_handshakes: u32,
     /// Seconds from accept to a complete CONNECT before the connection is closed. Default 10.
     pub handshake_timeout_secs: u32,
+    /// Largest CONNECT accepted, in bytes, whole packet: what one unauthenticated
+    /// connection may make the broker buffer. Larger ones are refused (v5: CONNACK 0x95).
+    /// At most `mqtt.max_packet_size`. Default 16384.
+    pub max_connect_packet_size: u32,
+    /// Bytes of CONNECTs being read at once on this listener, at most. A CONNECT larger
+    /// than the first read buffer (256 bytes) reserves its declared size from this budget
+    /// before it is buffered, waiting (under the handshake timeout) while the budget is
+    /// spent. At least `max_connect_packet_size`. Default 16 MiB.
+    pub connect_read_budget_bytes: u64,
     /// Whether clients without a username may connect. Default true.
     pub allow_anonymous: bool,
     /// Whether connections start with a PROXY protocol v1/v2 header (tcp and tls only).
@@ -149,6 +158,8 @@ impl Default for ListenerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_handshakes: DEFAULT_MAX_HANDSHAKES,
             handshake_timeout_secs: DEFAULT_HANDSHAKE_TIMEOUT_SECS,
+            max_connect_packet_size: DEFAULT_MAX_CONNECT_PACKET_SIZE,
+            connect_read_budget_bytes: DEFAULT_CONNECT_READ_BUDGET_BYTES,
             allow_anonymous: true,
             proxy_protocol: false,
             tls: None,
@@ -161,6 +172,12 @@ impl Default for ListenerConfig {
 pub(crate) const DEFAULT_MAX_CONNECTIONS: u32 = 100_000;
 pub(crate) const DEFAULT_MAX_HANDSHAKES: u32 = 1000;
 pub(crate) const DEFAULT_HANDSHAKE_TIMEOUT_SECS: u32 = 10;
+// A v5 CONNECT with a client id, credentials, authentication data and a will with
+// properties is well under 4 KiB; 16 KiB leaves room for a large will payload while 1,500
+// stalled CONNECTs hold at most 24 MiB (and the read budget caps them lower).
+pub(crate) const DEFAULT_MAX_CONNECT_PACKET_SIZE: u32 = 16 * 1024;
+// About a thousand maximal CONNECTs in flight, or any number of ordinary (< 256 B) ones.
+pub(crate) const DEFAULT_CONNECT_READ_BUDGET_BYTES: u64 = 16 * 1024 * 1024;
 pub(crate) const DEFAULT_WS_PATH: &str = "/mqtt";
 pub(crate) const DEFAULT_QUIC_IDLE_TIMEOUT_SECS: u32 = 30;
 
@@ -205,6 +222,8 @@ pub(crate) struct RawListener {
     pub max_connections: Option<u32>,
     pub max_handshakes: Option<u32>,
     pub handshake_timeout_secs: Option<u32>,
+    pub max_connect_packet_size: Option<u32>,
+    pub connect_read_budget_bytes: Option<u64>,
     pub allow_anonymous: Option<bool>,
     pub proxy_protocol: Option<bool>,
     pub tls: Option<RawTls>,
@@ -283,6 +302,24 @@ pub struct MqttConfig {
     /// back-pressure): a client that stops acknowledging must not stall its publishers
     /// for good. 1..=3600, default 10.
     pub backpressure_max_secs: u32,
+    /// A subscriber holding publishers back that takes nothing in (acknowledges nothing,
+    /// its queue does not move) for this long is stalled: it stops holding them at once.
+    /// Well-behaved slow subscribers acknowledge something every round trip. 1..=3600,
+    /// default 2.
+    pub backpressure_stall_secs: u32,
+    /// Stalls (or `backpressure_max_secs` expiries) a subscriber may have within
+    /// `backpressure_window_secs`; past that it holds no one back until the window ends,
+    /// so that a client draining now and then cannot stall the broker over and over.
+    /// 1..=1000, default 2.
+    pub backpressure_stalls_max: u32,
+    /// The window stalls are counted in. 1..=86400, default 60.
+    pub backpressure_window_secs: u32,
+    /// What happens to a subscriber found stalled: `drop` (its queue drops by its policy
+    /// until it drains) or `disconnect` (v5 DISCONNECT 0x97 Quota exceeded). Default drop.
+    pub backpressure_stuck_policy: StuckPolicy,
+    /// Which subscribers may hold publishers back: `all` or `authenticated` (clients with
+    /// a username; anonymous subscribers then only drop). Default all.
+    pub backpressure_holders: BackpressureHolders,
     /// Largest keep alive accepted; larger requests get this (v5 Server Keep Alive). Default 65535.
     pub keepalive_max_secs: u16,
     /// Smallest non-zero keep alive accepted. Default 0.
@@ -291,7 +328,8 @@ pub struct MqttConfig {
     pub allow_zero_keepalive: bool,
     /// Largest session expiry granted. Default 7200 (2 hours).
     pub session_expiry_max_secs: u32,
-    /// Largest message expiry; messages without one get this. Default 86400.
+    /// Longest a message is kept; a larger publisher expiry is capped to it, and a message
+    /// without one is kept this long but forwarded without one. Default 86400.
     pub message_expiry_max_secs: u32,
     /// Seconds before an unacknowledged QoS 1/2 message is resent. Default 30.
     pub retry_interval_secs: u32,
@@ -340,6 +378,11 @@ impl Default for MqttConfig {
             mqueue_drop_policy: DropPolicy::DropOldestQos0First,
             backpressure: true,
             backpressure_max_secs: 10,
+            backpressure_stall_secs: 2,
+            backpressure_stalls_max: 2,
+            backpressure_window_secs: 60,
+            backpressure_stuck_policy: StuckPolicy::Drop,
+            backpressure_holders: BackpressureHolders::All,
             keepalive_max_secs: 65535,
             keepalive_min_secs: 0,
             allow_zero_keepalive: true,
@@ -367,6 +410,28 @@ impl Default for MqttConfig {
     }
 }
 
+/// What happens to a subscriber found stalled while it held publishers back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StuckPolicy {
+    /// It stops holding publishers back; its queue drops by its policy until it drains.
+    #[default]
+    Drop,
+    /// It is disconnected (v5 DISCONNECT 0x97 Quota exceeded).
+    Disconnect,
+}
+
+/// Which subscribers may hold publishers back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackpressureHolders {
+    /// Every online subscriber.
+    #[default]
+    All,
+    /// Only clients that connected with a username.
+    Authenticated,
+}
+
 /// The decision when no ACL rule matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -379,7 +444,7 @@ pub enum AclDefault {
 }
 
 /// `[auth]`.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
     /// Password file (`username:$argon2id$...` lines); none = usernames are not verified.
@@ -388,6 +453,54 @@ pub struct AuthConfig {
     pub acl_file: Option<PathBuf>,
     /// Decision when no rule matches. Default `allow`.
     pub acl_default: AclDefault,
+    /// Which client ids an identity may use. Default `bound`.
+    pub client_id_policy: ClientIdPolicy,
+    /// Threads verifying passwords, apart from the threads serving connections. 1..=256;
+    /// absent = half the cores, at least 1.
+    pub verify_threads: Option<u32>,
+    /// Verifications waiting for a thread at most; a CONNECT that finds the queue full is
+    /// refused with CONNACK 0x88 Server unavailable (3.x: 3). 1..=65535, default 32.
+    pub verify_queue: u32,
+    /// Failed logins from one address (IPv6: one /64) within `failed_logins_window_secs`
+    /// that ban it for `failed_login_ban_secs`. 1..=1000000, default 10.
+    pub failed_logins_max: u32,
+    /// The window failed logins are counted in. 1..=86400, default 60.
+    pub failed_logins_window_secs: u32,
+    /// How long a banned address has its CONNECTs with credentials refused without
+    /// verification (CONNACK 0x88 / 3). 1..=86400, default 60.
+    pub failed_login_ban_secs: u32,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            password_file: None,
+            acl_file: None,
+            acl_default: AclDefault::default(),
+            client_id_policy: ClientIdPolicy::default(),
+            verify_threads: None,
+            verify_queue: 32,
+            failed_logins_max: 10,
+            failed_logins_window_secs: 60,
+            failed_login_ban_secs: 60,
+        }
+    }
+}
+
+/// Which client ids an identity (username, or certificate CN) may use. Every policy binds
+/// a session to the identity that created it; the others are stricter still.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientIdPolicy {
+    /// Any client id; a session belongs to the identity that created it, and a CONNECT
+    /// by another identity with its client id is refused.
+    #[default]
+    Bound,
+    /// As `bound`, and a client with a username must use it as its client id.
+    EqualUsername,
+    /// As `bound`, and a client with a username must use a client id that is the
+    /// username or starts with `{username}-`.
+    UsernamePrefix,
 }
 
 /// `[log]`.

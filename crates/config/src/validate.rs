@@ -85,7 +85,14 @@ fn validate(raw: RawConfig, base: Option<&Path>) -> Result<(Config, Vec<Warning>
             .map(|p| resolve_file("auth.acl_file", p, base))
             .transpose()?,
         acl_default: raw.auth.acl_default,
+        client_id_policy: raw.auth.client_id_policy,
+        verify_threads: raw.auth.verify_threads,
+        verify_queue: raw.auth.verify_queue,
+        failed_logins_max: raw.auth.failed_logins_max,
+        failed_logins_window_secs: raw.auth.failed_logins_window_secs,
+        failed_login_ban_secs: raw.auth.failed_login_ban_secs,
     };
+    validate_auth(&auth)?;
     validate_log(&raw.log)?;
 
     let listeners = match raw.listeners {
@@ -93,7 +100,7 @@ fn validate(raw: RawConfig, base: Option<&Path>) -> Result<(Config, Vec<Warning>
         Some(raws) => {
             let mut all = Vec::with_capacity(raws.len());
             for (i, l) in raws.into_iter().enumerate() {
-                all.push(validate_listener(i, l, base)?);
+                all.push(validate_listener(i, l, base, &raw.mqtt)?);
             }
             check_unique_binds(&all)?;
             let mut enabled = Vec::with_capacity(all.len());
@@ -202,12 +209,53 @@ fn validate_mqtt(m: &MqttConfig) -> Result<(), ConfigError> {
         1,
         3600,
     )?;
+    range(
+        "mqtt.backpressure_stall_secs",
+        m.backpressure_stall_secs,
+        1,
+        3600,
+    )?;
+    range(
+        "mqtt.backpressure_stalls_max",
+        m.backpressure_stalls_max,
+        1,
+        1000,
+    )?;
+    range(
+        "mqtt.backpressure_window_secs",
+        m.backpressure_window_secs,
+        1,
+        86_400,
+    )?;
     if m.response_information.as_deref() == Some("") {
         return Err(invalid(
             "mqtt.response_information",
             "must not be empty (leave it out to send none)",
         ));
     }
+    Ok(())
+}
+
+fn validate_auth(a: &AuthConfig) -> Result<(), ConfigError> {
+    if let Some(threads) = a.verify_threads {
+        // Each verification holds 19 MiB (argon2id's m): more threads than that are memory,
+        // not throughput.
+        range("auth.verify_threads", threads, 1, 256)?;
+    }
+    range("auth.verify_queue", a.verify_queue, 1, 65535)?;
+    range("auth.failed_logins_max", a.failed_logins_max, 1, 1_000_000)?;
+    range(
+        "auth.failed_logins_window_secs",
+        a.failed_logins_window_secs,
+        1,
+        86_400,
+    )?;
+    range(
+        "auth.failed_login_ban_secs",
+        a.failed_login_ban_secs,
+        1,
+        86_400,
+    )?;
     Ok(())
 }
 
@@ -235,6 +283,7 @@ fn validate_listener(
     i: usize,
     l: RawListener,
     base: Option<&Path>,
+    mqtt: &MqttConfig,
 ) -> Result<(ListenerConfig, bool), ConfigError> {
     let key = |k: &str| format!("listeners[{i}].{k}");
     let kind = l.kind;
@@ -292,6 +341,38 @@ fn validate_listener(
         1,
         3600,
     )?;
+
+    // Left out, the defaults shrink to fit a smaller `mqtt.max_packet_size`; set, they
+    // must fit.
+    let max_connect_packet_size = match l.max_connect_packet_size {
+        None => DEFAULT_MAX_CONNECT_PACKET_SIZE.min(mqtt.max_packet_size),
+        Some(v) => {
+            // Below the first read buffer nothing is saved, and real CONNECTs get refused.
+            range(&key("max_connect_packet_size"), v, 256, 268_435_455)?;
+            if v > mqtt.max_packet_size {
+                return Err(ConfigError::GreaterThan {
+                    key: key("max_connect_packet_size"),
+                    value: v.into(),
+                    other_key: "mqtt.max_packet_size".to_owned(),
+                    other_value: mqtt.max_packet_size.into(),
+                });
+            }
+            v
+        }
+    };
+    let connect_read_budget_bytes = match l.connect_read_budget_bytes {
+        None => DEFAULT_CONNECT_READ_BUDGET_BYTES.max(max_connect_packet_size.into()),
+        Some(v) => {
+            // A budget below one maximal CONNECT would make such a CONNECT wait forever.
+            range(
+                &key("connect_read_budget_bytes"),
+                v,
+                max_connect_packet_size.into(),
+                1 << 40,
+            )?;
+            v
+        }
+    };
 
     let ws = kind
         .is_websocket()
@@ -373,6 +454,8 @@ fn validate_listener(
         max_connections,
         max_handshakes,
         handshake_timeout_secs,
+        max_connect_packet_size,
+        connect_read_budget_bytes,
         allow_anonymous: l.allow_anonymous.unwrap_or(true),
         proxy_protocol: l.proxy_protocol.unwrap_or(false),
         tls,

@@ -369,3 +369,47 @@ fn section_of_the_wrong_type_says_table() {
         "mqtt: invalid type: integer `5`, expected a table"
     );
 }
+
+#[test]
+fn pre_authentication_limits_are_checked_and_fit_the_packet_size() {
+    let tcp = "[[listeners]]\nkind = \"tcp\"\n";
+    assert_eq!(
+        msg(&format!("{tcp}max_connect_packet_size = 100\n")),
+        "listeners[0].max_connect_packet_size: 100 is not allowed (must be between 256 and 268435455)"
+    );
+    assert_eq!(
+        msg(&format!(
+            "{tcp}max_connect_packet_size = 65536\n[mqtt]\nmax_packet_size = 4096\n"
+        )),
+        "listeners[0].max_connect_packet_size: 65536 is greater than mqtt.max_packet_size (4096)"
+    );
+    assert!(msg(&format!(
+        "{tcp}max_connect_packet_size = 8192\nconnect_read_budget_bytes = 4096\n"
+    ))
+    .starts_with("listeners[0].connect_read_budget_bytes: 4096 is not allowed"));
+    // Left out, the defaults shrink to a smaller max_packet_size.
+    let (c, _) = ok(&format!("{tcp}[mqtt]\nmax_packet_size = 4096\n"));
+    assert_eq!(c.listeners[0].max_connect_packet_size, 4096);
+    assert_eq!(c.listeners[0].connect_read_budget_bytes, 16 * 1024 * 1024);
+}
+
+#[test]
+fn login_limits_are_checked() {
+    for (key, bad) in [
+        ("verify_threads", 0),
+        ("verify_threads", 257),
+        ("verify_queue", 0),
+        ("failed_logins_max", 0),
+        ("failed_logins_window_secs", 0),
+        ("failed_login_ban_secs", 86_401),
+    ] {
+        let m = msg(&format!("[auth]\n{key} = {bad}\n"));
+        assert!(
+            m.starts_with(&format!("auth.{key}: {bad} is not allowed")),
+            "{m}"
+        );
+    }
+    let (c, _) = ok("[auth]\nverify_threads = 2\n");
+    assert_eq!(c.auth.verify_threads, Some(2));
+    assert_eq!(Config::default().auth.verify_queue, 32);
+}

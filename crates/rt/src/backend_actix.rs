@@ -94,3 +94,42 @@ impl Runtime {
         out
     }
 }
+
+/// The workers of a [`crate::blocking::BlockingPool`]: dedicated OS threads taking jobs
+/// from one queue. The queue itself is unbounded because the pool admits at most
+/// `threads + queue` jobs before anything reaches it.
+pub(crate) struct Workers {
+    jobs: std::sync::mpsc::Sender<crate::blocking::Task>,
+}
+
+impl Workers {
+    pub(crate) fn new(name: &str, threads: usize) -> Self {
+        let (jobs, rx) = std::sync::mpsc::channel::<crate::blocking::Task>();
+        // std's receiver is single-consumer; the workers take turns at it. The lock is held
+        // only by an idle worker waiting for a job, never while one runs.
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..threads {
+            let rx = rx.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("{name}-{i}"))
+                .spawn(move || loop {
+                    let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    match next {
+                        Ok(job) => job(),
+                        // Every sender is gone: the pool was dropped.
+                        Err(_) => return,
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!(pool = name, error = %e, "blocking pool thread did not start");
+            }
+        }
+        Workers { jobs }
+    }
+
+    pub(crate) fn submit(&self, job: crate::blocking::Task) {
+        // Fails only when no worker thread started: dropping the job drops its reply
+        // sender, so the caller sees `JobLost`.
+        let _ = self.jobs.send(job);
+    }
+}

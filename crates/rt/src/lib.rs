@@ -9,8 +9,10 @@
 #![allow(clippy::disallowed_methods)]
 
 mod actor;
+pub mod blocking;
 mod mailbox;
 pub mod rng;
+pub mod throttle;
 pub mod time;
 
 #[cfg(not(madsim))]

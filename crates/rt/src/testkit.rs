@@ -28,6 +28,7 @@ pub const ALL: &[&str] = &[
     "supervisor_learns_child_stop_and_panic",
     "parent_stop_stops_children",
     "send_to_stopped_actor_fails",
+    "blocking_pool_refuses_when_full_and_survives_a_panic",
 ];
 
 // ---------------------------------------------------------------------------------------
@@ -410,6 +411,55 @@ pub async fn send_to_stopped_actor_fails() {
         Err(TrySendError::Closed(_))
     ));
     assert_eq!(a.ask(LMsg::Ping).await, Err(crate::AskError::Stopped));
+}
+
+/// The pool admits `threads + queue` unfinished jobs and refuses the next at once; a job
+/// that panics ends in `JobLost` and frees its place. The held jobs wait on a flag set
+/// before the test first yields: on threads they spin until then, under madsim they have
+/// not started yet (their tasks run only when the test yields).
+pub async fn blocking_pool_refuses_when_full_and_survives_a_panic() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use crate::blocking::{BlockingPool, JobLost, PoolFull};
+
+    let pool = BlockingPool::new("testkit", 1, 1);
+    let gate = Arc::new(AtomicBool::new(false));
+    let held = |n: u32| {
+        let gate = gate.clone();
+        move || {
+            let t0 = std::time::Instant::now();
+            while !gate.load(Ordering::Acquire) {
+                assert!(t0.elapsed() < Duration::from_secs(10), "gate never opened");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            n
+        }
+    };
+    let a = pool.try_run(held(1)).expect("a thread is free");
+    let b = pool.try_run(held(2)).expect("the queue has room");
+    assert_eq!(pool.in_flight(), 2);
+    assert_eq!(
+        pool.try_run(|| 3).map(|_| ()),
+        Err(PoolFull { capacity: 2 })
+    );
+    gate.store(true, Ordering::Release);
+    assert_eq!(a.await, Ok(1));
+    assert_eq!(b.await, Ok(2));
+
+    let lost = pool.try_run(|| -> u32 { panic!("job panics on purpose") });
+    assert_eq!(lost.expect("room again").await, Err(JobLost));
+    // The place of a finished job is freed just after its result is sent.
+    let t0 = time::now();
+    while pool.in_flight() > 0 {
+        assert!(
+            time::now() - t0 < Duration::from_secs(5),
+            "place never freed"
+        );
+        time::sleep(Duration::from_millis(1)).await;
+    }
+    let c = pool.try_run(|| 4).expect("the panic freed its place");
+    assert_eq!(c.await, Ok(4));
 }
 
 enum PMsg {

@@ -32,4 +32,5 @@ suite!(
     supervisor_learns_child_stop_and_panic,
     parent_stop_stops_children,
     send_to_stopped_actor_fails,
+    blocking_pool_refuses_when_full_and_survives_a_panic,
 );

@@ -51,7 +51,8 @@ pub enum Effect {
     /// it, as for any PUBLISH (the gate is not at hand when a timer fires).
     Will(Arc<Message>),
     /// Close the connection; for `Some(code)` write `DISCONNECT(code)` first
-    /// (MQTT 5 only; the session never asks for it on older versions). The
+    /// (MQTT 5 only; the session never asks for it on older versions, nor for
+    /// one past the client's Maximum Packet Size, MQTT 5 §3.1.2.11.4). The
     /// session has already detached: do not call
     /// [`Session::detach`](crate::Session::detach) for this connection.
     Close(Option<ReasonCode>),

@@ -66,6 +66,45 @@ pub enum SessionError {
         /// The filter.
         filter: String,
     },
+    /// A PUBLISH topic longer than `topic_len_max` (MQTT 5 §3.3.2.1 lets the
+    /// server refuse a well-formed topic with 0x90).
+    #[error("topic of {len} bytes exceeds {max}")]
+    TopicTooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// `topic_len_max`.
+        max: usize,
+    },
+    /// A PUBLISH topic with more levels than `topic_levels_max` (0x90 as above).
+    #[error("topic of {levels} levels exceeds {max}")]
+    TopicTooManyLevels {
+        /// Its `/`-separated levels.
+        levels: usize,
+        /// `topic_levels_max`.
+        max: usize,
+    },
+    /// An acknowledgement of the wrong type for the delivery it names: PUBREC
+    /// or PUBCOMP for QoS 1, PUBACK for QoS 2, PUBCOMP before PUBREC
+    /// (MQTT 3.1.1 §4.8: close the connection; MQTT 5 §4.13: 0x82).
+    #[error("{packet_type:?} for packet {packet_id} in the wrong stage of its flow")]
+    UnexpectedAck {
+        /// The acknowledgement received.
+        packet_type: PacketType,
+        /// The packet identifier it names.
+        packet_id: u16,
+    },
+    /// The CONNACK does not fit the client's Maximum Packet Size (MQTT 5
+    /// §3.1.2.11.4): nothing may be sent, and without a CONNACK the
+    /// connection cannot go on. Returned by
+    /// [`Session::attach`](crate::Session::attach) with the session unchanged
+    /// and nothing queued: close the connection without writing anything.
+    #[error("CONNACK of {size} bytes exceeds the client's maximum packet size {max}")]
+    ConnackTooLarge {
+        /// The CONNACK's size in bytes.
+        size: u64,
+        /// The client's Maximum Packet Size.
+        max: u32,
+    },
     /// DISCONNECT setting a session expiry when CONNECT had 0 (MQTT 5 §3.14.2.2.2).
     #[error("session expiry set on DISCONNECT after 0 on CONNECT")]
     SessionExpiryAfterZero,
@@ -90,7 +129,10 @@ impl SessionError {
             | SubscriptionIdInPublish
             | TopicAliasUnknown { .. }
             | NoLocalOnShared { .. }
+            | UnexpectedAck { .. }
             | SessionExpiryAfterZero => ReasonCode::ProtocolError,
+            TopicTooLong { .. } | TopicTooManyLevels { .. } => ReasonCode::TopicNameInvalid,
+            ConnackTooLarge { .. } => ReasonCode::PacketTooLarge,
             TopicAliasInvalid { .. } => ReasonCode::TopicAliasInvalid,
             ReceiveMaximumExceeded { .. } => ReasonCode::ReceiveMaximumExceeded,
             QosNotSupported { .. } => ReasonCode::QoSNotSupported,

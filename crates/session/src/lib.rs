@@ -24,7 +24,7 @@ mod tests;
 pub use effect::{DropReason, Effect, OutgoingPublish, SubscribeRequest};
 pub use error::SessionError;
 pub use limits::{check_connect, refusal, ClientIdentity, QueueFullPolicy, SessionLimits};
-pub use message::{DeliveryOptions, Message, SharedHeaders};
+pub use message::{DeliveryOptions, Expiry, Message, SharedHeaders};
 pub use session::{AllowAll, Attached, DetachReason, Gate, Session};
 
 /// The monotonic instant every input takes: the runtime's, so that the broker

@@ -70,8 +70,11 @@ pub struct SessionLimits {
     /// sessions that never expire (MQTT 5 §3.1.2.11.2). MQTT 3.x sessions
     /// with Clean Session 0 get this value.
     pub session_expiry_secs_max: u32,
-    /// Cap on message expiry, also applied to messages without one, so that
-    /// nothing waits in a queue forever. `None`: only the publisher's.
+    /// Cap on message expiry. Also bounds how long a message without one is
+    /// kept (queued, in flight, retained), so that nothing waits forever; such
+    /// a message is still forwarded without a Message Expiry Interval (MQTT 5
+    /// §3.3.2.3.3: absent means it does not expire). A publisher's interval
+    /// above the cap is forwarded as the cap. `None`: only the publisher's.
     pub message_expiry_max: Option<Duration>,
     /// Maximum QoS we accept and grant (MQTT 5 §3.2.2.3.4).
     pub qos_max: QoS,
@@ -87,6 +90,12 @@ pub struct SessionLimits {
     pub subscriptions_max: usize,
     /// Longest client identifier we accept, in bytes.
     pub client_id_len_max: usize,
+    /// Longest topic name a client may publish to (or name as its will), in
+    /// bytes; past it: DISCONNECT 0x90 (will: CONNACK 0x90).
+    pub topic_len_max: usize,
+    /// Most `/`-separated levels of a topic name a client may publish to (or
+    /// name as its will); past it, as for `topic_len_max`.
+    pub topic_levels_max: usize,
     /// Response Information for clients that request it (MQTT 5
     /// §3.1.2.11.7); `None` sends none.
     pub response_information: Option<String>,
@@ -111,6 +120,32 @@ impl SessionLimits {
         self.mqueue_len_max
             .saturating_mul(2)
             .saturating_add(self.mqueue_held_slack)
+    }
+
+    /// Whether a topic name is within `topic_len_max` and `topic_levels_max`.
+    pub fn topic_allowed(&self, topic: &str) -> bool {
+        self.topic_excess(topic).is_none()
+    }
+
+    /// Which topic limit `topic` exceeds, if any.
+    pub(crate) fn topic_excess(&self, topic: &str) -> Option<crate::SessionError> {
+        if topic.len() > self.topic_len_max {
+            return Some(crate::SessionError::TopicTooLong {
+                len: topic.len(),
+                max: self.topic_len_max,
+            });
+        }
+        // Counted only when it could matter: a topic of n bytes has at most n + 1 levels.
+        if topic.len() >= self.topic_levels_max {
+            let levels = topic.bytes().filter(|&b| b == b'/').count() + 1;
+            if levels > self.topic_levels_max {
+                return Some(crate::SessionError::TopicTooManyLevels {
+                    levels,
+                    max: self.topic_levels_max,
+                });
+            }
+        }
+        None
     }
 
     /// Messages waiting below which held-back publishers are let go again: a quarter of the
@@ -145,6 +180,8 @@ impl Default for SessionLimits {
             shared_available: true,
             subscriptions_max: 1000,
             client_id_len_max: 65535,
+            topic_len_max: 65535,
+            topic_levels_max: 128,
             response_information: None,
             validate_utf8_payload: false,
         }
@@ -173,8 +210,13 @@ pub enum ClientIdentity {
 /// longer than `client_id_len_max` (0x85); an MQTT 5 will with a QoS above
 /// `qos_max` (0x9B, MQTT 5 §3.2.2.3.4) or with retain when retain is not
 /// available (0x9A, §3.2.2.3.5); a will payload marked UTF-8 that is not,
-/// when validation is on (0x99); enhanced authentication (0x8C), which the
-/// session does not implement.
+/// when validation is on (0x99); a will topic past `topic_len_max` or
+/// `topic_levels_max` (0x90, which MQTT 5 §3.2.2.2 lists for "the Will Topic
+/// Name is not malformed, but is not accepted by this Server"; a 3.x client
+/// reads 0x03 Server unavailable, the codec's mapping for codes 3.x lacks, as
+/// 3.x has no code for it and a will the client asked for cannot be dropped
+/// silently); enhanced authentication (0x8C), which the session does not
+/// implement.
 pub fn check_connect(
     connect: &Connect,
     limits: &SessionLimits,
@@ -195,6 +237,9 @@ pub fn check_connect(
         return Err(ReasonCode::BadAuthenticationMethod);
     }
     if let Some(will) = &connect.will {
+        if !limits.topic_allowed(&will.topic) {
+            return Err(ReasonCode::TopicNameInvalid);
+        }
         // MQTT 3.x has no way to refuse these: the will is downgraded instead
         // when it is published.
         if v5 && will.qos > limits.qos_max {

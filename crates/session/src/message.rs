@@ -29,13 +29,36 @@ pub struct Message {
     /// `expires_at`.
     pub properties: Properties,
     /// When it expires (MQTT 5 §3.3.2.3.3); `None`: never.
-    pub expires_at: Option<Instant>,
+    pub expires_at: Option<Expiry>,
     /// The client identifier of the publisher, for No Local; `None` for
     /// messages the broker itself publishes.
     pub publisher: Option<Arc<str>>,
     /// PUBLISH headers encoded once and shared by subscribers (start with
     /// `SharedHeaders::default()`).
     pub shared_headers: SharedHeaders,
+}
+
+/// When a message expires, and whether its subscribers are told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expiry {
+    /// The deadline: past it the message is dropped rather than sent.
+    pub at: Instant,
+    /// The publisher set a Message Expiry Interval: deliveries carry what is
+    /// left of it (MQTT 5 §3.3.2.3.3, [MQTT-3.3.2-6]). `false` for the broker's
+    /// own bound on a message that has none (`message_expiry_max`): such a
+    /// message goes out without the property, since for its subscribers it
+    /// does not expire.
+    pub announced: bool,
+}
+
+impl Expiry {
+    /// A deadline the publisher set (and subscribers are told of).
+    pub fn announced(at: Instant) -> Self {
+        Self {
+            at,
+            announced: true,
+        }
+    }
 }
 
 /// The PUBLISH headers of one message's QoS 0 deliveries that need nothing
@@ -76,16 +99,17 @@ impl fmt::Debug for SharedHeaders {
 impl Message {
     /// True when the message expired at or before `now`.
     pub fn is_expired(&self, now: Instant) -> bool {
-        self.expires_at.is_some_and(|at| at <= now)
+        self.expires_at.is_some_and(|e| e.at <= now)
     }
 
     /// The Message Expiry Interval to send at `now`: the seconds left,
     /// rounded up so that a live message never says 0 (MQTT 5 §3.3.2.3.3:
     /// the received value minus the time waited in the server). `None` for a
-    /// message without expiry.
+    /// message whose publisher set none, even when the broker bounds how long
+    /// it keeps it.
     pub fn remaining_expiry_secs(&self, now: Instant) -> Option<u32> {
-        self.expires_at.map(|at| {
-            let left = at.saturating_duration_since(now);
+        self.expires_at.filter(|e| e.announced).map(|e| {
+            let left = e.at.saturating_duration_since(now);
             let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
             u32::try_from(secs).unwrap_or(u32::MAX)
         })
@@ -102,20 +126,24 @@ impl Message {
         p
     }
 
-    /// The deadline for a message received at `now` with this Message
-    /// Expiry Interval, capped by the broker's `max`.
+    /// The expiry of a message received at `now` with this Message Expiry
+    /// Interval, capped by the broker's `max`; without an interval, `max`
+    /// alone bounds how long it is kept, unannounced.
     pub(crate) fn deadline(
         now: Instant,
         interval_secs: Option<u32>,
         max: Option<Duration>,
-    ) -> Option<Instant> {
+    ) -> Option<Expiry> {
         let asked = interval_secs.map(|s| Duration::from_secs(u64::from(s)));
         let d = match (asked, max) {
             (Some(a), Some(m)) => Some(a.min(m)),
             (a, m) => a.or(m),
         }?;
         // An instant past the clock's range means "never" in practice.
-        now.checked_add(d)
+        now.checked_add(d).map(|at| Expiry {
+            at,
+            announced: asked.is_some(),
+        })
     }
 }
 

@@ -280,8 +280,9 @@ impl Session {
     }
 
     /// The client's Maximum Packet Size, to encode [`Effect::Send`] packets
-    /// with. The session's own packets carry no optional properties, so only
-    /// an absurdly small maximum refuses one; then close the connection.
+    /// with. A CONNACK that does not fit fails [`Session::attach`], and an
+    /// [`Effect::Close`] never asks for a DISCONNECT that does not fit; any
+    /// other packet that does not fit is not sent (MQTT 5 §3.1.2.11.4).
     pub fn client_packet_size_max(&self) -> u32 {
         self.conn().map_or(PACKET_SIZE_MAX, |c| c.packet_size_max)
     }
@@ -402,6 +403,10 @@ impl Session {
     ///
     /// # Errors
     /// [`SessionError::AlreadyAttached`]: detach the old connection first.
+    /// [`SessionError::ConnackTooLarge`]: the CONNACK does not fit the
+    /// client's Maximum Packet Size; the session is unchanged (a pending
+    /// will keeps waiting) and nothing is queued: close the connection
+    /// without sending anything.
     pub fn attach(&mut self, now: Instant, connect: &Connect) -> Result<Attached, SessionError> {
         if self.is_attached() {
             return Err(SessionError::AlreadyAttached);
@@ -409,14 +414,6 @@ impl Session {
         let v5 = connect.protocol.is_v5();
         let props = &connect.properties;
         let had_state = matches!(self.phase, Phase::Detached { .. });
-        // A new connection for the client identifier deletes a will still
-        // waiting for its delay (MQTT 5 §3.1.2.5); so a clean start does not
-        // publish it either.
-        self.will = None;
-        self.set_will_at(None);
-        if had_state && connect.clean_start {
-            self.end_state(now);
-        }
         let session_present = had_state && !connect.clean_start;
 
         let limits = &self.limits;
@@ -443,7 +440,7 @@ impl Session {
         } else {
             u32::MAX
         };
-        self.expiry_secs = asked_expiry.min(limits.session_expiry_secs_max);
+        let expiry_secs = asked_expiry.min(limits.session_expiry_secs_max);
         let client_receive_max = if v5 {
             props.receive_maximum.unwrap_or(u16::MAX)
         } else {
@@ -472,8 +469,8 @@ impl Session {
 
         let mut p = Properties::default();
         if v5 {
-            if self.expiry_secs != asked_expiry {
-                p.session_expiry_interval = Some(self.expiry_secs);
+            if expiry_secs != asked_expiry {
+                p.session_expiry_interval = Some(expiry_secs);
             }
             if limits.receive_max != u16::MAX {
                 p.receive_maximum = Some(limits.receive_max.max(1));
@@ -509,6 +506,39 @@ impl Session {
                 p.response_information = limits.response_information.clone();
             }
         }
+        let connack = Packet::Connack(Connack {
+            session_present,
+            reason_code: ReasonCode::Success,
+            properties: p,
+        });
+        // MQTT 5 §3.1.2.11.4: a packet past the client's maximum is not sent.
+        // Without its CONNACK the client cannot go on, and nothing else may
+        // come first ([MQTT-3.2.0-1]), not even a DISCONNECT ([MQTT-3.14.0-1]):
+        // the connection is closed before anything changes. Measured only when
+        // the client announced a maximum, so that ordinary connects encode the
+        // CONNACK once.
+        if v5 && props.maximum_packet_size.is_some() {
+            self.scratch.clear();
+            if let Err(CodecError::PacketTooLarge { size, max }) = starling_codec::encode(
+                &connack,
+                conn.protocol,
+                conn.packet_size_max,
+                &mut self.scratch,
+            ) {
+                debug!(client_id = %self.client_id, size, max, "CONNACK too large for the client");
+                return Err(SessionError::ConnackTooLarge { size, max });
+            }
+            self.scratch.clear();
+        }
+        // A new connection for the client identifier deletes a will still
+        // waiting for its delay (MQTT 5 §3.1.2.5); so a clean start does not
+        // publish it either.
+        self.will = None;
+        self.set_will_at(None);
+        if had_state && connect.clean_start {
+            self.end_state(now);
+        }
+        self.expiry_secs = expiry_secs;
         self.will = connect.will.clone().map(|will| {
             Box::new(Will {
                 delay: Duration::from_secs(u64::from(
@@ -526,12 +556,7 @@ impl Session {
             expiry_secs = self.expiry_secs,
             "session attached"
         );
-        self.effects
-            .push_back(Effect::Send(Packet::Connack(Connack {
-                session_present,
-                reason_code: ReasonCode::Success,
-                properties: p,
-            })));
+        self.effects.push_back(Effect::Send(connack));
         if session_present {
             let mut order: Vec<(u64, PacketId)> =
                 self.inflight.iter().map(|(id, f)| (f.seq, *id)).collect();
@@ -574,22 +599,13 @@ impl Session {
         let result = match packet {
             Packet::Connect(_) => Err(SessionError::SecondConnect),
             Packet::Publish(p) => self.on_publish(now, p, gate),
-            Packet::Puback(a) => {
-                self.on_puback(now, &a);
-                Ok(())
-            }
-            Packet::Pubrec(a) => {
-                self.on_pubrec(now, &a);
-                Ok(())
-            }
+            Packet::Puback(a) => self.on_puback(now, &a),
+            Packet::Pubrec(a) => self.on_pubrec(now, &a),
             Packet::Pubrel(a) => {
                 self.on_pubrel(&a);
                 Ok(())
             }
-            Packet::Pubcomp(a) => {
-                self.on_pubcomp(now, &a);
-                Ok(())
-            }
+            Packet::Pubcomp(a) => self.on_pubcomp(now, &a),
             Packet::Subscribe(s) => self.on_subscribe(s, gate),
             Packet::Unsubscribe(u) => {
                 self.on_unsubscribe(u);
@@ -876,6 +892,13 @@ impl Session {
             None if p.topic.is_empty() => return Err(SessionError::TopicAliasUnknown { alias: 0 }),
             None => Arc::from(p.topic.as_str()),
         };
+        // The broker's topic caps hold for every PUBLISH, not only for filters and the
+        // retained store. A DISCONNECT rather than a failing PUBACK: QoS 0 has no
+        // acknowledgement to carry 0x90, and every QoS is treated alike (MQTT 5 §4.13;
+        // 3.x closes the connection).
+        if let Some(e) = limits.topic_excess(&topic) {
+            return Err(e);
+        }
         let packet_id = p.packet_id;
         if p.qos == QoS::ExactlyOnce {
             let Some(id) = packet_id else {
@@ -1082,26 +1105,42 @@ impl Session {
 
     // ----- outbound -----
 
-    fn on_puback(&mut self, now: Instant, a: &PubAck) {
-        match self.inflight.get(&a.packet_id) {
-            Some(f) if f.stage == Stage::Qos1 => {
+    // An acknowledgement naming a packet id we do not hold is a late duplicate (a 3.x
+    // retry, a resend after reconnect) and is ignored as MQTT 5 §4.3.2-4.3.3 allow; one
+    // naming a delivery in another stage of its flow is a protocol violation (MQTT 3.1.1
+    // §4.8: close the connection; MQTT 5 §4.13: DISCONNECT 0x82).
+
+    fn on_puback(&mut self, now: Instant, a: &PubAck) -> Result<(), SessionError> {
+        match self.inflight.get(&a.packet_id).map(|f| f.stage) {
+            Some(Stage::Qos1) => {
                 self.inflight.remove(&a.packet_id);
                 self.pump(now);
+                Ok(())
             }
-            // A late duplicate after a 3.x retry, or a confused client:
-            // nothing to release.
-            _ => debug!(client_id = %self.client_id, packet_id = a.packet_id, "stray PUBACK"),
+            Some(Stage::Qos2Published | Stage::Qos2Released) => Err(unexpected_ack(
+                starling_codec::PacketType::Puback,
+                a.packet_id,
+            )),
+            None => {
+                debug!(client_id = %self.client_id, packet_id = a.packet_id, "stray PUBACK");
+                Ok(())
+            }
         }
     }
 
-    fn on_pubrec(&mut self, now: Instant, a: &PubAck) {
+    fn on_pubrec(&mut self, now: Instant, a: &PubAck) -> Result<(), SessionError> {
         let id = a.packet_id;
+        // [MQTT-4.3.3-4]: PUBREL only after a PUBREC below 0x80. A failing PUBREC
+        // ends the exchange (MQTT 5 §4.3.3): the message counts as acknowledged,
+        // is discarded, and its packet id is free again.
+        let failed = a.reason_code.is_error();
         match self.inflight.get_mut(&id).map(|f| (f.stage, f)) {
-            Some((Stage::Qos2Published, _)) if a.reason_code.is_error() => {
-                // MQTT 5 §4.3.3: a failing PUBREC ends the exchange.
+            Some((Stage::Qos2Published | Stage::Qos2Released, _)) if failed => {
                 self.inflight.remove(&id);
                 self.pump(now);
             }
+            // Released already: a duplicate PUBREC (the client answered a PUBLISH
+            // resent by 3.x retry or on reconnect) is answered with the PUBREL again.
             Some((Stage::Qos2Published | Stage::Qos2Released, f)) => {
                 f.stage = Stage::Qos2Released;
                 f.sent_at = now;
@@ -1109,23 +1148,36 @@ impl Session {
                     .push_back(Effect::Send(Packet::Pubrel(PubAck::new(id))));
             }
             Some((Stage::Qos1, _)) => {
-                debug!(client_id = %self.client_id, packet_id = id, "PUBREC for a QoS 1 message");
+                return Err(unexpected_ack(starling_codec::PacketType::Pubrec, id));
+            }
+            None if failed => {
+                debug!(client_id = %self.client_id, packet_id = id, "stray failing PUBREC");
             }
             None => {
+                // MQTT 5 §4.3.3: a PUBREL still goes back, saying 0x92 (3.x: plain).
                 let code = self.not_found();
                 self.effects
                     .push_back(Effect::Send(Packet::Pubrel(ack(id, code))));
             }
         }
+        Ok(())
     }
 
-    fn on_pubcomp(&mut self, now: Instant, a: &PubAck) {
-        match self.inflight.get(&a.packet_id) {
-            Some(f) if f.stage == Stage::Qos2Released => {
+    fn on_pubcomp(&mut self, now: Instant, a: &PubAck) -> Result<(), SessionError> {
+        match self.inflight.get(&a.packet_id).map(|f| f.stage) {
+            Some(Stage::Qos2Released) => {
                 self.inflight.remove(&a.packet_id);
                 self.pump(now);
+                Ok(())
             }
-            _ => debug!(client_id = %self.client_id, packet_id = a.packet_id, "stray PUBCOMP"),
+            Some(Stage::Qos1 | Stage::Qos2Published) => Err(unexpected_ack(
+                starling_codec::PacketType::Pubcomp,
+                a.packet_id,
+            )),
+            None => {
+                debug!(client_id = %self.client_id, packet_id = a.packet_id, "stray PUBCOMP");
+                Ok(())
+            }
         }
     }
 
@@ -1400,7 +1452,11 @@ impl Session {
         let Phase::Attached(conn) = &self.phase else {
             return;
         };
-        let close = if conn.protocol.is_v5() { close } else { None };
+        // MQTT 3.x has no DISCONNECT from the server; MQTT 5 §3.1.2.11.4 sends
+        // none that exceeds the client's Maximum Packet Size.
+        let close = close.filter(|&code| {
+            conn.protocol.is_v5() && disconnect_fits(code, conn.packet_size_max, &mut self.scratch)
+        });
         let expires_at = if self.expiry_secs == u32::MAX {
             None
         } else {
@@ -1543,6 +1599,25 @@ impl Session {
         if let (Some(conn), Some(front)) = (self.conn(), self.queue.front()) {
             assert!(front.qos != QoS::AtMostOnce && self.inflight.len() >= conn.window);
         }
+    }
+}
+
+/// Whether a DISCONNECT with `code` fits a client's Maximum Packet Size.
+pub(crate) fn disconnect_fits(code: ReasonCode, max: u32, scratch: &mut BytesMut) -> bool {
+    let d = Packet::Disconnect(Disconnect {
+        reason_code: code,
+        properties: Properties::default(),
+    });
+    let start = scratch.len();
+    let fits = starling_codec::encode(&d, Protocol::V5, max, scratch).is_ok();
+    scratch.truncate(start);
+    fits
+}
+
+fn unexpected_ack(packet_type: starling_codec::PacketType, packet_id: PacketId) -> SessionError {
+    SessionError::UnexpectedAck {
+        packet_type,
+        packet_id: packet_id.get(),
     }
 }
 
