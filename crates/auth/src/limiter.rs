@@ -30,6 +30,10 @@ pub struct FailureLimits {
 pub enum Admission {
     /// Verify.
     Verify,
+    /// Verify, behind sources without recent failures: this one failed within its window
+    /// (or its ban ended less than a window ago), so a storm from many addresses waits
+    /// behind the clients that are not part of it.
+    VerifyLater,
     /// Refuse without verifying: the source is banned until `until`.
     Banned {
         /// When the ban ends.
@@ -87,12 +91,12 @@ impl LoginGuard {
 
     /// Whether credentials from `ip` may be verified now.
     pub fn check(&self, now: Duration, ip: IpAddr) -> Admission {
-        match self
-            .sources
-            .get(&source_key(ip))
-            .and_then(|s| s.banned_until)
-        {
-            Some(until) if now < until => Admission::Banned { until },
+        match self.sources.get(&source_key(ip)) {
+            Some(Source {
+                banned_until: Some(until),
+                ..
+            }) if now < *until => Admission::Banned { until: *until },
+            Some(s) if !s.expired(now, &self.limits) => Admission::VerifyLater,
             _ => Admission::Verify,
         }
     }
@@ -180,9 +184,10 @@ mod tests {
         let t0 = Duration::from_secs(1000);
         let mut g = LoginGuard::new(LIMITS);
         let a = ip("192.0.2.1");
+        assert_eq!(g.check(t0, a), Admission::Verify);
         assert_eq!(g.record_failure(t0, a), Recorded::Counted { failures: 1 });
         assert_eq!(g.record_failure(t0, a), Recorded::Counted { failures: 2 });
-        assert_eq!(g.check(t0, a), Admission::Verify);
+        assert_eq!(g.check(t0, a), Admission::VerifyLater, "failed recently");
         let until = t0 + Duration::from_secs(40);
         let third = g.record_failure(t0 + Duration::from_secs(10), a);
         assert_eq!(third, Recorded::BanStarted { until });
@@ -190,7 +195,12 @@ mod tests {
             g.check(t0 + Duration::from_secs(39), a),
             Admission::Banned { until }
         );
-        assert_eq!(g.check(until, a), Admission::Verify);
+        assert_eq!(
+            g.check(until, a),
+            Admission::VerifyLater,
+            "released, still suspect for a window"
+        );
+        assert_eq!(g.check(until + LIMITS.window, a), Admission::Verify);
         // Another source is unaffected.
         assert_eq!(g.check(t0, ip("192.0.2.2")), Admission::Verify);
     }
@@ -218,6 +228,7 @@ mod tests {
             Admission::Banned { .. }
         ));
         assert_eq!(g.check(t0, ip("2001:db8:0:1::1")), Admission::Verify);
+        assert_eq!(g.check(t0, ip("192.0.2.9")), Admission::Verify);
         assert_eq!(source_key(ip("::ffff:192.0.2.7")), ip("192.0.2.7"));
     }
 

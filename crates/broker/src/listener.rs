@@ -410,9 +410,14 @@ async fn authenticate(
         }
         let auth = lctx.auth.clone();
         let user = username.map(str::to_owned);
-        let job = logins
-            .pool
-            .try_run(move || auth.authenticate(user.as_deref(), password.as_deref()));
+        let verify = move || auth.authenticate(user.as_deref(), password.as_deref());
+        // An address that failed recently waits in the pool's second lane, behind every
+        // other: a storm from many addresses fills that lane (and is refused there) while
+        // clients outside it still get the next free verification.
+        let job = match admission {
+            Admission::VerifyLater => logins.pool.try_run_later(verify),
+            _ => logins.pool.try_run(verify),
+        };
         let job = match job {
             Ok(job) => job,
             Err(_) => {

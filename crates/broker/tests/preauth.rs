@@ -310,3 +310,68 @@ async fn repeated_failed_logins_from_one_address_are_banned() {
     .await;
     assert_eq!(code, Some(ReasonCode::Success));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_from_a_clean_address_is_verified_before_a_storm_from_failing_ones() {
+    let (_b, addr) = locked_broker(
+        "lanes",
+        "",
+        "verify_threads = 1\nverify_queue = 4\nfailed_logins_max = 1000",
+    )
+    .await;
+    // 127.0.0.1 fails once: its next CONNECTs wait in the second lane.
+    let code = try_login(addr, login(Protocol::V5, "first-failure", b"wrong")).await;
+    assert_eq!(code, Some(ReasonCode::BadUserNameOrPassword));
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..5 {
+        let tx = done_tx.clone();
+        starling_rt::spawn(async move {
+            let code = try_login(addr, login(Protocol::V5, &format!("storm-{i}"), b"wrong")).await;
+            let _ = tx.send(("storm", code));
+        });
+    }
+    // Let the storm reach the pool first (one verification running, the rest queued).
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let tx = done_tx.clone();
+    starling_rt::spawn(async move {
+        let code = try_login_from(
+            Some("127.0.0.2"),
+            addr,
+            login(Protocol::V5, "clean", b"right"),
+        )
+        .await;
+        let _ = tx.send(("clean", code));
+    });
+    drop(done_tx);
+    let mut order = Vec::new();
+    while let Some(done) = tokio::time::timeout(WAIT, done_rx.recv())
+        .await
+        .expect("answered")
+    {
+        order.push(done);
+    }
+    let clean = order
+        .iter()
+        .position(|(who, _)| *who == "clean")
+        .expect("the clean login was answered");
+    assert_eq!(order[clean].1, Some(ReasonCode::Success), "{order:?}");
+    // At most the verification running when it arrived (and, on a slow machine, one the
+    // worker took just before) goes ahead of it; the queued storm waits. (Without the
+    // second lane all four queued ones would.)
+    let verified_before = order[..clean]
+        .iter()
+        .filter(|(_, c)| *c == Some(ReasonCode::BadUserNameOrPassword))
+        .count();
+    assert!(
+        verified_before <= 2,
+        "clean login verified after {verified_before} storm logins: {order:?}"
+    );
+    let refused = order
+        .iter()
+        .filter(|(_, c)| *c == Some(ReasonCode::ServerUnavailable))
+        .count();
+    assert!(
+        refused >= 1,
+        "the second lane (4 places) overflowed: {order:?}"
+    );
+}

@@ -96,40 +96,69 @@ impl Runtime {
 }
 
 /// The workers of a [`crate::blocking::BlockingPool`]: dedicated OS threads taking jobs
-/// from one queue. The queue itself is unbounded because the pool admits at most
-/// `threads + queue` jobs before anything reaches it.
+/// from two lanes, the first before the second. The lanes themselves are unbounded because
+/// the pool admits a bounded number of jobs into each before anything reaches them.
 pub(crate) struct Workers {
-    jobs: std::sync::mpsc::Sender<crate::blocking::Task>,
+    lanes: Arc<Mutex<Lanes>>,
+    /// One token per submitted job: a worker that takes a token finds a job in a lane.
+    /// Closed (every worker returns) when the pool, and so this sender, is dropped.
+    tokens: std::sync::mpsc::Sender<()>,
+}
+
+#[derive(Default)]
+struct Lanes {
+    first: std::collections::VecDeque<crate::blocking::Task>,
+    later: std::collections::VecDeque<crate::blocking::Task>,
 }
 
 impl Workers {
     pub(crate) fn new(name: &str, threads: usize) -> Self {
-        let (jobs, rx) = std::sync::mpsc::channel::<crate::blocking::Task>();
+        let (tokens, rx) = std::sync::mpsc::channel::<()>();
         // std's receiver is single-consumer; the workers take turns at it. The lock is held
-        // only by an idle worker waiting for a job, never while one runs.
+        // only by an idle worker waiting for a token, never while a job runs.
         let rx = Arc::new(Mutex::new(rx));
+        let lanes = Arc::new(Mutex::new(Lanes::default()));
         for i in 0..threads {
             let rx = rx.clone();
+            let lanes = lanes.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("{name}-{i}"))
                 .spawn(move || loop {
-                    let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                    match next {
-                        Ok(job) => job(),
+                    let token = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    if token.is_err() {
                         // Every sender is gone: the pool was dropped.
-                        Err(_) => return,
+                        return;
+                    }
+                    let job = {
+                        let mut l = lanes.lock().unwrap_or_else(|e| e.into_inner());
+                        l.first.pop_front().or_else(|| l.later.pop_front())
+                    };
+                    // A token is sent only after its job is in a lane, so one is there.
+                    if let Some(job) = job {
+                        job();
                     }
                 });
             if let Err(e) = spawned {
                 tracing::error!(pool = name, error = %e, "blocking pool thread did not start");
             }
         }
-        Workers { jobs }
+        Workers { lanes, tokens }
     }
 
-    pub(crate) fn submit(&self, job: crate::blocking::Task) {
-        // Fails only when no worker thread started: dropping the job drops its reply
-        // sender, so the caller sees `JobLost`.
-        let _ = self.jobs.send(job);
+    pub(crate) fn submit(&self, lane: crate::blocking::Lane, job: crate::blocking::Task) {
+        {
+            let mut l = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+            match lane {
+                crate::blocking::Lane::First => l.first.push_back(job),
+                crate::blocking::Lane::Later => l.later.push_back(job),
+            }
+        }
+        // Fails only when no worker thread started: the job then stays in its lane and
+        // is dropped with the pool, and its caller sees `JobLost` at the latest then.
+        if self.tokens.send(()).is_err() {
+            let mut l = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+            l.first.clear();
+            l.later.clear();
+        }
     }
 }

@@ -3,7 +3,10 @@
 //!
 //! [`BlockingPool::try_run`] admits a job only while fewer than `threads + queue` jobs are
 //! admitted and unfinished; otherwise it returns [`PoolFull`] at once, so a storm of
-//! requests is refused instead of growing a queue. The production backend runs jobs on
+//! requests is refused instead of growing a queue. [`BlockingPool::try_run_later`] admits
+//! into a second lane of `queue` places whose jobs run only when no job of the first waits:
+//! work from suspect sources (addresses that failed logins) fills its own lane and cannot
+//! refuse, nor delay past one job, the work of everyone else. The production backend runs jobs on
 //! `threads` dedicated OS threads; the madsim backend (which has no threads) runs each job
 //! on a simulated task of its own, so callers behave the same in both.
 //!
@@ -55,7 +58,18 @@ struct Inner {
     workers: Workers,
     admitted: Arc<Semaphore>,
     capacity: usize,
+    /// Places of the second lane.
+    later: Arc<Semaphore>,
+    later_capacity: usize,
     threads: usize,
+}
+
+/// Which lane a job waits in: [`Lane::First`] jobs run before any waiting [`Lane::Later`]
+/// job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    First,
+    Later,
 }
 
 impl std::fmt::Debug for BlockingPool {
@@ -75,11 +89,14 @@ impl BlockingPool {
     pub fn new(name: &str, threads: usize, queue: usize) -> Self {
         let threads = threads.max(1);
         let capacity = threads.saturating_add(queue).min(Semaphore::MAX_PERMITS);
+        let later_capacity = queue.clamp(1, Semaphore::MAX_PERMITS);
         BlockingPool {
             inner: Arc::new(Inner {
                 workers: Workers::new(name, threads),
                 admitted: Arc::new(Semaphore::new(capacity)),
                 capacity,
+                later: Arc::new(Semaphore::new(later_capacity)),
+                later_capacity,
                 threads,
             }),
         }
@@ -99,9 +116,10 @@ impl BlockingPool {
         self.inner.threads
     }
 
-    /// Jobs admitted and not finished (running or waiting).
+    /// Jobs admitted and not finished (running or waiting), both lanes.
     pub fn in_flight(&self) -> usize {
-        self.inner.capacity - self.inner.admitted.available_permits()
+        self.inner.capacity - self.inner.admitted.available_permits() + self.inner.later_capacity
+            - self.inner.later.available_permits()
     }
 
     /// Admits `f` to run on a worker and returns the future of its result, or [`PoolFull`]
@@ -115,25 +133,52 @@ impl BlockingPool {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        let permit = self
-            .inner
-            .admitted
+        self.admit(Lane::First, f)
+    }
+
+    /// As [`BlockingPool::try_run`], in the second lane: `f` runs only once no job admitted
+    /// by `try_run` waits for a worker. The lanes are admitted apart, so a full second
+    /// lane never refuses a `try_run`.
+    ///
+    /// # Errors
+    /// [`PoolFull`] while `queue` jobs of the second lane are admitted and unfinished.
+    pub fn try_run_later<F, T>(&self, f: F) -> Result<Job<T>, PoolFull>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        self.admit(Lane::Later, f)
+    }
+
+    fn admit<F, T>(&self, lane: Lane, f: F) -> Result<Job<T>, PoolFull>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let (places, capacity) = match lane {
+            Lane::First => (&self.inner.admitted, self.inner.capacity),
+            Lane::Later => (&self.inner.later, self.inner.later_capacity),
+        };
+        let permit = places
             .clone()
             .try_acquire_owned()
-            .map_err(|_| PoolFull {
-                capacity: self.inner.capacity,
-            })?;
+            .map_err(|_| PoolFull { capacity })?;
         let (tx, rx) = oneshot::channel();
-        self.inner.workers.submit(Box::new(move || {
-            // A panicking job must not take a worker thread (or, under madsim, the whole
-            // simulation) with it; its caller sees `JobLost`.
-            if let Ok(out) = catch_unwind(AssertUnwindSafe(f)) {
-                let _ = tx.send(out);
-            }
-            // The place is freed only once the work is done, so `capacity` bounds the
-            // work in the system, not just the queue.
-            drop(permit);
-        }));
+        self.inner.workers.submit(
+            lane,
+            Box::new(move || {
+                // A panicking job must not take a worker thread (or, under madsim, the whole
+                // simulation) with it; its caller sees `JobLost`.
+                let out = catch_unwind(AssertUnwindSafe(f));
+                // The place is freed only once the work is done, so `capacity` bounds the
+                // work in the system, not just the queue; and before the result goes out,
+                // so that a caller who got it and submits again finds the place free.
+                drop(permit);
+                if let Ok(out) = out {
+                    let _ = tx.send(out);
+                }
+            }),
+        );
         Ok(Job(rx))
     }
 }
@@ -161,6 +206,44 @@ mod tests {
         let pool = BlockingPool::new("t", 0, 3);
         assert_eq!(pool.threads(), 1);
         assert_eq!(pool.inner.capacity, 4);
+        assert_eq!(pool.inner.later_capacity, 3);
         assert_eq!(pool.in_flight(), 0);
+    }
+
+    /// Real threads: the order in which one worker takes waiting jobs.
+    #[cfg(not(madsim))]
+    #[test]
+    fn first_lane_jobs_run_before_waiting_later_ones_and_lanes_are_admitted_apart() {
+        use std::sync::Mutex;
+        let pool = BlockingPool::new("t", 1, 2);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+        // Occupies the only worker until the gate opens.
+        let busy = pool
+            .try_run(move || gate_rx.recv().is_ok())
+            .expect("admitted");
+        let mut jobs = Vec::new();
+        for name in ["later-1", "later-2"] {
+            let order = order.clone();
+            jobs.push(
+                pool.try_run_later(move || order.lock().unwrap().push(name))
+                    .expect("admitted"),
+            );
+        }
+        assert!(
+            pool.try_run_later(|| ()).is_err(),
+            "the second lane is full"
+        );
+        let o = order.clone();
+        let first = pool
+            .try_run(move || o.lock().unwrap().push("first"))
+            .expect("a full second lane does not refuse the first");
+        gate_tx.send(()).unwrap();
+        assert_eq!(futures::executor::block_on(busy), Ok(true));
+        assert_eq!(futures::executor::block_on(first), Ok(()));
+        for j in jobs {
+            assert_eq!(futures::executor::block_on(j), Ok(()));
+        }
+        assert_eq!(*order.lock().unwrap(), ["first", "later-1", "later-2"]);
     }
 }
