@@ -130,3 +130,29 @@ pub async fn broker_node(addr: SocketAddr, config: &'static str) -> madsim::runt
     madsim::time::sleep(std::time::Duration::from_millis(200)).await;
     node
 }
+
+/// Makes the client nodes of a scenario, each with an address of its own in 10.0.1.0/24
+/// (the broker's is elsewhere), named as given.
+pub struct ClientNodes {
+    last: u8,
+}
+
+impl Default for ClientNodes {
+    fn default() -> Self {
+        Self { last: 10 }
+    }
+}
+
+impl ClientNodes {
+    /// A new node named `name` on the current simulation.
+    pub fn node(&mut self, name: impl Into<String>) -> madsim::runtime::NodeHandle {
+        self.last = self.last.checked_add(1).expect("at most 245 client nodes");
+        madsim::runtime::Handle::current()
+            .create_node()
+            .name(name.into())
+            .ip(std::net::IpAddr::V4(std::net::Ipv4Addr::new(
+                10, 0, 1, self.last,
+            )))
+            .build()
+    }
+}

@@ -12,13 +12,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use madsim::rand::{thread_rng, Rng};
-use madsim::runtime::Handle;
 use madsim::time::{sleep, Instant};
 use starling_codec::{
     Packet, Properties, Protocol, PubAck, Publish, QoS, Subscribe, SubscribeFilter,
     SubscriptionOptions,
 };
-use starling_sim::mqtt::{broker_node, pid, ConnectOpts, MqttClient};
+use starling_sim::mqtt::{broker_node, pid, ClientNodes, ConnectOpts, MqttClient};
 use starling_sim::{check, run, RunConfig};
 
 const BROKER: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 1883);
@@ -125,17 +124,10 @@ async fn publisher(k: usize, oracle: Shared) {
 
 async fn flood_into_slow_subscriber() {
     let oracle: Shared = Arc::default();
-    let h = Handle::current();
     starling_sim::runner::spawn_tripwire_watcher();
     let _broker = broker_node(BROKER, CONFIG).await;
-    let mut ip = 10u8;
-    let mut node = |name: String| {
-        ip += 1;
-        h.create_node()
-            .name(name)
-            .ip(IpAddr::V4(Ipv4Addr::new(10, 0, 1, ip)))
-            .build()
-    };
+    let mut nodes = ClientNodes::default();
+    let mut node = |name: String| nodes.node(name);
     node("sub".into()).spawn(subscriber(oracle.clone()));
     let started = Instant::now();
     while !lock(&oracle).subscribed {

@@ -11,13 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use madsim::runtime::Handle;
 use madsim::time::{sleep, timeout, Instant};
 use starling_codec::{
     Packet, Properties, Protocol, PubAck, Publish, QoS, Subscribe, SubscribeFilter,
     SubscriptionOptions,
 };
-use starling_sim::mqtt::{broker_node, pid, ConnectOpts, MqttClient};
+use starling_sim::mqtt::{broker_node, pid, ClientNodes, ConnectOpts, MqttClient};
 use starling_sim::{check, run, RunConfig};
 
 const BROKER: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 1883);
@@ -38,6 +37,8 @@ struct Oracle {
     waits: BTreeMap<usize, (u64, u32, Duration)>,
     done: usize,
     subscribed: bool,
+    /// The broker closed the hostile subscriber's connection.
+    kicked: bool,
 }
 
 type Shared = Arc<Mutex<Oracle>>;
@@ -80,15 +81,24 @@ async fn hostile(oracle: Shared) {
     loop {
         sleep(DRAIN_EVERY).await;
         // Drain what is there, acknowledging it, then go quiet again.
-        while let Ok(Ok(p)) = timeout(Duration::from_millis(50), c.recv()).await {
-            if let Packet::Publish(Publish {
-                packet_id: Some(id),
-                ..
-            }) = p
-            {
-                if c.send(&Packet::Puback(PubAck::new(id))).await.is_err() {
+        loop {
+            match timeout(Duration::from_millis(50), c.recv()).await {
+                Ok(Ok(Packet::Publish(Publish {
+                    packet_id: Some(id),
+                    ..
+                }))) => {
+                    if c.send(&Packet::Puback(PubAck::new(id))).await.is_err() {
+                        lock(&oracle).kicked = true;
+                        return;
+                    }
+                }
+                Ok(Ok(_)) => {}
+                // Closed by the broker (3.1.1 has no DISCONNECT to send).
+                Ok(Err(_)) => {
+                    lock(&oracle).kicked = true;
                     return;
                 }
+                Err(_) => break,
             }
         }
     }
@@ -133,19 +143,12 @@ async fn publisher(k: usize, oracle: Shared) {
     lock(&oracle).done += 1;
 }
 
-async fn hostile_subscriber_scenario(config: &'static str, long_waits_max: u32) {
+async fn hostile_subscriber_scenario(config: &'static str, long_waits_max: u32, kicked: bool) {
     let oracle: Shared = Arc::default();
-    let h = Handle::current();
     starling_sim::runner::spawn_tripwire_watcher();
     let _broker = broker_node(BROKER, config).await;
-    let mut ip = 10u8;
-    let mut node = |name: String| {
-        ip += 1;
-        h.create_node()
-            .name(name)
-            .ip(IpAddr::V4(Ipv4Addr::new(10, 0, 1, ip)))
-            .build()
-    };
+    let mut nodes = ClientNodes::default();
+    let mut node = |name: String| nodes.node(name);
     node("hostile".into()).spawn(hostile(oracle.clone()));
     let started = Instant::now();
     while !lock(&oracle).subscribed {
@@ -165,6 +168,11 @@ async fn hostile_subscriber_scenario(config: &'static str, long_waits_max: u32) 
         sleep(Duration::from_millis(100)).await;
     }
     let g = lock(&oracle);
+    check!(
+        g.kicked == kicked,
+        "hostile subscriber disconnected: {}, expected {kicked}",
+        g.kicked
+    );
     for (k, (acks, long, longest)) in &g.waits {
         eprintln!("[scenario] publisher {k}: {acks} PUBACKs, {long} waits over {LONG_WAIT:?}, longest {longest:?}");
         check!(*acks > 100, "publisher {k} got only {acks} PUBACKs");
@@ -188,7 +196,7 @@ fn a_hostile_subscriber_cannot_stall_unrelated_publishers_again_and_again() {
         )
         .seeds(5),
         // Two stalls per 60 s window (backpressure_stalls_max), one more for slack.
-        || hostile_subscriber_scenario("[mqtt]\nmax_mqueue_len = 60\nmax_inflight = 4\n", 3),
+        || hostile_subscriber_scenario("[mqtt]\nmax_mqueue_len = 60\nmax_inflight = 4\n", 3, false),
     );
 }
 
@@ -204,6 +212,26 @@ fn an_anonymous_subscriber_holds_no_one_back_when_only_authenticated_ones_may() 
             hostile_subscriber_scenario(
                 "[mqtt]\nmax_mqueue_len = 60\nmax_inflight = 4\nbackpressure_holders = \"authenticated\"\n",
                 0,
+                false,
+            )
+        },
+    );
+}
+
+#[test]
+fn a_stalled_subscriber_is_disconnected_when_the_policy_says_so() {
+    run(
+        RunConfig::new(
+            "broker_backpressure_hostile",
+            "a_stalled_subscriber_is_disconnected_when_the_policy_says_so",
+        )
+        .seeds(5),
+        // One stall, then it is gone: no second one.
+        || {
+            hostile_subscriber_scenario(
+                "[mqtt]\nmax_mqueue_len = 60\nmax_inflight = 4\nbackpressure_stuck_policy = \"disconnect\"\n",
+                1,
+                true,
             )
         },
     );

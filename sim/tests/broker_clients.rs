@@ -12,13 +12,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use madsim::rand::{thread_rng, Rng};
-use madsim::runtime::Handle;
 use madsim::time::{sleep, timeout, Instant};
 use starling_codec::{
     LastWill, Packet, Properties, Protocol, PubAck, Publish, QoS, ReasonCode, RetainHandling,
     Subscribe, SubscribeFilter, SubscriptionOptions,
 };
-use starling_sim::mqtt::{broker_node, pid, ConnectOpts, MqttClient};
+use starling_sim::mqtt::{broker_node, pid, ClientNodes, ConnectOpts, MqttClient};
 use starling_sim::{check, run, Knobs, RunConfig};
 
 const BROKER: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 1883);
@@ -519,7 +518,6 @@ async fn retained_check(oracle: Shared) {
 async fn clients_reconnecting_at_random() {
     let knobs = Knobs::current();
     let oracle: Shared = Arc::new(Mutex::new(Oracle::default()));
-    let h = Handle::current();
     starling_sim::runner::spawn_tripwire_watcher();
     madsim::net::NetSim::current().update_config(|c| {
         c.send_latency = knobs.latency.0..knobs.latency.1 + Duration::from_millis(1)
@@ -529,14 +527,8 @@ async fn clients_reconnecting_at_random() {
         "[mqtt]\nmax_mqueue_len = 100000\nmax_inflight = 32\n",
     )
     .await;
-    let mut ip = 10u8;
-    let mut node = |name: String| {
-        ip += 1;
-        h.create_node()
-            .name(name)
-            .ip(IpAddr::V4(Ipv4Addr::new(10, 0, 1, ip)))
-            .build()
-    };
+    let mut nodes = ClientNodes::default();
+    let mut node = |name: String| nodes.node(name);
     node("watcher".into()).spawn(will_watcher(oracle.clone()));
     for k in 0..SUBSCRIBERS {
         node(format!("sub{k}")).spawn(subscriber(k, oracle.clone()));
