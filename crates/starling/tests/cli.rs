@@ -189,3 +189,56 @@ fn sighup_reloads_the_certificates_of_tls_listeners() {
     d.signal("HUP");
     d.expect("server.key");
 }
+
+/// The address a `listening` line of the log names.
+fn listening_addr(d: &mut Daemon) -> std::net::SocketAddr {
+    d.expect("listening");
+    let line = d
+        .seen
+        .iter()
+        .find(|l| l.contains("listening"))
+        .expect("seen");
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("addr="))
+        .expect("addr= in the listening line");
+    addr.parse().expect("a socket address")
+}
+
+#[test]
+fn a_flood_of_malformed_connects_is_logged_a_line_at_a_time_and_volatility_is_announced() {
+    let dir = temp_dir("log-flood");
+    let config = dir.join("starling.toml");
+    std::fs::write(
+        &config,
+        "[[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:0\"\n",
+    )
+    .expect("write config");
+    let mut d = Daemon::start(&config);
+    // Nothing survives a restart yet, and the operator is told so.
+    d.expect("kept in memory only");
+    let addr = listening_addr(&mut d);
+    d.expect("starling started");
+    for _ in 0..200 {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        // A CONNECT whose protocol name is garbage.
+        let _ = s.write_all(&[0x10, 0x06, 0x00, 0x04, b'X', b'Y', b'Z', b'W']);
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = s.read(&mut [0u8; 16]);
+    }
+    // Collect what the flood wrote.
+    while let Ok(line) = d.lines.recv_timeout(Duration::from_millis(500)) {
+        d.seen.push(line);
+    }
+    let lines = d
+        .seen
+        .iter()
+        .filter(|l| l.contains("malformed CONNECT"))
+        .count();
+    assert!(
+        (1..=2).contains(&lines),
+        "{lines} log lines for 200 malformed CONNECTs:\n{}",
+        d.seen.join("\n")
+    );
+}
