@@ -15,7 +15,8 @@
 # A/B against an earlier Starling: STARLING_BASE_BIN=path/to/old/starling and
 # BROKERS="starling starling-base" (the ratio column is then new/old). STARLING_TOML is
 # appended to both Starling configurations (e.g. an [auth] section with an acl_file), so
-# that a feature's cost is measured with it switched on.
+# that a feature's cost is measured with it switched on; STARLING_BASE_TOML, when set,
+# replaces it for starling-base (e.g. empty, to compare against the old build as it ran).
 #
 # A broker that cannot be built, found or started gets n/a, never a failure
 # of the whole run.
@@ -89,6 +90,7 @@ if [ -z "$MOSQUITTO_BIN" ] && [[ " $BROKERS " == *" mosquitto "* ]]; then
 fi
 STARLING_BASE_BIN=${STARLING_BASE_BIN:-}
 STARLING_TOML=${STARLING_TOML:-}
+STARLING_BASE_TOML=${STARLING_BASE_TOML-$STARLING_TOML}
 RMQTTD_BIN=$(command -v rmqttd || true)
 RUMQTTD_BIN=$(command -v rumqttd || true)
 
@@ -100,8 +102,8 @@ start_broker() {
   mkdir -p "$dir"
   case $name in
     starling|starling-base)
-      local bin=$STARLING_BIN
-      [ "$name" = starling-base ] && bin=$STARLING_BASE_BIN
+      local bin=$STARLING_BIN extra=$STARLING_TOML
+      [ "$name" = starling-base ] && bin=$STARLING_BASE_BIN extra=$STARLING_BASE_TOML
       [ -n "$bin" ] || return 0
       cat >"$dir/starling.toml" <<TOML
 [node]
@@ -111,7 +113,7 @@ data_dir = "$dir/data"
 kind = "tcp"
 bind = "127.0.0.1:$port"
 allow_anonymous = true
-$STARLING_TOML
+$extra
 TOML
       taskset -c "$BROKER_CPU" "$bin" --config "$dir/starling.toml" >"$dir/broker.log" 2>&1 &
       pid=$! ;;

@@ -8,10 +8,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use common::{broker, connect_packet, temp_dir, WAIT};
+use common::{broker, connect_bytes, connect_packet, temp_dir, WAIT};
 use starling_broker::{Broker, MetricsSnapshot};
 use starling_codec::{
-    decode, encode, Connack, Connect, LastWill, Packet, Properties, Protocol, QoS, ReasonCode,
+    decode, Connack, Connect, LastWill, Packet, Properties, Protocol, QoS, ReasonCode,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -35,19 +35,6 @@ fn login(protocol: Protocol, id: &str, password: &'static [u8]) -> Connect {
     c
 }
 
-fn bytes_of(connect: Connect) -> BytesMut {
-    let protocol = connect.protocol;
-    let mut out = BytesMut::new();
-    encode(
-        &Packet::Connect(Box::new(connect)),
-        protocol,
-        u32::MAX,
-        &mut out,
-    )
-    .expect("encodes");
-    out
-}
-
 /// A CONNECT whose will payload makes it about `size` bytes.
 fn sized_connect(protocol: Protocol, id: &str, size: usize) -> BytesMut {
     let mut c = connect_packet(protocol, id, true);
@@ -60,7 +47,7 @@ fn sized_connect(protocol: Protocol, id: &str, size: usize) -> BytesMut {
         retain: false,
         properties: Properties::default(),
     });
-    bytes_of(c)
+    connect_bytes(c)
 }
 
 /// MQTT's variable byte integer.
@@ -133,7 +120,7 @@ async fn try_login_from(
             socket.connect(addr).await.expect("connect")
         }
     };
-    s.write_all(&bytes_of(connect)).await.expect("write");
+    s.write_all(&connect_bytes(connect)).await.expect("write");
     connack(&mut s, protocol).await.map(|c| c.reason_code)
 }
 

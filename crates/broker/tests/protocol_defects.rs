@@ -4,12 +4,14 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use common::*;
+use starling_broker::Broker;
 use starling_codec::{
-    encode, Packet, PacketId, Properties, Protocol, PubAck, Publish, QoS, ReasonCode,
+    Connack, Packet, PacketId, Properties, Protocol, PubAck, Publish, QoS, ReasonCode,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -17,24 +19,123 @@ use tokio::net::TcpStream;
 /// How long "nothing arrives" is watched for.
 const QUIET: Duration = Duration::from_millis(300);
 
-fn publish_with(topic: &str, qos: QoS, id: Option<u16>, properties: Properties) -> Packet {
-    Packet::Publish(Publish {
+// ----- building and sending packets -----
+
+/// A PUBLISH of "x" on `topic` at `qos`, with packet id `id` (none at QoS 0).
+fn publish_packet(topic: &str, qos: QoS, id: u16) -> Publish {
+    Publish {
         dup: false,
         qos,
         retain: false,
         topic: topic.to_owned(),
-        packet_id: id.map(pid),
-        properties,
+        packet_id: (qos != QoS::AtMostOnce).then(|| pid(id)),
+        properties: Properties::default(),
         payload: Bytes::from_static(b"x"),
-    })
+    }
 }
 
+/// `c` sends [`publish_packet`]`(topic, qos, id)` and waits for no answer.
+async fn send_publish(c: &mut Client, topic: &str, qos: QoS, id: u16) {
+    c.send(Packet::Publish(publish_packet(topic, qos, id)))
+        .await;
+}
+
+/// An acknowledgement carrying `reason_code`, typically a failing one.
 fn failing(packet_id: PacketId, reason_code: ReasonCode) -> PubAck {
     PubAck {
         packet_id,
         reason_code,
         properties: Properties::default(),
     }
+}
+
+// ----- setting up clients -----
+
+/// A broker with `extra` configuration; on it a subscriber ("sub") on `filter` at `qos`,
+/// then a publisher ("pub"), both clean.
+async fn subscriber_and_publisher(
+    extra: &str,
+    protocol: Protocol,
+    filter: &str,
+    qos: QoS,
+) -> (Broker, Client, Client) {
+    let (b, addr) = broker(extra).await;
+    let mut sub = Client::connect(addr, protocol, "sub", true).await;
+    sub.subscribe(1, filter, qos).await;
+    let publ = Client::connect(addr, protocol, "pub", true).await;
+    (b, sub, publ)
+}
+
+/// A broker, and on it a subscriber whose next packet is a PUBLISH at `qos` from another
+/// client; returns the broker, the subscriber and the delivery's packet id (unacknowledged).
+async fn delivery(protocol: Protocol, qos: QoS) -> (Broker, Client, PacketId) {
+    let (b, mut sub, mut publ) = subscriber_and_publisher("", protocol, "d/t", qos).await;
+    publ.publish("d/t", b"x", qos, false).await;
+    publ.disconnect().await;
+    match sub.recv().await {
+        Some(Packet::Publish(p)) => {
+            assert_eq!(p.qos, qos);
+            (b, sub, p.packet_id.expect("QoS 1/2 has a packet id"))
+        }
+        other => panic!("expected PUBLISH, got {other:?}"),
+    }
+}
+
+/// A broker with the default configuration, and one clean v5 client "c" on it.
+async fn v5_client() -> (Broker, Client) {
+    let (b, addr) = broker("").await;
+    let c = Client::connect(addr, Protocol::V5, "c", true).await;
+    (b, c)
+}
+
+/// Opens client "willer" (clean) with a will on `topic`; returns it and its CONNACK.
+async fn open_with_will(addr: SocketAddr, protocol: Protocol, topic: &str) -> (Client, Connack) {
+    let mut c = connect_packet(protocol, "willer", true);
+    c.will = Some(will(topic, "gone"));
+    Client::open(addr, c).await
+}
+
+/// A bare TCP connection to `addr` on which `bytes` were written.
+async fn raw_connection(addr: SocketAddr, bytes: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.expect("tcp connect");
+    s.write_all(bytes).await.expect("write");
+    s
+}
+
+/// Everything the broker sends on `s` until it closes it, or `None` if it is still open
+/// after `within`.
+async fn read_until_closed(s: &mut TcpStream, within: Duration) -> Option<Vec<u8>> {
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(within, s.read_to_end(&mut got)).await;
+    read.is_ok().then_some(got)
+}
+
+// ----- what the broker answers -----
+
+/// Which acknowledgement [`expect_ack`] waits for.
+#[derive(Debug, Clone, Copy)]
+enum Ack {
+    Puback,
+    Pubrec,
+    Pubrel,
+    Pubcomp,
+}
+
+/// The broker's next packet to `c` is a `kind`; returns it.
+async fn expect_ack(c: &mut Client, kind: Ack) -> PubAck {
+    match (kind, c.recv().await) {
+        (Ack::Puback, Some(Packet::Puback(a)))
+        | (Ack::Pubrec, Some(Packet::Pubrec(a)))
+        | (Ack::Pubrel, Some(Packet::Pubrel(a)))
+        | (Ack::Pubcomp, Some(Packet::Pubcomp(a))) => a,
+        (_, other) => panic!("expected {kind:?}, got {other:?}"),
+    }
+}
+
+/// The broker's next packet to `c` is a `kind` refusing with 0x87 Not Authorized.
+async fn expect_not_authorized(c: &mut Client, kind: Ack) {
+    let ack = expect_ack(c, kind).await;
+    assert_eq!(ack.reason_code, ReasonCode::NotAuthorized, "{kind:?}");
 }
 
 /// The broker sends DISCONNECT `code`, then closes the connection.
@@ -44,6 +145,12 @@ async fn expect_disconnect(c: &mut Client, code: ReasonCode) {
         other => panic!("expected DISCONNECT {code:?}, got {other:?}"),
     }
     expect_closed(c).await;
+}
+
+/// `c` sends `wrong`; the broker answers DISCONNECT 0x82 Protocol Error and closes.
+async fn expect_protocol_error_for(c: &mut Client, wrong: Packet) {
+    c.send(wrong).await;
+    expect_disconnect(c, ReasonCode::ProtocolError).await;
 }
 
 /// The broker closes the connection without sending anything more.
@@ -63,62 +170,46 @@ async fn expect_alive(c: &mut Client) {
     }
 }
 
-/// A subscriber on `topic` at `qos` and a publisher; the subscriber's next packet is the
-/// PUBLISH the publisher sent, whose packet id is returned (unacknowledged).
-async fn delivery(addr: std::net::SocketAddr, protocol: Protocol, qos: QoS) -> (Client, PacketId) {
-    let mut sub = Client::connect(addr, protocol, "sub", true).await;
-    sub.subscribe(1, "d/t", qos).await;
-    let mut publ = Client::connect(addr, protocol, "pub", true).await;
-    publ.publish("d/t", b"x", qos, false).await;
-    publ.disconnect().await;
-    match sub.recv().await {
-        Some(Packet::Publish(p)) => {
-            assert_eq!(p.qos, qos);
-            (sub, p.packet_id.expect("QoS 1/2 has a packet id"))
-        }
-        other => panic!("expected PUBLISH, got {other:?}"),
-    }
+/// `c` sends a QoS 2 PUBLISH with packet id `id`; the broker answers PUBREC for it.
+async fn publish_qos2_until_pubrec(c: &mut Client, id: u16) {
+    send_publish(c, "q/t", QoS::ExactlyOnce, id).await;
+    assert_eq!(expect_ack(c, Ack::Pubrec).await.packet_id, pid(id));
+}
+
+/// `c` accepts delivery `id` with PUBREC; the broker answers PUBREL for it.
+async fn pubrec_until_pubrel(c: &mut Client, id: PacketId) {
+    c.send(Packet::Pubrec(PubAck::new(id))).await;
+    assert_eq!(expect_ack(c, Ack::Pubrel).await.packet_id, id);
 }
 
 // ----- (7) topic limits on PUBLISH and on the will -----
 
+/// A v5 PUBLISH on a topic longer than the limit gets DISCONNECT 0x90 and reaches no one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v5_publish_past_topic_len_max_is_disconnected_with_0x90_and_not_delivered() {
-    let (_b, addr) = broker("[mqtt]\ntopic_len_max = 16\n").await;
-    let mut sub = Client::connect(addr, Protocol::V5, "sub", true).await;
-    sub.subscribe(1, "#", QoS::AtLeastOnce).await;
-    let mut p = Client::connect(addr, Protocol::V5, "pub", true).await;
-    p.send(publish_with(
-        "aaaaaaaa/bbbbbbbb",
-        QoS::AtLeastOnce,
-        Some(1),
-        Properties::default(),
-    ))
-    .await;
+    let config = "[mqtt]\ntopic_len_max = 16\n";
+    let (_b, mut sub, mut p) =
+        subscriber_and_publisher(config, Protocol::V5, "#", QoS::AtLeastOnce).await;
+    send_publish(&mut p, "aaaaaaaa/bbbbbbbb", QoS::AtLeastOnce, 1).await;
     expect_disconnect(&mut p, ReasonCode::TopicNameInvalid).await;
     sub.expect_no_publish(QUIET).await;
 }
 
+/// A 3.1.1 PUBLISH on a topic with too many levels closes the connection, undelivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v311_publish_past_topic_levels_max_closes_the_connection_and_is_not_delivered() {
-    let (_b, addr) = broker("[mqtt]\ntopic_levels_max = 3\n").await;
-    let mut sub = Client::connect(addr, Protocol::V3_1_1, "sub", true).await;
-    sub.subscribe(1, "#", QoS::AtLeastOnce).await;
-    let mut p = Client::connect(addr, Protocol::V3_1_1, "pub", true).await;
+    let config = "[mqtt]\ntopic_levels_max = 3\n";
+    let (_b, mut sub, mut p) =
+        subscriber_and_publisher(config, Protocol::V3_1_1, "#", QoS::AtLeastOnce).await;
     // Within the limit: acknowledged and delivered.
     p.publish("a/b/c", b"x", QoS::AtLeastOnce, false).await;
     assert_eq!(sub.recv_publish().await.topic, "a/b/c");
-    p.send(publish_with(
-        "a/b/c/d",
-        QoS::AtLeastOnce,
-        Some(2),
-        Properties::default(),
-    ))
-    .await;
+    send_publish(&mut p, "a/b/c/d", QoS::AtLeastOnce, 2).await;
     expect_closed(&mut p).await;
     sub.expect_no_publish(QUIET).await;
 }
 
+/// A will whose topic breaks the topic limits refuses the CONNECT itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn will_topic_past_the_topic_limits_is_refused_at_connect() {
     let (_b, addr) = broker("[mqtt]\ntopic_levels_max = 2\n").await;
@@ -127,9 +218,7 @@ async fn will_topic_past_the_topic_limits_is_refused_at_connect() {
         // 3.x has no code for it: return code 3, the codec's mapping for such refusals.
         (Protocol::V3_1_1, ReasonCode::ServerUnavailable),
     ] {
-        let mut c = connect_packet(protocol, "willer", true);
-        c.will = Some(will("w/x/y", "gone"));
-        let (mut client, ack) = Client::open(addr, c).await;
+        let (mut client, ack) = open_with_will(addr, protocol, "w/x/y").await;
         assert_eq!(ack.reason_code, code, "{protocol:?}");
         assert!(!ack.session_present);
         expect_closed(&mut client).await;
@@ -138,10 +227,10 @@ async fn will_topic_past_the_topic_limits_is_refused_at_connect() {
 
 // ----- (8) SUBSCRIBE with QoS 3 -----
 
+/// A v5 SUBSCRIBE asking for Maximum QoS 3 gets DISCONNECT 0x82 Protocol Error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v5_subscribe_with_qos_3_is_disconnected_with_protocol_error_0x82() {
-    let (_b, addr) = broker("").await;
-    let mut c = Client::connect(addr, Protocol::V5, "c", true).await;
+    let (_b, mut c) = v5_client().await;
     // SUBSCRIBE id 1, no properties, filter "a", options 0x03 (Maximum QoS 3).
     c.send_raw(&[0x82, 0x07, 0x00, 0x01, 0x00, 0x00, 0x01, b'a', 0x03])
         .await;
@@ -150,12 +239,12 @@ async fn v5_subscribe_with_qos_3_is_disconnected_with_protocol_error_0x82() {
 
 // ----- (9) Message Expiry Interval only when the publisher set one -----
 
+/// Only a message whose publisher set an expiry is forwarded with one (decremented, capped).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v5_message_without_expiry_is_forwarded_without_message_expiry_interval() {
-    let (_b, addr) = broker("[mqtt]\nmessage_expiry_max_secs = 60\n").await;
-    let mut sub = Client::connect(addr, Protocol::V5, "sub", true).await;
-    sub.subscribe(1, "e/#", QoS::AtLeastOnce).await;
-    let mut p = Client::connect(addr, Protocol::V5, "pub", true).await;
+    let config = "[mqtt]\nmessage_expiry_max_secs = 60\n";
+    let (_b, mut sub, mut p) =
+        subscriber_and_publisher(config, Protocol::V5, "e/#", QoS::AtLeastOnce).await;
     p.publish("e/none", b"x", QoS::AtLeastOnce, false).await;
     let got = sub.recv_publish().await;
     assert_eq!(got.topic, "e/none");
@@ -166,8 +255,11 @@ async fn v5_message_without_expiry_is_forwarded_without_message_expiry_interval(
             message_expiry_interval: Some(asked),
             ..Properties::default()
         };
-        p.send(publish_with("e/set", QoS::AtMostOnce, None, properties))
-            .await;
+        let expiring = Publish {
+            properties,
+            ..publish_packet("e/set", QoS::AtMostOnce, 0)
+        };
+        p.send(Packet::Publish(expiring)).await;
         let got = sub.recv_publish().await;
         let left = got.properties.message_expiry_interval.expect("forwarded");
         assert!((most - 2..=most).contains(&left), "{asked} -> {left}");
@@ -176,55 +268,47 @@ async fn v5_message_without_expiry_is_forwarded_without_message_expiry_interval(
 
 // ----- (10) wrong acknowledgement type -----
 
+/// A v5 subscriber answering a QoS 2 delivery with PUBACK gets DISCONNECT 0x82.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v5_puback_for_a_qos2_delivery_is_a_protocol_error() {
-    let (_b, addr) = broker("").await;
-    let (mut sub, id) = delivery(addr, Protocol::V5, QoS::ExactlyOnce).await;
-    sub.send(Packet::Puback(PubAck::new(id))).await;
-    expect_disconnect(&mut sub, ReasonCode::ProtocolError).await;
+    let (_b, mut sub, id) = delivery(Protocol::V5, QoS::ExactlyOnce).await;
+    expect_protocol_error_for(&mut sub, Packet::Puback(PubAck::new(id))).await;
 }
 
+/// A v5 subscriber answering a QoS 1 delivery with PUBREC gets DISCONNECT 0x82.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v5_pubrec_for_a_qos1_delivery_is_a_protocol_error() {
-    let (_b, addr) = broker("").await;
-    let (mut sub, id) = delivery(addr, Protocol::V5, QoS::AtLeastOnce).await;
-    sub.send(Packet::Pubrec(PubAck::new(id))).await;
-    expect_disconnect(&mut sub, ReasonCode::ProtocolError).await;
+    let (_b, mut sub, id) = delivery(Protocol::V5, QoS::AtLeastOnce).await;
+    expect_protocol_error_for(&mut sub, Packet::Pubrec(PubAck::new(id))).await;
 }
 
+/// A v5 PUBACK for a QoS 2 delivery already past PUBREL gets DISCONNECT 0x82.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v5_puback_after_pubrel_is_a_protocol_error() {
-    let (_b, addr) = broker("").await;
-    let (mut sub, id) = delivery(addr, Protocol::V5, QoS::ExactlyOnce).await;
-    sub.send(Packet::Pubrec(PubAck::new(id))).await;
-    match sub.recv().await {
-        Some(Packet::Pubrel(r)) => assert_eq!(r.packet_id, id),
-        other => panic!("expected PUBREL, got {other:?}"),
-    }
-    sub.send(Packet::Puback(PubAck::new(id))).await;
-    expect_disconnect(&mut sub, ReasonCode::ProtocolError).await;
+    let (_b, mut sub, id) = delivery(Protocol::V5, QoS::ExactlyOnce).await;
+    pubrec_until_pubrel(&mut sub, id).await;
+    expect_protocol_error_for(&mut sub, Packet::Puback(PubAck::new(id))).await;
 }
 
+/// A v5 PUBCOMP for a QoS 2 delivery still awaiting its PUBREC gets DISCONNECT 0x82.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v5_pubcomp_while_awaiting_pubrec_is_a_protocol_error() {
-    let (_b, addr) = broker("").await;
-    let (mut sub, id) = delivery(addr, Protocol::V5, QoS::ExactlyOnce).await;
-    sub.send(Packet::Pubcomp(PubAck::new(id))).await;
-    expect_disconnect(&mut sub, ReasonCode::ProtocolError).await;
+    let (_b, mut sub, id) = delivery(Protocol::V5, QoS::ExactlyOnce).await;
+    expect_protocol_error_for(&mut sub, Packet::Pubcomp(PubAck::new(id))).await;
 }
 
+/// A 3.1.1 subscriber's wrong acknowledgement closes its connection (3.x broker sends no DISCONNECT).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v311_wrong_acknowledgement_closes_the_connection() {
-    let (_b, addr) = broker("").await;
-    let (mut sub, id) = delivery(addr, Protocol::V3_1_1, QoS::AtLeastOnce).await;
+    let (_b, mut sub, id) = delivery(Protocol::V3_1_1, QoS::AtLeastOnce).await;
     sub.send(Packet::Pubrec(PubAck::new(id))).await;
     expect_closed(&mut sub).await;
 }
 
+/// PUBACK and PUBCOMP naming no delivery are ignored, not a protocol error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledgements_for_unknown_packet_ids_keep_the_connection() {
-    let (_b, addr) = broker("").await;
-    let mut c = Client::connect(addr, Protocol::V5, "c", true).await;
+    let (_b, mut c) = v5_client().await;
     c.send(Packet::Puback(PubAck::new(pid(99)))).await;
     c.send(Packet::Pubcomp(PubAck::new(pid(99)))).await;
     expect_alive(&mut c).await;
@@ -232,62 +316,36 @@ async fn acknowledgements_for_unknown_packet_ids_keep_the_connection() {
 
 // ----- (11) a CONNACK the client's Maximum Packet Size cannot hold -----
 
+/// A CONNACK too large for the client's Maximum Packet Size is not sent: the broker closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v5_connack_past_the_client_maximum_packet_size_closes_at_once_sending_nothing() {
     let (_b, addr) = broker("").await;
     let mut connect = connect_packet(Protocol::V5, "tiny", true);
     connect.properties.maximum_packet_size = Some(2);
-    let mut bytes = BytesMut::new();
-    encode(
-        &Packet::Connect(Box::new(connect)),
-        Protocol::V5,
-        u32::MAX,
-        &mut bytes,
-    )
-    .expect("encodable");
-    let mut s = TcpStream::connect(addr).await.expect("tcp connect");
-    s.write_all(&bytes).await.expect("write");
+    let mut s = raw_connection(addr, &connect_bytes(connect)).await;
     // Closed well before a keep alive (60 s) or handshake timeout could do it, and with
     // nothing sent: no CONNACK, no DISCONNECT.
-    let mut got = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut got)).await;
-    assert!(read.is_ok(), "connection still open after 3 s");
+    let got = read_until_closed(&mut s, Duration::from_secs(3))
+        .await
+        .expect("connection still open after 3 s");
     assert!(got.is_empty(), "sent {got:02x?}");
 }
 
 // ----- (12) MQTT 3.1 leniencies -----
 
-/// A QoS 2 PUBLISH by `c` up to the broker's PUBREC.
-async fn publish_qos2_until_pubrec(c: &mut Client, id: u16) {
-    c.send(publish_with(
-        "q/t",
-        QoS::ExactlyOnce,
-        Some(id),
-        Properties::default(),
-    ))
-    .await;
-    match c.recv().await {
-        Some(Packet::Pubrec(a)) => assert_eq!(a.packet_id, pid(id)),
-        other => panic!("expected PUBREC, got {other:?}"),
-    }
-}
-
+/// A 3.1 client's PUBREL retried with DUP (and QoS 1) completes the exchange.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt_3_1_pubrel_resent_with_dup_is_accepted() {
-    let (_b, addr) = broker("").await;
-    let mut sub = Client::connect(addr, Protocol::V3_1, "sub", true).await;
-    sub.subscribe(1, "q/t", QoS::ExactlyOnce).await;
-    let mut c = Client::connect(addr, Protocol::V3_1, "pub", true).await;
+    let (_b, mut sub, mut c) =
+        subscriber_and_publisher("", Protocol::V3_1, "q/t", QoS::ExactlyOnce).await;
     publish_qos2_until_pubrec(&mut c, 5).await;
     // PUBREL with DUP and QoS 1 (0x6A), as a 3.1 client retries it.
     c.send_raw(&[0x6A, 0x02, 0x00, 0x05]).await;
-    match c.recv().await {
-        Some(Packet::Pubcomp(a)) => assert_eq!(a.packet_id, pid(5)),
-        other => panic!("expected PUBCOMP, got {other:?}"),
-    }
+    assert_eq!(expect_ack(&mut c, Ack::Pubcomp).await.packet_id, pid(5));
     assert_eq!(sub.recv_publish().await.topic, "q/t");
 }
 
+/// The same PUBREL with DUP from a 3.1.1 client is malformed and closes the connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v311_pubrel_with_dup_closes_the_connection() {
     let (_b, addr) = broker("").await;
@@ -299,15 +357,7 @@ async fn v311_pubrel_with_dup_closes_the_connection() {
 
 /// A CONNECT for `protocol` with the reserved connect flag (bit 0) set.
 fn connect_with_reserved_flag(protocol: Protocol) -> Vec<u8> {
-    let mut bytes = BytesMut::new();
-    let c = connect_packet(protocol, "flags", true);
-    encode(
-        &Packet::Connect(Box::new(c)),
-        protocol,
-        u32::MAX,
-        &mut bytes,
-    )
-    .expect("encodable");
+    let mut bytes = connect_bytes(connect_packet(protocol, "flags", true));
     // Fixed header (2), name length (2), name, level, then the flags.
     let flags_at = 2 + 2 + usize::from(bytes[3]) + 1;
     assert_eq!(bytes[flags_at] & 0x01, 0);
@@ -315,13 +365,11 @@ fn connect_with_reserved_flag(protocol: Protocol) -> Vec<u8> {
     bytes.to_vec()
 }
 
+/// A 3.1 CONNECT with the reserved flag bit set is still accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt_3_1_connect_with_the_reserved_flag_bit_is_accepted() {
     let (_b, addr) = broker("").await;
-    let mut s = TcpStream::connect(addr).await.expect("tcp connect");
-    s.write_all(&connect_with_reserved_flag(Protocol::V3_1))
-        .await
-        .expect("write");
+    let mut s = raw_connection(addr, &connect_with_reserved_flag(Protocol::V3_1)).await;
     let mut ack = [0u8; 4];
     tokio::time::timeout(WAIT, s.read_exact(&mut ack))
         .await
@@ -330,17 +378,15 @@ async fn mqtt_3_1_connect_with_the_reserved_flag_bit_is_accepted() {
     assert_eq!(ack, [0x20, 0x02, 0x00, 0x00], "accepted");
 }
 
+/// A 3.1.1 or v5 CONNECT with the reserved flag bit set is refused and closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v311_and_v5_connect_with_the_reserved_flag_bit_is_refused() {
     let (_b, addr) = broker("").await;
     for protocol in [Protocol::V3_1_1, Protocol::V5] {
-        let mut s = TcpStream::connect(addr).await.expect("tcp connect");
-        s.write_all(&connect_with_reserved_flag(protocol))
+        let mut s = raw_connection(addr, &connect_with_reserved_flag(protocol)).await;
+        let got = read_until_closed(&mut s, WAIT)
             .await
-            .expect("write");
-        let mut got = Vec::new();
-        let read = tokio::time::timeout(WAIT, s.read_to_end(&mut got)).await;
-        assert!(read.is_ok(), "{protocol:?}: connection still open");
+            .unwrap_or_else(|| panic!("{protocol:?}: connection still open"));
         // Closed, at most after a refusing CONNACK (v5: 0x81 Malformed Packet).
         let accepted = got.len() >= 4 && got[0] == 0x20 && got[3] == 0x00;
         assert!(!accepted, "{protocol:?}: accepted: {got:02x?}");
@@ -349,10 +395,10 @@ async fn v311_and_v5_connect_with_the_reserved_flag_bit_is_refused() {
 
 // ----- (13) PUBREL only after a successful PUBREC -----
 
+/// A failing PUBREC ends a QoS 2 delivery: no PUBREL, and its packet id is free again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v5_failing_pubrec_for_a_qos2_delivery_gets_no_pubrel_and_frees_the_id() {
-    let (_b, addr) = broker("").await;
-    let (mut sub, id) = delivery(addr, Protocol::V5, QoS::ExactlyOnce).await;
+    let (_b, mut sub, id) = delivery(Protocol::V5, QoS::ExactlyOnce).await;
     sub.send(Packet::Pubrec(failing(id, ReasonCode::UnspecifiedError)))
         .await;
     // Nothing comes back (no PUBREL) and the exchange is over: a PUBCOMP for it now names
@@ -362,138 +408,96 @@ async fn v5_failing_pubrec_for_a_qos2_delivery_gets_no_pubrel_and_frees_the_id()
     expect_alive(&mut sub).await;
 }
 
+/// A failing duplicate PUBREC after the PUBREL is not answered with another PUBREL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v5_failing_pubrec_after_pubrel_gets_no_second_pubrel() {
-    let (_b, addr) = broker("").await;
-    let (mut sub, id) = delivery(addr, Protocol::V5, QoS::ExactlyOnce).await;
-    sub.send(Packet::Pubrec(PubAck::new(id))).await;
-    match sub.recv().await {
-        Some(Packet::Pubrel(r)) => assert_eq!(r.packet_id, id),
-        other => panic!("expected PUBREL, got {other:?}"),
-    }
+    let (_b, mut sub, id) = delivery(Protocol::V5, QoS::ExactlyOnce).await;
+    pubrec_until_pubrel(&mut sub, id).await;
     // A duplicate PUBREC now says failure: the exchange ends, no PUBREL answers it.
     sub.send(Packet::Pubrec(failing(id, ReasonCode::UnspecifiedError)))
         .await;
     expect_alive(&mut sub).await;
 }
 
+/// A failing PUBREC naming no delivery gets no PUBREL either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v5_unsolicited_failing_pubrec_gets_no_pubrel() {
-    let (_b, addr) = broker("").await;
-    let mut c = Client::connect(addr, Protocol::V5, "c", true).await;
-    c.send(Packet::Pubrec(failing(
-        pid(42),
-        ReasonCode::UnspecifiedError,
-    )))
-    .await;
+    let (_b, mut c) = v5_client().await;
+    let unsolicited = failing(pid(42), ReasonCode::UnspecifiedError);
+    c.send(Packet::Pubrec(unsolicited)).await;
     expect_alive(&mut c).await;
 }
 
+/// A successful PUBREC naming no delivery gets PUBREL 0x92 Packet Identifier Not Found.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v5_unsolicited_pubrec_gets_pubrel_0x92() {
-    let (_b, addr) = broker("").await;
-    let mut c = Client::connect(addr, Protocol::V5, "c", true).await;
+    let (_b, mut c) = v5_client().await;
     c.send(Packet::Pubrec(PubAck::new(pid(42)))).await;
-    match c.recv().await {
-        Some(Packet::Pubrel(r)) => {
-            assert_eq!(r.packet_id, pid(42));
-            assert_eq!(r.reason_code, ReasonCode::PacketIdentifierNotFound);
-        }
-        other => panic!("expected PUBREL, got {other:?}"),
-    }
+    let rel = expect_ack(&mut c, Ack::Pubrel).await;
+    assert_eq!(rel.packet_id, pid(42));
+    assert_eq!(rel.reason_code, ReasonCode::PacketIdentifierNotFound);
 }
 
 // ----- (6) `$SYS` and the other `$` topics are the broker's -----
 
+/// v5 PUBLISH at QoS 1 and 2 to the bare `$SYS` is refused with 0x87, counted, undelivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v5_publish_to_bare_sys_is_refused_with_0x87_and_counted() {
-    let (b, addr) = broker("").await;
-    let mut sub = Client::connect(addr, Protocol::V5, "sub", true).await;
-    sub.subscribe(1, "$SYS", QoS::AtLeastOnce).await;
-    let mut p = Client::connect(addr, Protocol::V5, "pub", true).await;
-    p.send(publish_with(
-        "$SYS",
-        QoS::AtLeastOnce,
-        Some(1),
-        Properties::default(),
-    ))
-    .await;
-    match p.recv().await {
-        Some(Packet::Puback(a)) => assert_eq!(a.reason_code, ReasonCode::NotAuthorized),
-        other => panic!("expected PUBACK, got {other:?}"),
-    }
-    p.send(publish_with(
-        "$SYS",
-        QoS::ExactlyOnce,
-        Some(2),
-        Properties::default(),
-    ))
-    .await;
-    match p.recv().await {
-        Some(Packet::Pubrec(a)) => assert_eq!(a.reason_code, ReasonCode::NotAuthorized),
-        other => panic!("expected PUBREC, got {other:?}"),
-    }
+    let (b, mut sub, mut p) =
+        subscriber_and_publisher("", Protocol::V5, "$SYS", QoS::AtLeastOnce).await;
+    send_publish(&mut p, "$SYS", QoS::AtLeastOnce, 1).await;
+    expect_not_authorized(&mut p, Ack::Puback).await;
+    send_publish(&mut p, "$SYS", QoS::ExactlyOnce, 2).await;
+    expect_not_authorized(&mut p, Ack::Pubrec).await;
     sub.expect_no_publish(QUIET).await;
     assert_eq!(b.metrics().reserved_topic_refused, 2);
 }
 
+/// A 3.1.1 PUBLISH to a `$` topic is acknowledged (3.x cannot refuse) but never delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v311_publish_to_a_dollar_topic_is_acknowledged_and_dropped() {
-    let (_b, addr) = broker("").await;
-    let mut sub = Client::connect(addr, Protocol::V3_1_1, "sub", true).await;
-    sub.subscribe(1, "$app/#", QoS::AtLeastOnce).await;
-    let mut p = Client::connect(addr, Protocol::V3_1_1, "pub", true).await;
+    let (_b, mut sub, mut p) =
+        subscriber_and_publisher("", Protocol::V3_1_1, "$app/#", QoS::AtLeastOnce).await;
     // 3.x has no failing PUBACK: acknowledged, never delivered.
     p.publish("$app/x", b"x", QoS::AtLeastOnce, false).await;
     sub.expect_no_publish(QUIET).await;
 }
 
+/// A retained PUBLISH to `$SYS` is refused and not kept for later subscribers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retained_publish_to_sys_is_not_stored() {
     let (_b, addr) = broker("").await;
     let mut p = Client::connect(addr, Protocol::V5, "pub", true).await;
-    let mut retained = publish_with("$SYS", QoS::AtLeastOnce, Some(1), Properties::default());
-    if let Packet::Publish(ref mut r) = retained {
-        r.retain = true;
-    }
-    p.send(retained).await;
-    match p.recv().await {
-        Some(Packet::Puback(a)) => assert_eq!(a.reason_code, ReasonCode::NotAuthorized),
-        other => panic!("expected PUBACK, got {other:?}"),
-    }
+    let retained = Publish {
+        retain: true,
+        ..publish_packet("$SYS", QoS::AtLeastOnce, 1)
+    };
+    p.send(Packet::Publish(retained)).await;
+    expect_not_authorized(&mut p, Ack::Puback).await;
     let mut late = Client::connect(addr, Protocol::V5, "late", true).await;
     late.subscribe(1, "$SYS", QoS::AtLeastOnce).await;
     late.expect_no_publish(QUIET).await;
 }
 
+/// A will on the bare `$SYS` is accepted at CONNECT but never published, and counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn will_on_a_sys_topic_is_not_published() {
     let (b, addr) = broker("").await;
     let mut sub = Client::connect(addr, Protocol::V5, "sub", true).await;
     sub.subscribe(1, "$SYS", QoS::AtLeastOnce).await;
-    let mut c = connect_packet(Protocol::V3_1_1, "willer", true);
     // The bare `$SYS`: `$SYS/...` was already refused.
-    c.will = Some(will("$SYS", "gone"));
-    let (w, ack) = Client::open(addr, c).await;
+    let (w, ack) = open_with_will(addr, Protocol::V3_1_1, "$SYS").await;
     assert!(!ack.reason_code.is_error());
     w.kill();
     sub.expect_no_publish(QUIET * 2).await;
     assert_eq!(b.metrics().reserved_topic_refused, 1);
 }
 
+/// A delayed PUBLISH (`$delayed/N/...`) whose target is a `$SYS` topic is refused with 0x87.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delayed_publish_to_a_sys_topic_is_refused() {
     let (_b, addr) = broker("").await;
     let mut p = Client::connect(addr, Protocol::V5, "pub", true).await;
-    p.send(publish_with(
-        "$delayed/1/$SYS/x",
-        QoS::AtLeastOnce,
-        Some(1),
-        Properties::default(),
-    ))
-    .await;
-    match p.recv().await {
-        Some(Packet::Puback(a)) => assert_eq!(a.reason_code, ReasonCode::NotAuthorized),
-        other => panic!("expected PUBACK, got {other:?}"),
-    }
+    send_publish(&mut p, "$delayed/1/$SYS/x", QoS::AtLeastOnce, 1).await;
+    expect_not_authorized(&mut p, Ack::Puback).await;
 }

@@ -61,6 +61,20 @@ pub fn connect_packet(protocol: Protocol, client_id: &str, clean: bool) -> Conne
     }
 }
 
+/// `connect` as the bytes on the wire, for tests that speak on a bare socket.
+pub fn connect_bytes(connect: Connect) -> BytesMut {
+    let protocol = connect.protocol;
+    let mut bytes = BytesMut::new();
+    encode(
+        &Packet::Connect(Box::new(connect)),
+        protocol,
+        u32::MAX,
+        &mut bytes,
+    )
+    .expect("encodable");
+    bytes
+}
+
 pub fn will(topic: &str, payload: &str) -> LastWill {
     LastWill {
         topic: topic.to_owned(),
