@@ -21,9 +21,13 @@ pub(crate) struct AclGate {
     username: Option<Arc<str>>,
     client_id: Arc<str>,
     addr: IpAddr,
-    /// Present when some topic could be denied to this client at delivery (see
-    /// [`AclGate::may_read`]); most clients carry none and pay nothing per delivery.
-    reads: Option<Box<ReadCache>>,
+    /// Whether some topic could be denied to this client at delivery (see
+    /// [`AclGate::may_read`]): when not, its deliveries are not checked at all.
+    checks_reads: bool,
+    /// Decisions made so far, per topic: made at a topic's first check and then looked up
+    /// (the rules are read in order, so a check costs every rule before the deciding one).
+    /// Made at the first check that needs it: an idle connection carries none.
+    decided: Option<Box<Decided>>,
 }
 
 impl AclGate {
@@ -33,20 +37,18 @@ impl AclGate {
         client_id: Arc<str>,
         addr: IpAddr,
     ) -> Self {
-        let reads = shared
-            .acl
-            .may_deny_reads(&ClientInfo {
-                username: username.as_deref(),
-                client_id: &client_id,
-                addr,
-            })
-            .then(Box::default);
+        let checks_reads = shared.acl.may_deny_reads(&ClientInfo {
+            username: username.as_deref(),
+            client_id: &client_id,
+            addr,
+        });
         Self {
             shared,
             username: username.map(Arc::from),
             client_id,
             addr,
-            reads,
+            checks_reads,
+            decided: None,
         }
     }
 
@@ -60,13 +62,31 @@ impl AclGate {
         self.addr
     }
 
-    fn check(&self, action: Action, topic: &str) -> bool {
-        let info = ClientInfo {
+    fn info(&self) -> ClientInfo<'_> {
+        ClientInfo {
             username: self.username.as_deref(),
             client_id: &self.client_id,
             addr: self.addr,
-        };
-        self.shared.acl.check(&info, action, topic) == Decision::Allow
+        }
+    }
+
+    /// Whether this client may publish to the topic name `topic`, remembered per topic.
+    fn may_publish(&mut self, topic: &str) -> bool {
+        let acl = &self.shared.acl;
+        if acl.is_empty() {
+            // No rule to read: the default decides, and there is nothing to remember.
+            return acl.default_decision() == Decision::Allow;
+        }
+        if let Some(&ok) = self.decided.as_ref().and_then(|d| d.publish.get(topic)) {
+            return ok;
+        }
+        let ok = acl.check(&self.info(), Action::Publish, topic) == Decision::Allow;
+        remember(
+            &mut self.decided.get_or_insert_with(Box::default).publish,
+            Arc::from(topic),
+            ok,
+        );
+        ok
     }
 }
 
@@ -79,7 +99,7 @@ impl Gate for AclGate {
             add(&self.shared.metrics.reserved_topic_refused, 1);
             return false;
         }
-        self.check(Action::Publish, topic) && target.is_none_or(|t| self.check(Action::Publish, t))
+        self.may_publish(topic) && target.is_none_or(|t| self.may_publish(t))
     }
 
     fn allow_subscribe(&mut self, filter: &str, _qos: QoS) -> bool {
@@ -89,12 +109,7 @@ impl Gate for AclGate {
             .unwrap_or(filter);
         // Granted when the rules let it read at least part of what it matches; what they
         // deny is withheld at delivery (`may_read`).
-        let info = ClientInfo {
-            username: self.username.as_deref(),
-            client_id: &self.client_id,
-            addr: self.addr,
-        };
-        self.shared.acl.subscribe_scope(&info, plain) != Scope::Nothing
+        self.shared.acl.subscribe_scope(&self.info(), plain) != Scope::Nothing
     }
 }
 
@@ -114,37 +129,41 @@ fn delayed_target(topic: &str) -> Option<&str> {
     rest.split_once('/').map(|(_, target)| target)
 }
 
-/// Topics this client may or may not read, as decided at their first delivery. Bounded:
-/// a client reading many distinct topics starts over rather than growing.
+/// Per topic, what this client may do there, as decided at the topic's first check.
+/// Bounded: a client using many distinct topics starts over rather than growing.
 #[derive(Default)]
-struct ReadCache {
-    decided: HashMap<Arc<str>, bool, FixedState>,
+struct Decided {
+    publish: HashMap<Arc<str>, bool, FixedState>,
+    read: HashMap<Arc<str>, bool, FixedState>,
 }
 
-/// Distinct topics remembered per client.
-const READ_CACHE_MAX: usize = 1024;
+/// Distinct topics remembered per client and action.
+const DECIDED_MAX: usize = 1024;
+
+fn remember(map: &mut HashMap<Arc<str>, bool, FixedState>, topic: Arc<str>, ok: bool) {
+    if map.len() >= DECIDED_MAX {
+        map.clear();
+    }
+    map.insert(topic, ok);
+}
 
 impl AclGate {
     /// Whether a message on `topic` may be delivered to this client: the ACL's read check
     /// for the concrete topic (a subscription may match topics its rules deny, see
     /// [`starling_auth::Acl::subscribe_scope`]), remembered per topic.
     pub(crate) fn may_read(&mut self, topic: &Arc<str>) -> bool {
-        let Some(cache) = self.reads.as_deref_mut() else {
+        if !self.checks_reads {
             return true;
-        };
-        if let Some(&ok) = cache.decided.get(topic) {
+        }
+        if let Some(&ok) = self.decided.as_ref().and_then(|d| d.read.get(topic)) {
             return ok;
         }
-        let info = ClientInfo {
-            username: self.username.as_deref(),
-            client_id: &self.client_id,
-            addr: self.addr,
-        };
-        let ok = self.shared.acl.check_read(&info, topic) == Decision::Allow;
-        if cache.decided.len() >= READ_CACHE_MAX {
-            cache.decided.clear();
-        }
-        cache.decided.insert(topic.clone(), ok);
+        let ok = self.shared.acl.check_read(&self.info(), topic) == Decision::Allow;
+        remember(
+            &mut self.decided.get_or_insert_with(Box::default).read,
+            topic.clone(),
+            ok,
+        );
         ok
     }
 }
