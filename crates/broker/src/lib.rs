@@ -27,6 +27,7 @@
 //! up keep the certificate they were accepted with.
 
 mod client;
+mod conn;
 mod error;
 mod flow;
 mod gate;
@@ -50,7 +51,7 @@ use starling_net::{
 };
 use starling_rt::{start_with, Addr, Options};
 
-pub use client::Io;
+pub use conn::Io;
 pub use error::BrokerError;
 pub use metrics::MetricsSnapshot;
 

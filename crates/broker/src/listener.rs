@@ -27,7 +27,8 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn, Instrument};
 
-use crate::client::{Io, NewConn};
+use crate::client::NewConn;
+use crate::conn::Io;
 use crate::metrics::add;
 use crate::refuse::refuse;
 use crate::registry::RegistryMsg;

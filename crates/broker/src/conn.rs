@@ -1,0 +1,134 @@
+//! A client connection's byte stream and buffers: reading into a buffer only while there is
+//! something to read, batched writes with a timeout only when the socket pushes back, and
+//! a graceful close. The client actor owns one [`Conn`] while attached.
+
+use std::future::Future;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures::FutureExt;
+use starling_codec::{Packet, Protocol};
+use starling_rt::time;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::sync::OwnedSemaphorePermit;
+
+/// A byte stream a client connection can run on: TCP, TLS, WebSocket, QUIC or a test pipe.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
+
+/// Smallest read buffer. An idle connection holds none: a read that finds the buffer
+/// released goes through a stack scratch of [`READ_SCRATCH`] bytes first.
+pub(crate) const READ_BUF_INITIAL: usize = 256;
+/// Stack space for the first read after an idle period.
+const READ_SCRATCH: usize = 4096;
+/// Pending output past this is written at once rather than at the end of the burst.
+pub(crate) const WRITE_BATCH_MAX: usize = 64 * 1024;
+/// A write that makes no progress for this long means the peer is gone or stuck.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The attached connection: the socket, read by `Client::poll_input` between turns and
+/// written at the end of a burst, both from the actor's own task (no split, no lock).
+pub(crate) struct Conn {
+    pub(crate) io: Box<dyn Io>,
+    /// Read, not yet decoded. Released (capacity 0) whenever a read finds nothing to do with
+    /// an empty buffer, so an idle connection holds none.
+    pub(crate) input: BytesMut,
+    /// EOF, a read error or a decode error was met: nothing more is read.
+    pub(crate) input_ended: bool,
+    /// EOF was met and `ClientMsg::InputEnd` is still owed (after the held packets).
+    pub(crate) end_owed: bool,
+    /// Decoded while the client's publishes are held back (see [`crate::flow`]): packets
+    /// that must not pass a held PUBLISH, in order. Boxed: most connections never hold.
+    #[allow(clippy::box_collection)] // 8 bytes on every connection instead of 24
+    pub(crate) held: Option<Box<Vec<Packet>>>,
+    /// A chunk of held packets was released and more remain: the next look for input
+    /// yields first, so that the router runs (and may hold the client again) in between.
+    pub(crate) releasing: bool,
+    /// The peer closed (or the socket failed): nothing is left to linger for.
+    pub(crate) eof: bool,
+    pub(crate) out: BytesMut,
+    pub(crate) protocol: Protocol,
+    pub(crate) _permit: Option<OwnedSemaphorePermit>,
+}
+
+pub(crate) async fn write_out(c: &mut Conn) -> bool {
+    // Fast path, no timer: the socket takes the whole batch at once (it nearly always does).
+    // Arming and cancelling the write timeout on every write cost more than the write.
+    let mut written = 0;
+    if let Some(Ok(n)) = c.io.write(&c.out).now_or_never() {
+        written = n;
+    }
+    let ok = if written == c.out.len() && matches!(c.io.flush().now_or_never(), Some(Ok(()))) {
+        true
+    } else {
+        // Boxed: rare, and its timer and write state would otherwise sit in every turn.
+        matches!(
+            Box::pin(time::timeout(WRITE_TIMEOUT, async {
+                c.io.write_all(&c.out[written..]).await?;
+                c.io.flush().await
+            }))
+            .await,
+            Some(Ok(()))
+        )
+    };
+    c.out.clear();
+    if c.out.capacity() > WRITE_BATCH_MAX {
+        c.out = BytesMut::new();
+    }
+    ok
+}
+
+impl Conn {
+    /// Reads once into the input buffer: `Ready(0)` at EOF or on an error.
+    pub(crate) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<usize> {
+        if self.input.capacity() == 0 {
+            // No buffer while idle: the wait for readability holds none; what arrives is
+            // read into the stack and copied into a buffer of its size.
+            // Uninitialised: this runs whenever an idle connection's actor looks for input
+            // (every turn), and zeroing 4 KB each time was the largest cost of a delivery.
+            let mut scratch = [MaybeUninit::<u8>::uninit(); READ_SCRATCH];
+            let mut rb = ReadBuf::uninit(&mut scratch);
+            return match Pin::new(&mut self.io).poll_read(cx, &mut rb) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Ok(())) if !rb.filled().is_empty() => {
+                    let n = rb.filled().len();
+                    self.input = BytesMut::with_capacity(n.max(READ_BUF_INITIAL));
+                    self.input.extend_from_slice(rb.filled());
+                    Poll::Ready(n)
+                }
+                Poll::Ready(_) => Poll::Ready(0),
+            };
+        }
+        if self.input.capacity() - self.input.len() < READ_BUF_INITIAL / 2 {
+            // Doubling: a large packet arrives in O(log n) reads and reallocations; the
+            // decoder refuses one past `max` from its header, before this grows.
+            self.input.reserve(self.input.len().max(READ_BUF_INITIAL));
+        }
+        let fut = self.io.read_buf(&mut self.input);
+        futures::pin_mut!(fut);
+        match fut.poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(n)) => Poll::Ready(n),
+            Poll::Ready(Err(_)) => Poll::Ready(0),
+        }
+    }
+}
+
+/// How long a closed connection keeps reading after our FIN.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Closes a connection gracefully: FIN, then read and discard until the peer closes (or
+/// [`LINGER`] passes). Closing a socket with unread input makes the kernel send RST, and a
+/// RST can destroy our last packets (a DISCONNECT with its reason code) in the peer's
+/// receive buffer before the peer reads them.
+pub(crate) async fn linger(mut io: Box<dyn Io>) {
+    let _ = time::timeout(LINGER, async {
+        let _ = io.shutdown().await;
+        let mut scratch = [0u8; 512];
+        while matches!(io.read(&mut scratch).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
