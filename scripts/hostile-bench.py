@@ -114,6 +114,7 @@ def free_port():
 class Broker:
     def __init__(self, binary, workdir, extra_auth=""):
         self.port = free_port()
+        self.ws_port = free_port()
         passwd = os.path.join(workdir, "passwd")
         if not os.path.exists(passwd):
             subprocess.run([binary, "passwd", passwd, USER.decode()], input=RIGHT + b"\n",
@@ -123,6 +124,10 @@ class Broker:
             f.write(f"""[[listeners]]
 kind = "tcp"
 bind = "127.0.0.1:{self.port}"
+allow_anonymous = false
+[[listeners]]
+kind = "ws"
+bind = "127.0.0.1:{self.ws_port}"
 allow_anonymous = false
 [auth]
 password_file = "{passwd}"
@@ -135,6 +140,7 @@ level = "info"
         self.proc = subprocess.Popen([binary, "--config", conf], stdout=self.log,
                                      stderr=subprocess.STDOUT)
         self.addr = ("127.0.0.1", self.port)
+        self.ws_addr = ("127.0.0.1", self.ws_port)
         deadline = time.time() + 20
         while time.time() < deadline:
             try:
@@ -163,15 +169,38 @@ level = "info"
 
 # --- (a) memory --------------------------------------------------------------------------
 
-def stalled_connects(broker, n, remaining, body_max, settle=3.0):
+def ws_open(addr, payload_len):
+    """A WebSocket upgrade, then the header of one binary frame of `payload_len` bytes
+    (masked with a zero key, so the payload goes as it is): the broker's WebSocket layer
+    buffers a whole message before it yields any of it."""
+    s = open_from(None, addr)
+    s.sendall(b"GET /mqtt HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
+              b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+              b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n")
+    s.settimeout(5)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = s.recv(4096)
+        if not chunk:
+            raise SystemExit("WebSocket upgrade refused")
+        answer += chunk
+    s.sendall(bytes([0x82, 0x80 | 127]) + payload_len.to_bytes(8, "big") + b"\0\0\0\0")
+    return s
+
+
+def stalled_connects(broker, n, remaining, body_max, settle=3.0, ws=False):
     """RSS delta (KiB) with `n` sockets each sending the head of a CONNECT declaring
-    `remaining` bytes, then up to `body_max` body bytes (as many as the broker takes)."""
+    `remaining` bytes, then up to `body_max` body bytes (as many as the broker takes);
+    with `ws`, over WebSocket, in one binary message holding the whole CONNECT."""
     time.sleep(0.5)
     before = broker.rss_kib()
     socks, sent = [], []
     head = oversized_head(remaining)
     for _ in range(n):
-        s = open_from(None, broker.addr)
+        if ws:
+            s = ws_open(broker.ws_addr, len(head) + remaining)
+        else:
+            s = open_from(None, broker.addr)
         s.sendall(head)
         s.setblocking(False)
         socks.append(s)
@@ -340,6 +369,8 @@ def main():
             try:
                 result["claim_1mib"] = stalled_connects(b, args.sockets, 1_048_000, 900_000)
                 result["claim_16kib"] = stalled_connects(b, args.sockets, 16_000, 15_000)
+                result["ws_claim_1mib"] = stalled_connects(
+                    b, args.sockets, 1_048_000, 900_000, ws=True)
             finally:
                 b.stop()
         if not args.skip_storm:

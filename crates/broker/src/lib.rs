@@ -244,7 +244,7 @@ impl Broker {
             kind,
             tls_client_cn: None,
         };
-        listener::serve(io, info, None, lctx, deadline).await;
+        listener::serve(io, info, None, None, lctx, deadline).await;
     }
 
     /// Stops accepting, closes every connection (MQTT 5: DISCONNECT 0x8B) and stops the
@@ -280,6 +280,9 @@ async fn bind(lc: &ListenerConfig, max_packet_size: u32) -> Result<MqttListener,
             trust_x_forwarded_for: w.1,
             // Some clients send each packet as one WebSocket message.
             message_size_max: max_packet_size as usize + 16,
+            // Before authentication: the largest CONNECT, its frame header and an HTTP
+            // upgrade request of up to 8 KiB (browsers send well under 2 KiB).
+            preauth_bytes_max: lc.max_connect_packet_size as usize + 8 * 1024 + 16,
         }
     };
     let transport = match lc.kind {

@@ -18,7 +18,9 @@ use starling_codec::{
     decode_connect, peek_protocol, Connect, Error as CodecError, Protocol, ReasonCode,
 };
 use starling_config::ListenerConfig;
-use starling_net::{ConnInfo, ListenerCounters, MqttListener, NetError, PendingConnection};
+use starling_net::{
+    CapRelease, ConnInfo, ListenerCounters, MqttListener, NetError, PendingConnection,
+};
 use starling_rt::blocking::BlockingPool;
 use starling_rt::throttle::Throttle;
 use starling_rt::{rng, time, Actor, Addr, Ctx, Reply};
@@ -253,8 +255,9 @@ impl Actor for ListenerActor {
                         // other connections (the deadline and the read budget bound it).
                         match Box::pin(pending.handshake()).await {
                             Ok((stream, info)) => {
+                                let cap = stream.cap_release();
                                 let io = Box::new(stream);
-                                Box::pin(serve(io, info, Some(permit), lctx, deadline)).await
+                                Box::pin(serve(io, info, Some(permit), cap, lctx, deadline)).await
                             }
                             Err(e) => {
                                 if let Some(suppressed) = lctx.log_refused.admit() {
@@ -299,6 +302,7 @@ pub(crate) async fn serve(
     mut io: Box<dyn Io>,
     info: ConnInfo,
     permit: Option<OwnedSemaphorePermit>,
+    cap: Option<CapRelease>,
     lctx: Arc<ListenerCtx>,
     deadline: time::Instant,
 ) {
@@ -370,6 +374,11 @@ pub(crate) async fn serve(
             return;
         }
     };
+    // Authenticated and within the limits: the transport may buffer what the session's
+    // limits allow (a WebSocket message up to the largest packet) from now on.
+    if let Some(cap) = cap {
+        cap.release();
+    }
     // An assigned id leaves `connect.client_id` empty: the session announces it in CONNACK.
     let conn = Box::new(NewConn {
         connect,

@@ -47,6 +47,7 @@
 // simulator, so it may use the clock and spawn APIs banned elsewhere.
 #![allow(clippy::disallowed_methods)]
 
+mod capped;
 mod devcert;
 mod error;
 mod listener;
@@ -59,6 +60,7 @@ mod tls;
 mod tls_stream;
 mod ws;
 
+pub use capped::CapRelease;
 pub use devcert::{write_dev_certificates, DevCertFiles};
 pub use error::NetError;
 pub use listener::{

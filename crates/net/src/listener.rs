@@ -47,6 +47,7 @@ use tokio::{
 };
 
 use crate::{
+    capped::{CapRelease, Capped},
     proxy::{self, ProxyProtocol},
     tls_stream::{self, ServerTlsStream, TlsAcceptor},
     ws::{self, WsConfig, WsStream},
@@ -217,12 +218,24 @@ pub struct AnyStream(AnyInner);
 enum AnyInner {
     Tcp(Stream),
     Tls(Box<ServerTlsStream<Stream>>),
-    Ws(Box<WsStream<Stream>>),
-    Wss(Box<WsStream<ServerTlsStream<Stream>>>),
+    Ws(Box<WsStream<Capped<Stream>>>),
+    Wss(Box<WsStream<Capped<ServerTlsStream<Stream>>>>),
     Quic(Box<QuicBiStream>),
 }
 
 impl AnyStream {
+    /// For a layer that buffers whole messages before yielding any of them (WebSocket),
+    /// the handle that lifts its pre-authentication read cap
+    /// ([`WsConfig::preauth_bytes_max`]): call it once the client has authenticated.
+    /// `None` for the others, whose buffering the MQTT reader bounds itself.
+    pub fn cap_release(&self) -> Option<CapRelease> {
+        match &self.0 {
+            AnyInner::Ws(ws) => Some(ws.get_ref().release_handle()),
+            AnyInner::Wss(ws) => Some(ws.get_ref().release_handle()),
+            _ => None,
+        }
+    }
+
     /// The listener kind the stream came from.
     pub fn kind(&self) -> ListenerKind {
         match &self.0 {
@@ -580,7 +593,8 @@ impl PendingConnection {
                 AnyInner::Tls(Box::new(tls))
             }
             Layers::Ws(config) => {
-                let (ws, forwarded) = ws::ws_accept(stream, config, info.peer).await?;
+                let capped = Capped::new(stream, config.preauth_bytes_max);
+                let (ws, forwarded) = ws::ws_accept(capped, config, info.peer).await?;
                 if let Some(ip) = forwarded {
                     info.peer = SocketAddr::new(ip, 0);
                 }
@@ -589,7 +603,8 @@ impl PendingConnection {
             Layers::Wss(acceptor, config) => {
                 let tls = acceptor.accept(stream, info.peer).await?;
                 info.tls_client_cn = tls_stream::client_cn(&tls);
-                let (ws, forwarded) = ws::ws_accept(tls, config, info.peer).await?;
+                let capped = Capped::new(tls, config.preauth_bytes_max);
+                let (ws, forwarded) = ws::ws_accept(capped, config, info.peer).await?;
                 if let Some(ip) = forwarded {
                     info.peer = SocketAddr::new(ip, 0);
                 }

@@ -57,6 +57,11 @@ pub struct WsConfig {
     /// the connection. Set it at least to the listener's MQTT `packet_size_max`, since some
     /// clients send each packet as one message.
     pub message_size_max: usize,
+    /// Bytes read from the connection (HTTP upgrade and WebSocket frames included) before
+    /// [`crate::AnyStream::cap_release`] is called: the WebSocket layer buffers a whole
+    /// message before yielding it, so this, not the MQTT reader above it, bounds what an
+    /// unauthenticated client makes the broker hold. Past it, reads wait.
+    pub preauth_bytes_max: usize,
 }
 
 impl Default for WsConfig {
@@ -67,6 +72,8 @@ impl Default for WsConfig {
             // MQTT's own default maximum packet size in most brokers is around 1 MiB; leave
             // room for one such packet plus framing.
             message_size_max: 2 * 1024 * 1024,
+            // A CONNECT of 16 KiB, its frame header and an HTTP upgrade request of 8 KiB.
+            preauth_bytes_max: 24 * 1024 + 16,
         }
     }
 }

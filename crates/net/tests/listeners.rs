@@ -65,6 +65,10 @@ impl Echo {
                     let Ok((mut stream, info)) = pending.handshake().await else {
                         return;
                     };
+                    // An echo authenticates no one: nothing to hold back.
+                    if let Some(cap) = stream.cap_release() {
+                        cap.release();
+                    }
                     assert_eq!(stream.kind(), info.kind);
                     let _ = tx.send(info);
                     let mut buf = vec![0u8; 8192];
@@ -698,4 +702,49 @@ async fn ws_text_frame_ends_the_connection() {
         Some(Ok(other)) => panic!("echoed a text frame: {other:?}"),
     }
     echo.counters_until(|c| c.accepted == 1).await;
+}
+
+#[tokio::test]
+async fn ws_reads_before_the_cap_is_released_stop_at_preauth_bytes_max() {
+    // An unauthenticated WebSocket client sends one message far larger than the cap: the
+    // listener's stream buffers at most the cap (the message never completes) until the
+    // cap is released, then the message arrives whole.
+    let config = WsConfig {
+        preauth_bytes_max: 8 * 1024,
+        ..WsConfig::default()
+    };
+    let listener = MqttListener::bind(
+        any_port(),
+        Transport::Ws(config),
+        ListenerSettings::default(),
+    )
+    .await
+    .unwrap();
+    let addr = listener.local_addr();
+    let server = tokio::spawn(async move {
+        let pending = listener.accept().await.unwrap();
+        let (mut stream, _) = pending.handshake().await.unwrap();
+        let cap = stream.cap_release().expect("a WebSocket stream is capped");
+        let mut first = [0u8; 1];
+        let early =
+            tokio::time::timeout(Duration::from_millis(300), stream.read_exact(&mut first)).await;
+        assert!(
+            early.is_err(),
+            "nothing past the cap is read before release"
+        );
+        cap.release();
+        let mut all = vec![0u8; 100_000];
+        within("the released read", stream.read_exact(&mut all))
+            .await
+            .unwrap();
+        all
+    });
+    let tcp = starling_net::connect(addr).await.unwrap();
+    let mut ws = ws_connect(tcp, "ws://localhost/mqtt", &["mqtt"], addr)
+        .await
+        .unwrap();
+    let sent = payload(100_000);
+    ws.write_all(&sent).await.unwrap();
+    ws.flush().await.unwrap();
+    assert_eq!(within("the server", server).await.unwrap(), sent);
 }
