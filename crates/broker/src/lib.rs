@@ -294,6 +294,9 @@ async fn bind(lc: &ListenerConfig, max_packet_size: u32) -> Result<MqttListener,
             let mut seed = [0u8; 32];
             starling_rt::rng::rng().fill_bytes(&mut seed);
             let mut q = QuicConfig::new(seed);
+            // As for WebSocket: what a client may make the endpoint buffer before its
+            // CONNECT is accepted (the listener raises it then).
+            q.preauth_receive_window = Some(lc.max_connect_packet_size + 8 * 1024 + 16);
             if let Some(c) = &lc.quic {
                 q.idle_timeout = Duration::from_secs(u64::from(c.idle_timeout_secs.max(1)));
                 if q.keep_alive_interval.is_some_and(|k| k >= q.idle_timeout) {

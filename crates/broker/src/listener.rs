@@ -375,7 +375,8 @@ pub(crate) async fn serve(
         }
     };
     // Authenticated and within the limits: the transport may buffer what the session's
-    // limits allow (a WebSocket message up to the largest packet) from now on.
+    // limits allow (a WebSocket message up to the largest packet, a QUIC stream's window)
+    // from now on.
     if let Some(cap) = cap {
         cap.release();
     }

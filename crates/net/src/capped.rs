@@ -28,22 +28,35 @@ struct CapState {
     waker: Mutex<Option<Waker>>,
 }
 
-/// Lifts a [`Capped`] stream's cap once its peer has authenticated. Cheap to clone.
+/// Lifts a connection's pre-authentication read cap once its peer has authenticated: a
+/// [`Capped`] stream's, or a QUIC connection's receive window. Cheap to clone.
 #[derive(Debug, Clone)]
-pub struct CapRelease(Arc<CapState>);
+pub struct CapRelease(Release);
+
+#[derive(Debug, Clone)]
+enum Release {
+    Stream(Arc<CapState>),
+    Quic(quinn::Connection),
+}
 
 impl CapRelease {
+    pub(crate) fn quic(connection: quinn::Connection) -> Self {
+        Self(Release::Quic(connection))
+    }
+
     /// Lifts the cap for good and wakes a read waiting at it.
     pub fn release(&self) {
-        self.0.released.store(true, Ordering::Release);
-        let waker = self
-            .0
-            .waker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(w) = waker {
-            w.wake();
+        match &self.0 {
+            Release::Stream(state) => {
+                state.released.store(true, Ordering::Release);
+                let waker = state.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(w) = waker {
+                    w.wake();
+                }
+            }
+            // quinn's default: the connection-level window stops limiting, the per-stream
+            // window (1.25 MB by default) remains.
+            Release::Quic(connection) => connection.set_receive_window(quinn::VarInt::MAX),
         }
     }
 }
@@ -62,7 +75,7 @@ impl<S> Capped<S> {
     }
 
     pub(crate) fn release_handle(&self) -> CapRelease {
-        CapRelease(self.state.clone())
+        CapRelease(Release::Stream(self.state.clone()))
     }
 }
 

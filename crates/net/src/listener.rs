@@ -232,6 +232,7 @@ impl AnyStream {
         match &self.0 {
             AnyInner::Ws(ws) => Some(ws.get_ref().release_handle()),
             AnyInner::Wss(ws) => Some(ws.get_ref().release_handle()),
+            AnyInner::Quic(bi) => Some(CapRelease::quic(bi.connection().quinn().clone())),
             _ => None,
         }
     }

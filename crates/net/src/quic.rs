@@ -39,6 +39,12 @@ pub struct QuicConfig {
     /// Seeds quinn's endpoint RNG (`EndpointConfig::rng_seed`). In simulation, derive it from
     /// the simulation seed and the node id; in production, from the runtime's RNG.
     pub rng_seed: [u8; 32],
+    /// Stream bytes a connection may have received and not yet read, in all, until
+    /// [`crate::CapRelease::release`] raises it: what a peer that has not authenticated at
+    /// the application level (an MQTT client before its CONNECT is accepted) can make the
+    /// endpoint buffer. `None`: quinn's default from the start (cluster links, whose peers
+    /// the TLS handshake authenticates).
+    pub preauth_receive_window: Option<u32>,
 }
 
 impl QuicConfig {
@@ -51,6 +57,7 @@ impl QuicConfig {
             keep_alive_interval: Some(Duration::from_secs(5)),
             concurrent_streams_max: 256,
             rng_seed,
+            preauth_receive_window: None,
         }
     }
 
@@ -87,6 +94,9 @@ impl QuicConfig {
             .max_concurrent_bidi_streams(quinn::VarInt::from_u32(self.concurrent_streams_max))
             // This API exposes bidirectional streams only; refuse unidirectional ones.
             .max_concurrent_uni_streams(quinn::VarInt::from_u32(0));
+        if let Some(window) = self.preauth_receive_window {
+            transport.receive_window(quinn::VarInt::from_u32(window));
+        }
         Ok(Arc::new(transport))
     }
 }
@@ -319,6 +329,11 @@ impl QuicConnection {
     pub async fn accept_bi(&self) -> Result<(QuicSend, QuicRecv), NetError> {
         let (send, recv) = self.inner.accept_bi().await?;
         Ok((QuicSend { inner: send }, QuicRecv { inner: recv }))
+    }
+
+    /// The quinn connection, for lifting its pre-authentication receive window.
+    pub(crate) fn quinn(&self) -> &quinn::Connection {
+        &self.inner
     }
 
     /// The peer's current address.

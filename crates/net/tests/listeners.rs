@@ -748,3 +748,57 @@ async fn ws_reads_before_the_cap_is_released_stop_at_preauth_bytes_max() {
     ws.flush().await.unwrap();
     assert_eq!(within("the server", server).await.unwrap(), sent);
 }
+
+#[tokio::test]
+async fn quic_data_before_the_cap_is_released_stops_at_the_preauth_receive_window() {
+    // A QUIC client that has not authenticated cannot make the endpoint buffer more than
+    // the pre-authentication receive window: its writes block on flow control until the
+    // window is raised, then everything arrives.
+    let pki = pki("ca");
+    let mut config = quic_config(6);
+    config.preauth_receive_window = Some(8 * 1024);
+    let listener = MqttListener::bind(
+        any_port(),
+        Transport::Quic(ServerTls::new(pki.server.clone()), config),
+        ListenerSettings::default(),
+    )
+    .await
+    .unwrap();
+    let addr = listener.local_addr();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let pending = listener.accept().await.unwrap();
+        let (mut stream, _) = pending.handshake().await.unwrap();
+        let cap = stream.cap_release().expect("a QUIC stream is capped");
+        go_rx.await.unwrap();
+        cap.release();
+        let mut all = vec![0u8; 200_000];
+        within("the released read", stream.read_exact(&mut all))
+            .await
+            .unwrap();
+        all
+    });
+    let client_tls = ClientTls::new(vec![pki.ca.cert_der()]).alpn(&[ALPN_MQTT]);
+    let endpoint = QuicEndpoint::client(any_port(), &client_tls, &quic_config(7))
+        .await
+        .unwrap();
+    let mut stream = QuicBiStream::connect(&endpoint, addr, "localhost")
+        .await
+        .unwrap();
+    let sent = payload(200_000);
+    let to_send = sent.clone();
+    let mut writer = tokio::spawn(async move {
+        stream.write_all(&to_send).await?;
+        stream.flush().await?;
+        std::io::Result::Ok(stream)
+    });
+    let early = tokio::time::timeout(Duration::from_millis(500), &mut writer).await;
+    assert!(
+        early.is_err(),
+        "the write is held by flow control before release"
+    );
+    go_tx.send(()).unwrap();
+    // The rest of the write goes once the window is raised.
+    let _stream = within("the write", writer).await.unwrap().unwrap();
+    assert_eq!(within("the server", server).await.unwrap(), sent);
+}
