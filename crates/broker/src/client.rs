@@ -8,28 +8,24 @@
 //! that owns the client id (the registry guarantees there is one), which closes the old
 //! socket (v5: DISCONNECT 0x8E) and adopts the new one.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::BytesMut;
 use starling_codec::{
-    decode, encode, Connect, Disconnect, Error as CodecError, Packet, Properties, QoS, ReasonCode,
-    PACKET_SIZE_MAX,
+    decode, encode, Connect, Disconnect, Packet, Properties, QoS, ReasonCode, PACKET_SIZE_MAX,
 };
 use starling_config::{BackpressureHolders, MqttConfig, StuckPolicy};
-use starling_rt::{time, Actor, Addr, Ctx, Reply, TimerId, TrySendError, WeakAddr};
+use starling_rt::{time, Actor, Addr, Ctx, TimerId, TrySendError, WeakAddr};
 use starling_session::{DetachReason, DropReason, Effect, Instant, Message, Session};
-use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, Instrument};
 
-use crate::conn::{linger, write_out, Conn, Io, WRITE_BATCH_MAX};
+use crate::conn::{linger, write_out, Conn, WRITE_BATCH_MAX};
 use crate::flow::{Flow, StallRules};
 use crate::gate::AclGate;
 use crate::metrics::{add, dec};
-use crate::registry::RegistryMsg;
-use crate::routing::{RouterMsg, SubscribeResult};
+use crate::msg::{sys_message, ClientMsg, NewConn, RegistryMsg, RouterMsg, SubscribeResult};
 use crate::settings::Shared;
 
 /// Packets decoded per input item: a turn's work budget, and the unit of write batching.
@@ -52,40 +48,6 @@ enum Wait {
     ),
     Unsubscribe(starling_codec::PacketId, Vec<String>),
     Close(Option<ReasonCode>),
-}
-
-/// One routed message and the options of the subscription(s) it came through.
-pub(crate) type Delivery = (Arc<Message>, starling_session::DeliveryOptions);
-
-/// A connection whose CONNECT was accepted (authenticated and checked), on its way to the
-/// actor that owns its client id.
-pub(crate) struct NewConn {
-    pub connect: Connect,
-    pub io: Box<dyn Io>,
-    /// Bytes read after the CONNECT (a client may pipeline packets behind it).
-    pub buf: BytesMut,
-    pub peer: SocketAddr,
-    pub username: Option<String>,
-    /// Held while the connection lives: the listener's max_connections.
-    pub permit: Option<OwnedSemaphorePermit>,
-}
-
-pub(crate) enum ClientMsg {
-    /// A new connection for this client id (first, resumed, or a takeover).
-    Attach(Box<NewConn>),
-    /// Packets decoded from the attached connection, then the decoder's error if it failed
-    /// after them (the input ends there).
-    Input(Vec<Packet>, Option<CodecError>),
-    /// The read side of the attached connection ended (EOF or error).
-    InputEnd,
-    /// Routed messages, oldest first (at most [`crate::routing::BATCH_MAX`]).
-    Deliver(Vec<Delivery>),
-    /// The session's timer.
-    Timeout,
-    /// Time to see whether this subscriber is still backlogged (see [`crate::flow`]).
-    BacklogCheck(u64),
-    /// The broker is stopping.
-    Shutdown(Reply<()>),
 }
 
 pub(crate) struct Client {
@@ -256,7 +218,7 @@ impl Client {
             ));
         }
         payload.push('}');
-        let msg = crate::sys::message(topic, payload, false);
+        let msg = sys_message(topic, payload, false);
         let _ = self.router.send(RouterMsg::Publish(msg, None)).await;
     }
 

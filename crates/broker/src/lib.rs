@@ -33,6 +33,7 @@ mod flow;
 mod gate;
 mod listener;
 mod metrics;
+mod msg;
 mod refuse;
 mod registry;
 mod routing;
@@ -56,8 +57,9 @@ pub use error::BrokerError;
 pub use metrics::MetricsSnapshot;
 
 use listener::{ListenerActor, ListenerCtx, ListenerMsg, Logins};
-use registry::{Registry, RegistryMsg};
-use routing::{RouterActor, RouterMsg};
+use msg::{RegistryMsg, RouterMsg};
+use registry::Registry;
+use routing::RouterActor;
 use settings::Shared;
 use sys::{SysActor, SysMsg};
 

@@ -29,11 +29,10 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn, Instrument};
 
-use crate::client::NewConn;
 use crate::conn::Io;
 use crate::metrics::add;
+use crate::msg::{NewConn, RegistryMsg};
 use crate::refuse::refuse;
-use crate::registry::RegistryMsg;
 use crate::settings::Shared;
 
 /// Peer-caused events (bad handshakes, malformed CONNECTs, failed logins) are logged at

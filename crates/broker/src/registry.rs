@@ -8,34 +8,18 @@ use std::time::Duration;
 
 use starling_codec::ReasonCode;
 use starling_config::ClientIdPolicy;
-use starling_rt::{start_with, time, Actor, ActorId, Addr, Ctx, Options, Reply, TrySendError};
+use starling_rt::{start_with, time, Actor, Addr, Ctx, Options, TrySendError};
 use tracing::debug;
 
-use crate::client::{Client, ClientMsg, NewConn};
+use crate::client::Client;
 use crate::metrics::add;
+use crate::msg::RouterMsg;
+use crate::msg::{ClientMsg, NewConn, RegistryMsg};
 use crate::refuse::refuse;
-use crate::routing::RouterMsg;
 use crate::settings::Shared;
 
 /// How long shutdown waits for each client to say goodbye.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
-
-pub(crate) enum RegistryMsg {
-    /// An accepted CONNECT for `client_id`.
-    Connect {
-        client_id: Arc<str>,
-        conn: Box<NewConn>,
-    },
-    /// A client actor whose session ended asks to go; honoured only if no connection was
-    /// sent to it since (`attaches` matches), else the Attach in its mailbox wins.
-    Retire {
-        client_id: Arc<str>,
-        actor: ActorId,
-        attaches: u32,
-    },
-    /// Close every connection (v5 0x8B) and stop every client actor.
-    Shutdown(Reply<()>),
-}
 
 struct Entry {
     addr: Addr<ClientMsg>,

@@ -29,13 +29,13 @@ use starling_router::{
     parse_subscription, validate_topic_name, DeliveryKind, PublishContext, RetainedIndex, Router,
     RouterError,
 };
-use starling_rt::{rng, Actor, ActorId, Ctx, Reply, TimerId, TrySendError, WeakAddr};
+use starling_rt::{rng, Actor, Ctx, TimerId, TrySendError, WeakAddr};
 use starling_session::{DeliveryOptions, Message, QueueFullPolicy, SubscribeRequest};
 use tracing::debug;
 
-use crate::client::{ClientMsg, Delivery};
 use crate::flow::Flow;
 use crate::metrics::add;
+use crate::msg::{ClientMsg, Delivery, RouterMsg, RouterStats, SubscribeResult};
 use crate::settings::Shared;
 
 /// Subscription options as the router stores them.
@@ -43,57 +43,6 @@ use crate::settings::Shared;
 pub(crate) struct SubOpts {
     options: SubscriptionOptions,
     subscription_id: Option<u32>,
-}
-
-/// The router's answer to a SUBSCRIBE.
-#[derive(Debug, Default)]
-pub(crate) struct SubscribeResult {
-    /// One per request, in order.
-    pub results: Vec<Result<QoS, ReasonCode>>,
-    /// Retained messages to deliver after the SUBACK, with their options.
-    pub retained: Vec<(Arc<Message>, DeliveryOptions)>,
-}
-
-/// Counts for `$SYS`.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct RouterStats {
-    pub subscriptions: usize,
-    pub retained: usize,
-    pub delayed: usize,
-}
-
-pub(crate) enum RouterMsg {
-    /// Route (and retain, or schedule if `$delayed/`) a message; with the publisher's flow
-    /// when it may be held back.
-    Publish(Arc<Message>, Option<Arc<Flow>>),
-    Subscribe {
-        client_id: Arc<str>,
-        client: WeakAddr<ClientMsg>,
-        /// The client's back-pressure state (see [`crate::flow`]).
-        flow: Arc<Flow>,
-        filters: Vec<SubscribeRequest>,
-        reply: Reply<SubscribeResult>,
-    },
-    Unsubscribe {
-        client_id: Arc<str>,
-        filters: Vec<String>,
-        reply: Reply<Vec<ReasonCode>>,
-    },
-    /// The session ended: forget its subscriptions and its address (if still `actor`'s).
-    SessionEnded {
-        client_id: Arc<str>,
-        actor: ActorId,
-        filters: Vec<String>,
-    },
-    /// A client attached or detached: shared groups prefer online members.
-    Presence {
-        client_id: Arc<str>,
-        online: bool,
-    },
-    DelayedDue(Arc<Message>),
-    Stats(Reply<RouterStats>),
-    /// Retry the batches of clients whose mailbox was full.
-    RetryBlocked,
 }
 
 /// Publishes routed before the pending batches are handed out even though more publishes

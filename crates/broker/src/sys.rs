@@ -4,29 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use starling_codec::{Properties, QoS};
 use starling_config::ListenerKind;
 use starling_net::ListenerCounters;
 use starling_rt::{time, Actor, Addr, Ctx};
-use starling_session::Message;
 
-use crate::routing::RouterMsg;
+use crate::msg::{sys_message, RouterMsg};
 use crate::settings::Shared;
-
-/// A message the broker itself publishes (QoS 0, no publisher, no expiry).
-pub(crate) fn message(topic: String, payload: String, retain: bool) -> Arc<Message> {
-    Arc::new(Message {
-        topic: Arc::from(topic),
-        payload: Bytes::from(payload),
-        qos: QoS::AtMostOnce,
-        retain,
-        properties: Properties::default(),
-        expires_at: None,
-        publisher: None,
-        shared_headers: Default::default(),
-    })
-}
 
 pub(crate) enum SysMsg {
     Tick,
@@ -58,7 +41,7 @@ impl SysActor {
         let topic = format!("{}/{}", self.shared.sys_prefix, name);
         let _ = self
             .router
-            .send(RouterMsg::Publish(message(topic, value, true), None))
+            .send(RouterMsg::Publish(sys_message(topic, value, true), None))
             .await;
     }
 

@@ -3,9 +3,9 @@
 //! ws, our own codec client over QUIC, and a browser page (headless Chromium running MQTT.js)
 //! over ws. Then bad input on each transport, and certificate reload.
 //!
-//! A test whose client program is missing prints a note saying what to install and passes:
-//! `.ci/run` installs them all (mosquitto-clients, chromium, paho-mqtt, `npm ci` in
-//! `tests/js`).
+//! A test whose client program is missing prints a note saying what to install and passes,
+//! except under CI (`CI` set), where it fails: `.ci/run` installs them all
+//! (mosquitto-clients, chromium, paho-mqtt, `npm ci` in `tests/js`).
 //!
 //! Listeners are built as typed config rather than TOML: the file format refuses two
 //! listeners on the same address and port, and port 0 on 127.0.0.1 is that for every kind.
@@ -218,7 +218,7 @@ fn have(program: &str, install: &str) -> bool {
         .status()
         .is_ok();
     if !found {
-        println!("skipped: {program} not found ({install})");
+        common::tool_missing(program, install);
     }
     found
 }
@@ -234,7 +234,7 @@ fn have_mqtt_js() -> bool {
     }
     let found = js_dir().join("node_modules/mqtt/dist/mqtt.min.js").exists();
     if !found {
-        println!("skipped: MQTT.js not installed (cd crates/broker/tests/js && npm ci)");
+        common::tool_missing("MQTT.js", "cd crates/broker/tests/js && npm ci");
     }
     found
 }
@@ -505,7 +505,7 @@ async fn paho_over_ws_and_wss_round_trips_qos_0_1_2() {
     .await
     .is_err()
     {
-        println!("skipped: Python paho-mqtt not installed (pip install paho-mqtt)");
+        common::tool_missing("Python paho-mqtt", "pip install paho-mqtt");
         return;
     }
     let certs = Certs::new("paho");
@@ -589,7 +589,7 @@ async fn browser_page_over_ws_receives_what_mosquitto_pub_publishes_over_tcp() {
         .into_iter()
         .find(|p| Command::new(p).arg("--version").output().is_ok())
     else {
-        println!("skipped: chromium not found (apt-get install chromium)");
+        common::tool_missing("chromium", "apt-get install chromium");
         return;
     };
     if !have("mosquitto_pub", "apt-get install mosquitto-clients") || !have_mqtt_js() {

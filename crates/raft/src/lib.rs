@@ -8,6 +8,8 @@ mod error;
 pub mod node;
 pub mod quic;
 mod sm;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod transport;
 pub mod wal;
 
@@ -18,7 +20,9 @@ pub use error::{ConfigError, Error, RequestError, Result};
 pub use node::{Effect, Membership, Node, PeerProgress, ProposeError, Role, Status};
 pub use quic::{node_name, NodeTls, QuicMetrics, QuicNet, QuicOptions, QuicTransport};
 pub use sm::{RequestId, StateMachine};
-pub use transport::{LocalNet, LocalTransport, Transport};
+#[cfg(feature = "testkit")]
+pub use testkit::{LocalNet, LocalTransport};
+pub use transport::Transport;
 pub use wal::{DiskLog, FsyncPolicy, LogOptions, LogStore, Recovery};
 
 /// raft-rs's wire types, re-exported so that transports need no direct dependency.

@@ -278,3 +278,13 @@ impl Client {
         drop(self);
     }
 }
+
+/// A real-client test found its client program missing. Outside CI the test is skipped with
+/// a note saying what to install; under CI (`CI` set, as `.ci/run` does) it fails, so that a
+/// machine without the program cannot pass the test without running it.
+pub fn tool_missing(program: &str, install: &str) {
+    if std::env::var_os("CI").is_some() {
+        panic!("{program} is missing and CI is set: install it ({install})");
+    }
+    println!("skipped: {program} not found ({install})");
+}

@@ -1,0 +1,139 @@
+//! The messages the broker's actors exchange, apart from the actors: every actor module
+//! depends on this one and on no other actor module for what it sends, so the modules form
+//! no cycle (an actor that starts another still names that actor's type).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use starling_codec::{Connect, Error as CodecError, Packet, Properties, QoS, ReasonCode};
+use starling_rt::{ActorId, Reply, WeakAddr};
+use starling_session::{DeliveryOptions, Message, SubscribeRequest};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::conn::Io;
+use crate::flow::Flow;
+
+// --- to a client actor ---------------------------------------------------------------
+
+/// One routed message and the options of the subscription(s) it came through.
+pub(crate) type Delivery = (Arc<Message>, DeliveryOptions);
+
+/// A connection whose CONNECT was accepted (authenticated and checked), on its way to the
+/// actor that owns its client id.
+pub(crate) struct NewConn {
+    pub connect: Connect,
+    pub io: Box<dyn Io>,
+    /// Bytes read after the CONNECT (a client may pipeline packets behind it).
+    pub buf: BytesMut,
+    pub peer: SocketAddr,
+    pub username: Option<String>,
+    /// Held while the connection lives: the listener's max_connections.
+    pub permit: Option<OwnedSemaphorePermit>,
+}
+
+pub(crate) enum ClientMsg {
+    /// A new connection for this client id (first, resumed, or a takeover).
+    Attach(Box<NewConn>),
+    /// Packets decoded from the attached connection, then the decoder's error if it failed
+    /// after them (the input ends there).
+    Input(Vec<Packet>, Option<CodecError>),
+    /// The read side of the attached connection ended (EOF or error).
+    InputEnd,
+    /// Routed messages, oldest first (at most the router's `BATCH_MAX`).
+    Deliver(Vec<Delivery>),
+    /// The session's timer.
+    Timeout,
+    /// Time to see whether this subscriber is still backlogged (see the `flow` module).
+    BacklogCheck(u64),
+    /// The broker is stopping.
+    Shutdown(Reply<()>),
+}
+
+// --- to the registry ------------------------------------------------------------------
+
+pub(crate) enum RegistryMsg {
+    /// An accepted CONNECT for `client_id`.
+    Connect {
+        client_id: Arc<str>,
+        conn: Box<NewConn>,
+    },
+    /// A client actor whose session ended asks to go; honoured only if no connection was
+    /// sent to it since (`attaches` matches), else the Attach in its mailbox wins.
+    Retire {
+        client_id: Arc<str>,
+        actor: ActorId,
+        attaches: u32,
+    },
+    /// Close every connection (v5 0x8B) and stop every client actor.
+    Shutdown(Reply<()>),
+}
+
+// --- to the router --------------------------------------------------------------------
+
+/// The router's answer to a SUBSCRIBE.
+#[derive(Debug, Default)]
+pub(crate) struct SubscribeResult {
+    /// One per request, in order.
+    pub results: Vec<Result<QoS, ReasonCode>>,
+    /// Retained messages to deliver after the SUBACK, with their options.
+    pub retained: Vec<(Arc<Message>, DeliveryOptions)>,
+}
+
+/// Counts for `$SYS`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RouterStats {
+    pub subscriptions: usize,
+    pub retained: usize,
+    pub delayed: usize,
+}
+
+pub(crate) enum RouterMsg {
+    /// Route (and retain, or schedule if `$delayed/`) a message; with the publisher's flow
+    /// when it may be held back.
+    Publish(Arc<Message>, Option<Arc<Flow>>),
+    Subscribe {
+        client_id: Arc<str>,
+        client: WeakAddr<ClientMsg>,
+        /// The client's back-pressure state (see the `flow` module).
+        flow: Arc<Flow>,
+        filters: Vec<SubscribeRequest>,
+        reply: Reply<SubscribeResult>,
+    },
+    Unsubscribe {
+        client_id: Arc<str>,
+        filters: Vec<String>,
+        reply: Reply<Vec<ReasonCode>>,
+    },
+    /// The session ended: forget its subscriptions and its address (if still `actor`'s).
+    SessionEnded {
+        client_id: Arc<str>,
+        actor: ActorId,
+        filters: Vec<String>,
+    },
+    /// A client attached or detached: shared groups prefer online members.
+    Presence {
+        client_id: Arc<str>,
+        online: bool,
+    },
+    DelayedDue(Arc<Message>),
+    Stats(Reply<RouterStats>),
+    /// Retry the batches of clients whose mailbox was full.
+    RetryBlocked,
+}
+
+// --- published by the broker itself ---------------------------------------------------
+
+/// A message the broker itself publishes (QoS 0, no publisher, no expiry).
+pub(crate) fn sys_message(topic: String, payload: String, retain: bool) -> Arc<Message> {
+    Arc::new(Message {
+        topic: Arc::from(topic),
+        payload: Bytes::from(payload),
+        qos: QoS::AtMostOnce,
+        retain,
+        properties: Properties::default(),
+        expires_at: None,
+        publisher: None,
+        shared_headers: Default::default(),
+    })
+}
