@@ -8,7 +8,7 @@ use foldhash::fast::FixedState;
 
 use starling_auth::{Action, ClientInfo, Decision, Scope};
 use starling_codec::QoS;
-use starling_router::parse_subscription;
+use starling_router::{delayed_target, parse_subscription, DELAYED_PREFIX};
 use starling_session::Gate;
 
 use crate::metrics::add;
@@ -119,14 +119,7 @@ impl Gate for AclGate {
 /// clients publish to: the broker's delayed-publish service. `$share/`, `$exclusive/` and
 /// `$limit/` are subscription prefixes, not topics, so a publish to them is refused too.
 fn is_reserved(topic: &str) -> bool {
-    topic.starts_with('$') && !topic.starts_with("$delayed/")
-}
-
-/// The topic a `$delayed/{secs}/{topic}` publish is finally published to; `None` for any
-/// other topic, or a `$delayed/` one without a `{topic}` part (the router refuses those).
-fn delayed_target(topic: &str) -> Option<&str> {
-    let rest = topic.strip_prefix("$delayed/")?;
-    rest.split_once('/').map(|(_, target)| target)
+    topic.starts_with('$') && !topic.starts_with(DELAYED_PREFIX)
 }
 
 /// Per topic, what this client may do there, as decided at the topic's first check.

@@ -26,8 +26,8 @@ use std::time::Duration;
 use rand::RngCore;
 use starling_codec::{QoS, ReasonCode, SubscriptionOptions};
 use starling_router::{
-    parse_subscription, validate_topic_name, DeliveryKind, PublishContext, RetainedIndex, Router,
-    RouterError,
+    parse_delayed, parse_subscription, Delayed, DeliveryKind, PublishContext, RetainedIndex,
+    Router, RouterError, DELAYED_PREFIX,
 };
 use starling_rt::{rng, Actor, Ctx, TimerId, TrySendError, WeakAddr};
 use starling_session::{DeliveryOptions, Message, QueueFullPolicy, SubscribeRequest};
@@ -115,8 +115,8 @@ impl RouterActor {
     }
 
     fn publish(&mut self, msg: Arc<Message>, from: Option<Arc<Flow>>, ctx: &mut Ctx<Self>) {
-        if let Some(rest) = msg.topic.strip_prefix("$delayed/") {
-            self.schedule(rest, &msg, ctx);
+        if msg.topic.starts_with(DELAYED_PREFIX) {
+            self.schedule(&msg, ctx);
             return;
         }
         if msg.retain {
@@ -281,18 +281,12 @@ impl RouterActor {
     }
 
     /// `$delayed/{secs}/{topic}`: publish `topic` after `secs` seconds.
-    fn schedule(&mut self, rest: &str, msg: &Arc<Message>, ctx: &mut Ctx<Self>) {
+    fn schedule(&mut self, msg: &Arc<Message>, ctx: &mut Ctx<Self>) {
         let m = &self.shared.config.mqtt;
-        let parsed = rest.split_once('/').and_then(|(secs, topic)| {
-            let secs: u32 = secs.parse().ok()?;
-            (secs <= m.delayed_max_secs
-                && validate_topic_name(topic, &self.shared.topic_limits).is_ok()
-                && !topic.starts_with("$delayed/"))
-            .then_some((secs, topic))
-        });
-        let Some((secs, topic)) = parsed else {
+        let parsed = parse_delayed(&msg.topic, &self.shared.topic_limits, m.delayed_max_secs);
+        let Ok(Some(Delayed { secs, target })) = parsed else {
             add(&self.shared.metrics.delayed_refused, 1);
-            debug!(topic = %msg.topic, "malformed $delayed publish dropped");
+            debug!(topic = %msg.topic, ?parsed, "malformed $delayed publish dropped");
             return;
         };
         if self.delayed >= m.delayed_publish_max as usize {
@@ -301,7 +295,7 @@ impl RouterActor {
             return;
         }
         let mut due = Message::clone(msg);
-        due.topic = Arc::from(topic);
+        due.topic = Arc::from(target);
         self.delayed += 1;
         ctx.after(
             Duration::from_secs(u64::from(secs)),

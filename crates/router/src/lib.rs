@@ -3,12 +3,14 @@
 //! Sans-IO: no runtime, clock or randomness of its own. The broker passes limits and a hash
 //! seed in the configs, and one random draw per publish in [`PublishContext`].
 
+mod delayed;
 mod error;
 mod retained;
 mod router;
 mod shared;
 mod topic;
 
+pub use delayed::{delayed_target, parse_delayed, Delayed, DelayedError, DELAYED_PREFIX};
 pub use error::RouterError;
 pub use retained::{RetainedConfig, RetainedIndex, RetainedMatches};
 pub use router::{Delivery, DeliveryKind, Router, RouterConfig};
