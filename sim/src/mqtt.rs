@@ -8,8 +8,8 @@ use std::num::NonZeroU16;
 
 use bytes::BytesMut;
 use starling_codec::{
-    decode, encode, Connack, Connect, Disconnect, LastWill, Packet, Properties, Protocol,
-    ReasonCode,
+    decode, encode, Connack, Connect, Disconnect, LastWill, Packet, Properties, Protocol, QoS,
+    ReasonCode, Subscribe, SubscribeFilter, SubscriptionOptions,
 };
 use starling_net::Stream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -76,6 +76,22 @@ impl MqttClient {
         self.stream.write_all(&out).await?;
         // Simulated TCP sends only on flush.
         self.stream.flush().await
+    }
+
+    /// Sends a SUBSCRIBE of one filter (packet id `id`); the SUBACK is the caller's to read.
+    pub async fn subscribe(&mut self, id: u32, filter: &str, qos: QoS) -> io::Result<()> {
+        self.send(&Packet::Subscribe(Subscribe {
+            packet_id: pid(id),
+            filters: vec![SubscribeFilter {
+                filter: filter.into(),
+                options: SubscriptionOptions {
+                    qos,
+                    ..Default::default()
+                },
+            }],
+            properties: Properties::default(),
+        }))
+        .await
     }
 
     /// The next packet from the broker; an error when the connection ends.

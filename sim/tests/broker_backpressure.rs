@@ -13,10 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use madsim::rand::{thread_rng, Rng};
 use madsim::time::{sleep, Instant};
-use starling_codec::{
-    Packet, Properties, Protocol, PubAck, Publish, QoS, Subscribe, SubscribeFilter,
-    SubscriptionOptions,
-};
+use starling_codec::{Packet, Properties, Protocol, PubAck, Publish, QoS};
 use starling_sim::mqtt::{broker_node, pid, ClientNodes, ConnectOpts, MqttClient};
 use starling_sim::{check, run, RunConfig};
 
@@ -57,19 +54,9 @@ async fn subscriber(oracle: Shared) {
     let (mut c, _) = MqttClient::connect(BROKER, &opts("slow".into()))
         .await
         .expect("subscriber connects");
-    c.send(&Packet::Subscribe(Subscribe {
-        packet_id: pid(1),
-        filters: vec![SubscribeFilter {
-            filter: "bp/#".into(),
-            options: SubscriptionOptions {
-                qos: QoS::AtLeastOnce,
-                ..Default::default()
-            },
-        }],
-        properties: Properties::default(),
-    }))
-    .await
-    .expect("subscribe sent");
+    c.subscribe(1, "bp/#", QoS::AtLeastOnce)
+        .await
+        .expect("subscribe sent");
     loop {
         match c.recv().await.expect("subscriber connection holds") {
             Packet::Suback(_) => lock(&oracle).subscribed = true,

@@ -12,10 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use madsim::time::{sleep, timeout, Instant};
-use starling_codec::{
-    Packet, Properties, Protocol, PubAck, Publish, QoS, Subscribe, SubscribeFilter,
-    SubscriptionOptions,
-};
+use starling_codec::{Packet, Properties, Protocol, PubAck, Publish, QoS};
 use starling_sim::mqtt::{broker_node, pid, ClientNodes, ConnectOpts, MqttClient};
 use starling_sim::{check, run, RunConfig};
 
@@ -61,19 +58,9 @@ async fn hostile(oracle: Shared) {
     let (mut c, _) = MqttClient::connect(BROKER, &opts("hostile"))
         .await
         .expect("hostile connects");
-    c.send(&Packet::Subscribe(Subscribe {
-        packet_id: pid(1),
-        filters: vec![SubscribeFilter {
-            filter: "#".into(),
-            options: SubscriptionOptions {
-                qos: QoS::AtLeastOnce,
-                ..Default::default()
-            },
-        }],
-        properties: Properties::default(),
-    }))
-    .await
-    .expect("subscribe sent");
+    c.subscribe(1, "#", QoS::AtLeastOnce)
+        .await
+        .expect("subscribe sent");
     match c.recv().await.expect("suback") {
         Packet::Suback(_) => lock(&oracle).subscribed = true,
         other => panic!("hostile got {other:?}"),
