@@ -5,11 +5,23 @@
 
 use std::time::{Duration, SystemTime};
 
-pub use tokio::time::Instant;
+/// The monotonic instant of every deadline: `std::time::Instant`, so that a core that takes
+/// time as a plain value (the session) needs no runtime crate to name it. It is read through
+/// the runtime's clock: under madsim, whose clock backs std's, it is virtual; on tokio it
+/// follows tokio's clock (a paused test clock included).
+pub use std::time::Instant;
 
 /// Monotonic now.
 pub fn now() -> Instant {
-    Instant::now()
+    #[cfg(madsim)]
+    {
+        // madsim's `tokio::time::Instant` is std's, read from the virtual clock.
+        tokio::time::Instant::now()
+    }
+    #[cfg(not(madsim))]
+    {
+        tokio::time::Instant::now().into_std()
+    }
 }
 
 /// Wall-clock now (message expiry, timestamps shown to people).
@@ -34,7 +46,14 @@ pub async fn sleep(d: Duration) {
 /// sleep future is returned as it is, without a wrapper state around it (every idle actor
 /// with a timer holds one).
 pub fn sleep_until(deadline: Instant) -> impl std::future::Future<Output = ()> {
-    tokio::time::sleep_until(deadline)
+    #[cfg(madsim)]
+    {
+        tokio::time::sleep_until(deadline)
+    }
+    #[cfg(not(madsim))]
+    {
+        tokio::time::sleep_until(tokio::time::Instant::from_std(deadline))
+    }
 }
 
 /// Runs `f` with a deadline; `None` if it did not finish in time.

@@ -27,6 +27,7 @@ pub use limits::{check_connect, refusal, ClientIdentity, QueueFullPolicy, Sessio
 pub use message::{DeliveryOptions, Expiry, Message, SharedHeaders};
 pub use session::{AllowAll, Attached, DetachReason, Gate, Session};
 
-/// The monotonic instant every input takes: the runtime's, so that the broker
-/// passes `starling_rt::time::now()` and the simulator controls it.
-pub use starling_rt::time::Instant;
+/// The monotonic instant every input takes, a plain value: the broker passes its runtime's
+/// `now` (`starling_rt::time::now()`, virtual under the simulator); the session depends on
+/// no runtime.
+pub use std::time::Instant;
