@@ -149,50 +149,52 @@ async fn healthy(addr: std::net::SocketAddr, round: usize) {
     publ.disconnect().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_broker_survives_hostile_byte_streams_and_keeps_serving() {
-    let (b, addr) = broker("handshake_timeout_secs = 1\n").await;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(SEED);
-    let mut open = Vec::new();
-    for n in 0..CASES {
-        let bytes = case(&mut rng, n);
-        let mut s = TcpStream::connect(addr).await.expect("broker accepts");
-        // Written in pieces, as a slow or fragmenting peer would.
-        let mut rest = &bytes[..];
-        while !rest.is_empty() {
-            let k = rng.gen_range(1..=rest.len());
-            if s.write_all(&rest[..k]).await.is_err() {
-                break;
+#[test]
+fn the_broker_survives_hostile_byte_streams_and_keeps_serving() {
+    common::on_actix(async {
+        let (b, addr) = broker("handshake_timeout_secs = 1\n").await;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(SEED);
+        let mut open = Vec::new();
+        for n in 0..CASES {
+            let bytes = case(&mut rng, n);
+            let mut s = TcpStream::connect(addr).await.expect("broker accepts");
+            // Written in pieces, as a slow or fragmenting peer would.
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let k = rng.gen_range(1..=rest.len());
+                if s.write_all(&rest[..k]).await.is_err() {
+                    break;
+                }
+                rest = &rest[k..];
             }
-            rest = &rest[k..];
+            if rng.gen_bool(0.1) {
+                // Some stay open, silent: the handshake timeout must reap them.
+                open.push(s);
+            } else {
+                let mut scratch = [0u8; 1024];
+                let _ = tokio::time::timeout(Duration::from_millis(20), s.read(&mut scratch)).await;
+            }
+            if n % CHECK_EVERY == CHECK_EVERY - 1 {
+                tokio::time::timeout(Duration::from_secs(10), healthy(addr, n))
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("seed {SEED:#x}: broker stopped serving after case {n}")
+                    });
+            }
         }
-        if rng.gen_bool(0.1) {
-            // Some stay open, silent: the handshake timeout must reap them.
-            open.push(s);
-        } else {
-            let mut scratch = [0u8; 1024];
-            let _ = tokio::time::timeout(Duration::from_millis(20), s.read(&mut scratch)).await;
+        healthy(addr, CASES).await;
+        // Nothing leaked: once every hostile socket is closed, no connection stays counted.
+        drop(open);
+        let started = starling_rt::time::now();
+        while b.metrics().clients_connected > 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "connections left over: {:?}",
+                b.metrics()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if n % CHECK_EVERY == CHECK_EVERY - 1 {
-            tokio::time::timeout(Duration::from_secs(10), healthy(addr, n))
-                .await
-                .unwrap_or_else(|_| {
-                    panic!("seed {SEED:#x}: broker stopped serving after case {n}")
-                });
-        }
-    }
-    healthy(addr, CASES).await;
-    // Nothing leaked: once every hostile socket is closed, no connection stays counted.
-    drop(open);
-    let started = starling_rt::time::now();
-    while b.metrics().clients_connected > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "connections left over: {:?}",
-            b.metrics()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let m = b.metrics();
-    assert!(m.connections_refused > 0, "{m:?}");
+        let m = b.metrics();
+        assert!(m.connections_refused > 0, "{m:?}");
+    })
 }

@@ -402,263 +402,275 @@ fn path_arg(p: &Path) -> String {
 // ---------------------------------------------------------------------------------------
 // Real clients.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mosquitto_over_tls_without_client_certificate_round_trips_qos_0_1_2() {
-    if !have("mosquitto_sub", "apt-get install mosquitto-clients") {
-        return;
-    }
-    let certs = Certs::new("mosq-tls");
-    let broker = start(
-        vec![listener(ListenerKind::Tls, Some(certs.tls(false)))],
-        |_| {},
-    )
-    .await;
-    let port = addr(&broker, ListenerKind::Tls).port();
-    let tls = vec!["--cafile".to_owned(), path_arg(&certs.dev.ca_cert)];
-    mosquitto_round_trips(port, tls, "mosq/tls").await;
-    broker.shutdown().await;
+#[test]
+fn mosquitto_over_tls_without_client_certificate_round_trips_qos_0_1_2() {
+    common::on_actix(async {
+        if !have("mosquitto_sub", "apt-get install mosquitto-clients") {
+            return;
+        }
+        let certs = Certs::new("mosq-tls");
+        let broker = start(
+            vec![listener(ListenerKind::Tls, Some(certs.tls(false)))],
+            |_| {},
+        )
+        .await;
+        let port = addr(&broker, ListenerKind::Tls).port();
+        let tls = vec!["--cafile".to_owned(), path_arg(&certs.dev.ca_cert)];
+        mosquitto_round_trips(port, tls, "mosq/tls").await;
+        broker.shutdown().await;
+    })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mosquitto_over_tls_with_client_certificate_round_trips_with_the_cn_as_username() {
-    if !have("mosquitto_sub", "apt-get install mosquitto-clients") {
-        return;
-    }
-    let certs = Certs::new("mosq-mtls");
-    // Anonymous clients are refused and the ACL grants only `devices/{username}/#`: a
-    // client gets in and reaches its topics only as the CN of its certificate.
-    let acl = certs.dir.join("acl.toml");
-    std::fs::write(
-        &acl,
-        "[[rules]]\npermission = \"allow\"\naction = \"all\"\ntopics = [\"devices/%u/#\"]\n",
-    )
-    .expect("write acl");
-    let mut l = listener(ListenerKind::Tls, Some(certs.tls(true)));
-    l.allow_anonymous = false;
-    let broker = start(vec![l], |c| {
-        c.auth.acl_file = Some(acl.clone());
-        c.auth.acl_default = starling_config::AclDefault::Deny;
+#[test]
+fn mosquitto_over_tls_with_client_certificate_round_trips_with_the_cn_as_username() {
+    common::on_actix(async {
+        if !have("mosquitto_sub", "apt-get install mosquitto-clients") {
+            return;
+        }
+        let certs = Certs::new("mosq-mtls");
+        // Anonymous clients are refused and the ACL grants only `devices/{username}/#`: a
+        // client gets in and reaches its topics only as the CN of its certificate.
+        let acl = certs.dir.join("acl.toml");
+        std::fs::write(
+            &acl,
+            "[[rules]]\npermission = \"allow\"\naction = \"all\"\ntopics = [\"devices/%u/#\"]\n",
+        )
+        .expect("write acl");
+        let mut l = listener(ListenerKind::Tls, Some(certs.tls(true)));
+        l.allow_anonymous = false;
+        let broker = start(vec![l], |c| {
+            c.auth.acl_file = Some(acl.clone());
+            c.auth.acl_default = starling_config::AclDefault::Deny;
+        })
+        .await;
+        let tls_addr = addr(&broker, ListenerKind::Tls);
+        let (cert, key, identity) = certs.client("device-1");
+        let tls = vec![
+            "--cafile".to_owned(),
+            path_arg(&certs.dev.ca_cert),
+            "--cert".to_owned(),
+            path_arg(&cert),
+            "--key".to_owned(),
+            path_arg(&key),
+        ];
+        mosquitto_round_trips(tls_addr.port(), tls, "devices/device-1/temp").await;
+
+        // The username is the CN: our own client with the same certificate may subscribe to
+        // its own subtree only.
+        let client_tls = certs.client_tls().identity(identity);
+        let mut c = mqtt_on(tls_stream(tls_addr, &client_tls).await, "own-device-1").await;
+        let own = c.subscribe(1, "devices/device-1/#", QoS::AtLeastOnce).await;
+        assert_eq!(own.reason_codes, vec![ReasonCode::GrantedQoS1]);
+        let other = c.subscribe(2, "devices/device-2/#", QoS::AtLeastOnce).await;
+        assert_eq!(other.reason_codes, vec![ReasonCode::NotAuthorized]);
+        c.disconnect().await;
+
+        // Without a certificate the TLS handshake fails: counted, and nothing else disturbed.
+        let before = broker.listener_counters()[0].2.handshake_failed;
+        let no_cert = run(
+            "mosquitto_pub",
+            [
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &tls_addr.port().to_string(),
+                "--cafile",
+                &path_arg(&certs.dev.ca_cert),
+                "-t",
+                "devices/device-1/x",
+                "-m",
+                "nope",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        )
+        .await;
+        assert!(
+            no_cert.is_err(),
+            "mosquitto_pub without a certificate got in"
+        );
+        wait_counter(&broker, ListenerKind::Tls, "handshake_failed", |c| {
+            c.handshake_failed > before
+        })
+        .await;
+        broker.shutdown().await;
     })
-    .await;
-    let tls_addr = addr(&broker, ListenerKind::Tls);
-    let (cert, key, identity) = certs.client("device-1");
-    let tls = vec![
-        "--cafile".to_owned(),
-        path_arg(&certs.dev.ca_cert),
-        "--cert".to_owned(),
-        path_arg(&cert),
-        "--key".to_owned(),
-        path_arg(&key),
-    ];
-    mosquitto_round_trips(tls_addr.port(), tls, "devices/device-1/temp").await;
+}
 
-    // The username is the CN: our own client with the same certificate may subscribe to
-    // its own subtree only.
-    let client_tls = certs.client_tls().identity(identity);
-    let mut c = mqtt_on(tls_stream(tls_addr, &client_tls).await, "own-device-1").await;
-    let own = c.subscribe(1, "devices/device-1/#", QoS::AtLeastOnce).await;
-    assert_eq!(own.reason_codes, vec![ReasonCode::GrantedQoS1]);
-    let other = c.subscribe(2, "devices/device-2/#", QoS::AtLeastOnce).await;
-    assert_eq!(other.reason_codes, vec![ReasonCode::NotAuthorized]);
-    c.disconnect().await;
+#[test]
+fn paho_over_ws_and_wss_round_trips_qos_0_1_2() {
+    common::on_actix(async {
+        if !have("python3", "apt-get install python3") {
+            return;
+        }
+        if run(
+            "python3",
+            vec!["-c".into(), "import paho.mqtt.client".into()],
+        )
+        .await
+        .is_err()
+        {
+            common::tool_missing("Python paho-mqtt", "pip install paho-mqtt");
+            return;
+        }
+        let certs = Certs::new("paho");
+        let broker = start(
+            vec![
+                listener(ListenerKind::Ws, None),
+                listener(ListenerKind::Wss, Some(certs.tls(false))),
+            ],
+            |_| {},
+        )
+        .await;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/paho_roundtrip.py");
+        for (kind, tls) in [
+            (ListenerKind::Ws, vec![]),
+            (
+                ListenerKind::Wss,
+                vec!["--cafile".to_owned(), path_arg(&certs.dev.ca_cert)],
+            ),
+        ] {
+            let mut args = vec![
+                path_arg(&script),
+                "--port".to_owned(),
+                addr(&broker, kind).port().to_string(),
+                "--transport".to_owned(),
+                "websockets".to_owned(),
+                "--path".to_owned(),
+                "/mqtt".to_owned(),
+            ];
+            args.extend(tls);
+            let out = run("python3", args)
+                .await
+                .unwrap_or_else(|e| panic!("paho over {kind}: {e}"));
+            assert_eq!(out.lines().count(), 3, "paho over {kind}: {out}");
+        }
+        broker.shutdown().await;
+    })
+}
 
-    // Without a certificate the TLS handshake fails: counted, and nothing else disturbed.
-    let before = broker.listener_counters()[0].2.handshake_failed;
-    let no_cert = run(
-        "mosquitto_pub",
-        [
+#[test]
+fn mqtt_js_over_ws_round_trips_qos_0_1_2() {
+    common::on_actix(async {
+        if !have_mqtt_js() {
+            return;
+        }
+        let broker = start(vec![listener(ListenerKind::Ws, None)], |_| {}).await;
+        let url = format!("ws://{}/mqtt", addr(&broker, ListenerKind::Ws));
+        let script = path_arg(&js_dir().join("roundtrip.js"));
+        let out = run("node", vec![script, url])
+            .await
+            .unwrap_or_else(|e| panic!("MQTT.js: {e}"));
+        assert_eq!(out.lines().count(), 3, "MQTT.js: {out}");
+        broker.shutdown().await;
+    })
+}
+
+#[test]
+fn own_client_over_quic_round_trips_qos_0_1_2() {
+    common::on_actix(async {
+        let certs = Certs::new("quic");
+        let broker = start(
+            vec![listener(ListenerKind::Quic, Some(certs.tls(false)))],
+            |_| {},
+        )
+        .await;
+        let quic = addr(&broker, ListenerKind::Quic);
+        let endpoint = quic_endpoint(&certs.client_tls()).await;
+        let open = |id: &'static str| {
+            let endpoint = endpoint.clone();
+            async move {
+                let s = QuicBiStream::connect(&endpoint, quic, "localhost")
+                    .await
+                    .expect("quic connect");
+                mqtt_on(Box::new(s), id).await
+            }
+        };
+        let sub = open("quic-sub").await;
+        let publ = open("quic-pub").await;
+        round_trips(sub, publ, "quic/t").await;
+        broker.shutdown().await;
+    })
+}
+
+#[test]
+fn browser_page_over_ws_receives_what_mosquitto_pub_publishes_over_tcp() {
+    common::on_actix(async {
+        let Some(chromium) = ["chromium", "chromium-browser"]
+            .into_iter()
+            .find(|p| Command::new(p).arg("--version").output().is_ok())
+        else {
+            common::tool_missing("chromium", "apt-get install chromium");
+            return;
+        };
+        if !have("mosquitto_pub", "apt-get install mosquitto-clients") || !have_mqtt_js() {
+            return;
+        }
+        let broker = start(
+            vec![
+                listener(ListenerKind::Tcp, None),
+                listener(ListenerKind::Ws, None),
+            ],
+            |_| {},
+        )
+        .await;
+        let tcp = addr(&broker, ListenerKind::Tcp);
+        let ws = addr(&broker, ListenerKind::Ws);
+        let http = serve_page().await;
+
+        // The test watches the page's messages over TCP.
+        let mut watcher = Client::connect(tcp, Protocol::V5, "watcher", true).await;
+        watcher.subscribe(1, "browser/+", QoS::AtLeastOnce).await;
+
+        let profile = common::temp_dir("chromium-profile");
+        let url = format!("http://{http}/page.html?ws=ws://{ws}/mqtt");
+        let _browser = Spawned(
+            Command::new(chromium)
+                .args([
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-quic",
+                    "--no-first-run",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    &format!("--user-data-dir={}", profile.display()),
+                    &url,
+                ])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("chromium starts"),
+        );
+
+        // A browser takes seconds to start; the page says when its subscription is in place.
+        let ready = wait_publish(&mut watcher, "browser/ready", Duration::from_secs(60)).await;
+        assert_eq!(ready, "ready");
+        let args = [
             "-h",
             "127.0.0.1",
             "-p",
-            &tls_addr.port().to_string(),
-            "--cafile",
-            &path_arg(&certs.dev.ca_cert),
+            &tcp.port().to_string(),
             "-t",
-            "devices/device-1/x",
+            "browser/in",
+            "-q",
+            "1",
             "-m",
-            "nope",
+            "hello from mosquitto_pub",
         ]
         .map(str::to_owned)
-        .to_vec(),
-    )
-    .await;
-    assert!(
-        no_cert.is_err(),
-        "mosquitto_pub without a certificate got in"
-    );
-    wait_counter(&broker, ListenerKind::Tls, "handshake_failed", |c| {
-        c.handshake_failed > before
-    })
-    .await;
-    broker.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn paho_over_ws_and_wss_round_trips_qos_0_1_2() {
-    if !have("python3", "apt-get install python3") {
-        return;
-    }
-    if run(
-        "python3",
-        vec!["-c".into(), "import paho.mqtt.client".into()],
-    )
-    .await
-    .is_err()
-    {
-        common::tool_missing("Python paho-mqtt", "pip install paho-mqtt");
-        return;
-    }
-    let certs = Certs::new("paho");
-    let broker = start(
-        vec![
-            listener(ListenerKind::Ws, None),
-            listener(ListenerKind::Wss, Some(certs.tls(false))),
-        ],
-        |_| {},
-    )
-    .await;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/paho_roundtrip.py");
-    for (kind, tls) in [
-        (ListenerKind::Ws, vec![]),
-        (
-            ListenerKind::Wss,
-            vec!["--cafile".to_owned(), path_arg(&certs.dev.ca_cert)],
-        ),
-    ] {
-        let mut args = vec![
-            path_arg(&script),
-            "--port".to_owned(),
-            addr(&broker, kind).port().to_string(),
-            "--transport".to_owned(),
-            "websockets".to_owned(),
-            "--path".to_owned(),
-            "/mqtt".to_owned(),
-        ];
-        args.extend(tls);
-        let out = run("python3", args)
+        .to_vec();
+        run("mosquitto_pub", args)
             .await
-            .unwrap_or_else(|e| panic!("paho over {kind}: {e}"));
-        assert_eq!(out.lines().count(), 3, "paho over {kind}: {out}");
-    }
-    broker.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mqtt_js_over_ws_round_trips_qos_0_1_2() {
-    if !have_mqtt_js() {
-        return;
-    }
-    let broker = start(vec![listener(ListenerKind::Ws, None)], |_| {}).await;
-    let url = format!("ws://{}/mqtt", addr(&broker, ListenerKind::Ws));
-    let script = path_arg(&js_dir().join("roundtrip.js"));
-    let out = run("node", vec![script, url])
-        .await
-        .unwrap_or_else(|e| panic!("MQTT.js: {e}"));
-    assert_eq!(out.lines().count(), 3, "MQTT.js: {out}");
-    broker.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn own_client_over_quic_round_trips_qos_0_1_2() {
-    let certs = Certs::new("quic");
-    let broker = start(
-        vec![listener(ListenerKind::Quic, Some(certs.tls(false)))],
-        |_| {},
-    )
-    .await;
-    let quic = addr(&broker, ListenerKind::Quic);
-    let endpoint = quic_endpoint(&certs.client_tls()).await;
-    let open = |id: &'static str| {
-        let endpoint = endpoint.clone();
-        async move {
-            let s = QuicBiStream::connect(&endpoint, quic, "localhost")
-                .await
-                .expect("quic connect");
-            mqtt_on(Box::new(s), id).await
-        }
-    };
-    let sub = open("quic-sub").await;
-    let publ = open("quic-pub").await;
-    round_trips(sub, publ, "quic/t").await;
-    broker.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn browser_page_over_ws_receives_what_mosquitto_pub_publishes_over_tcp() {
-    let Some(chromium) = ["chromium", "chromium-browser"]
-        .into_iter()
-        .find(|p| Command::new(p).arg("--version").output().is_ok())
-    else {
-        common::tool_missing("chromium", "apt-get install chromium");
-        return;
-    };
-    if !have("mosquitto_pub", "apt-get install mosquitto-clients") || !have_mqtt_js() {
-        return;
-    }
-    let broker = start(
-        vec![
-            listener(ListenerKind::Tcp, None),
-            listener(ListenerKind::Ws, None),
-        ],
-        |_| {},
-    )
-    .await;
-    let tcp = addr(&broker, ListenerKind::Tcp);
-    let ws = addr(&broker, ListenerKind::Ws);
-    let http = serve_page().await;
-
-    // The test watches the page's messages over TCP.
-    let mut watcher = Client::connect(tcp, Protocol::V5, "watcher", true).await;
-    watcher.subscribe(1, "browser/+", QoS::AtLeastOnce).await;
-
-    let profile = common::temp_dir("chromium-profile");
-    let url = format!("http://{http}/page.html?ws=ws://{ws}/mqtt");
-    let _browser = Spawned(
-        Command::new(chromium)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                &format!("--user-data-dir={}", profile.display()),
-                &url,
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("chromium starts"),
-    );
-
-    // A browser takes seconds to start; the page says when its subscription is in place.
-    let ready = wait_publish(&mut watcher, "browser/ready", Duration::from_secs(60)).await;
-    assert_eq!(ready, "ready");
-    let args = [
-        "-h",
-        "127.0.0.1",
-        "-p",
-        &tcp.port().to_string(),
-        "-t",
-        "browser/in",
-        "-q",
-        "1",
-        "-m",
-        "hello from mosquitto_pub",
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    run("mosquitto_pub", args)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let ack = wait_publish(&mut watcher, "browser/ack", Duration::from_secs(20)).await;
-    assert_eq!(ack, "got:hello from mosquitto_pub");
-    drop(_browser);
-    let _ = std::fs::remove_dir_all(&profile);
-    broker.shutdown().await;
+            .unwrap_or_else(|e| panic!("{e}"));
+        let ack = wait_publish(&mut watcher, "browser/ack", Duration::from_secs(20)).await;
+        assert_eq!(ack, "got:hello from mosquitto_pub");
+        drop(_browser);
+        let _ = std::fs::remove_dir_all(&profile);
+        broker.shutdown().await;
+    })
 }
 
 /// The payload of the next PUBLISH on `topic` within `limit` (others are skipped).
@@ -730,211 +742,215 @@ async fn serve_page() -> SocketAddr {
 // ---------------------------------------------------------------------------------------
 // Bad input.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_handshakes_end_only_their_connection_and_are_counted_in_sys() {
-    let certs = Certs::new("bad");
-    let broker = start(
-        vec![
-            listener(ListenerKind::Tcp, None),
-            listener(ListenerKind::Tls, Some(certs.tls(true))),
-            listener(ListenerKind::Ws, None),
-            listener(ListenerKind::Quic, Some(certs.tls(false))),
-        ],
-        |_| {},
-    )
-    .await;
-    let tcp = addr(&broker, ListenerKind::Tcp);
-    let tls = addr(&broker, ListenerKind::Tls);
-    let ws = addr(&broker, ListenerKind::Ws);
-    let quic = addr(&broker, ListenerKind::Quic);
-
-    // A client that stays connected through all of it.
-    let mut bystander = Client::connect(tcp, Protocol::V5, "bystander", true).await;
-    bystander
-        .subscribe(1, "bystander/t", QoS::AtLeastOnce)
+#[test]
+fn bad_handshakes_end_only_their_connection_and_are_counted_in_sys() {
+    common::on_actix(async {
+        let certs = Certs::new("bad");
+        let broker = start(
+            vec![
+                listener(ListenerKind::Tcp, None),
+                listener(ListenerKind::Tls, Some(certs.tls(true))),
+                listener(ListenerKind::Ws, None),
+                listener(ListenerKind::Quic, Some(certs.tls(false))),
+            ],
+            |_| {},
+        )
         .await;
+        let tcp = addr(&broker, ListenerKind::Tcp);
+        let tls = addr(&broker, ListenerKind::Tls);
+        let ws = addr(&broker, ListenerKind::Ws);
+        let quic = addr(&broker, ListenerKind::Quic);
 
-    // TLS: a client certificate from a CA the listener does not trust.
-    let stranger = CertAuthority::generate("not the dev CA").expect("ca");
-    let wrong = stranger.issue("intruder", &["intruder"]).expect("cert");
-    let tcp_conn = TcpStream::connect(tls).await.expect("tcp connect");
-    let client_tls = certs.client_tls().identity(wrong.identity());
-    // TLS 1.3 lets the client finish before the server checks its certificate: the failure
-    // shows on the server, and the client's next read ends.
-    if let Ok(mut s) = tls_connect(tcp_conn, &client_tls, "localhost", tls).await {
-        let _ = s.write_all(b"\x10\x00").await;
-        let mut scratch = [0u8; 16];
-        let read = tokio::time::timeout(WAIT, s.read(&mut scratch)).await;
-        assert!(
-            !matches!(read, Ok(Ok(n)) if n > 0),
-            "the broker answered a client with a wrong certificate"
-        );
-    }
-    wait_counter(&broker, ListenerKind::Tls, "handshake_failed", |c| {
-        c.handshake_failed == 1 && c.accepted == 0
-    })
-    .await;
-    // A right certificate still gets in.
-    let (_, _, good) = certs.client("device-ok");
-    let c = mqtt_on(
-        tls_stream(tls, &certs.client_tls().identity(good)).await,
-        "tls-ok",
-    )
-    .await;
-    c.disconnect().await;
+        // A client that stays connected through all of it.
+        let mut bystander = Client::connect(tcp, Protocol::V5, "bystander", true).await;
+        bystander
+            .subscribe(1, "bystander/t", QoS::AtLeastOnce)
+            .await;
 
-    // WebSocket: an upgrade without the mqtt subprotocol gets 400 and is closed.
-    let mut raw = TcpStream::connect(ws).await.expect("tcp connect");
-    raw.write_all(
+        // TLS: a client certificate from a CA the listener does not trust.
+        let stranger = CertAuthority::generate("not the dev CA").expect("ca");
+        let wrong = stranger.issue("intruder", &["intruder"]).expect("cert");
+        let tcp_conn = TcpStream::connect(tls).await.expect("tcp connect");
+        let client_tls = certs.client_tls().identity(wrong.identity());
+        // TLS 1.3 lets the client finish before the server checks its certificate: the failure
+        // shows on the server, and the client's next read ends.
+        if let Ok(mut s) = tls_connect(tcp_conn, &client_tls, "localhost", tls).await {
+            let _ = s.write_all(b"\x10\x00").await;
+            let mut scratch = [0u8; 16];
+            let read = tokio::time::timeout(WAIT, s.read(&mut scratch)).await;
+            assert!(
+                !matches!(read, Ok(Ok(n)) if n > 0),
+                "the broker answered a client with a wrong certificate"
+            );
+        }
+        wait_counter(&broker, ListenerKind::Tls, "handshake_failed", |c| {
+            c.handshake_failed == 1 && c.accepted == 0
+        })
+        .await;
+        // A right certificate still gets in.
+        let (_, _, good) = certs.client("device-ok");
+        let c = mqtt_on(
+            tls_stream(tls, &certs.client_tls().identity(good)).await,
+            "tls-ok",
+        )
+        .await;
+        c.disconnect().await;
+
+        // WebSocket: an upgrade without the mqtt subprotocol gets 400 and is closed.
+        let mut raw = TcpStream::connect(ws).await.expect("tcp connect");
+        raw.write_all(
         b"GET /mqtt HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
           Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
     )
     .await
     .expect("write upgrade");
-    let mut answer = Vec::new();
-    let _ = tokio::time::timeout(WAIT, raw.read_to_end(&mut answer)).await;
-    let answer = String::from_utf8_lossy(&answer);
-    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
-    wait_counter(&broker, ListenerKind::Ws, "handshake_failed", |c| {
-        c.handshake_failed == 1
-    })
-    .await;
-    let c = mqtt_on(ws_stream(ws).await, "ws-ok").await;
-    c.disconnect().await;
-
-    // QUIC: datagrams of garbage never become a connection (quinn drops what does not
-    // parse or authenticate); a client offering the wrong ALPN fails its handshake; a
-    // connection sending garbage where the CONNECT belongs is closed.
-    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0")
-        .await
-        .expect("udp bind");
-    let mut junk = vec![0xC3u8; 1200];
-    for (i, b) in junk.iter_mut().enumerate().skip(1) {
-        *b = (i * 31 % 251) as u8;
-    }
-    for datagram in [&junk[..], b"garbage", &[0u8; 1300][..]] {
-        udp.send_to(datagram, quic).await.expect("udp send");
-    }
-    let wrong_alpn = QuicEndpoint::client(
-        "127.0.0.1:0".parse().expect("address"),
-        &certs.client_tls().alpn(&[b"not-mqtt"]),
-        &starling_net::QuicConfig::new([9; 32]),
-    )
-    .await
-    .expect("endpoint");
-    assert!(QuicBiStream::connect(&wrong_alpn, quic, "localhost")
-        .await
-        .is_err());
-    wait_counter(&broker, ListenerKind::Quic, "handshake_failed", |c| {
-        c.handshake_failed == 1
-    })
-    .await;
-    let refused_before = broker.metrics().connections_refused;
-    let endpoint = quic_endpoint(&certs.client_tls()).await;
-    let mut s = QuicBiStream::connect(&endpoint, quic, "localhost")
-        .await
-        .expect("quic connect");
-    // A CONNECT header whose remaining length never ends: malformed.
-    s.write_all(b"\x10\xff\xff\xff\xff\x7f")
-        .await
-        .expect("write");
-    s.flush().await.expect("flush");
-    let mut scratch = [0u8; 16];
-    let read = tokio::time::timeout(WAIT, s.read(&mut scratch)).await;
-    assert!(matches!(read, Ok(Ok(0) | Err(_))), "{read:?}");
-    assert_eq!(broker.metrics().connections_refused, refused_before + 1);
-    let ok = QuicBiStream::connect(&endpoint, quic, "localhost")
-        .await
-        .expect("quic connect");
-    mqtt_on(Box::new(ok), "quic-ok").await.disconnect().await;
-
-    // The bystander never noticed.
-    let mut publ = Client::connect(tcp, Protocol::V5, "bystander-pub", true).await;
-    publ.publish("bystander/t", b"still here", QoS::AtLeastOnce, false)
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(WAIT, raw.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        wait_counter(&broker, ListenerKind::Ws, "handshake_failed", |c| {
+            c.handshake_failed == 1
+        })
         .await;
-    assert_eq!(
-        bystander.recv_publish().await.payload.as_ref(),
-        b"still here"
-    );
+        let c = mqtt_on(ws_stream(ws).await, "ws-ok").await;
+        c.disconnect().await;
 
-    // `$SYS` shows the listener counters.
-    let topic = format!(
-        "$SYS/brokers/+/listeners/tls/{}/handshake_failed",
-        tls.port()
-    );
-    bystander.subscribe(2, &topic, QoS::AtMostOnce).await;
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let p = bystander.recv_publish().await;
-        if p.payload.as_ref() == b"1" {
-            break;
+        // QUIC: datagrams of garbage never become a connection (quinn drops what does not
+        // parse or authenticate); a client offering the wrong ALPN fails its handshake; a
+        // connection sending garbage where the CONNECT belongs is closed.
+        let udp = tokio::net::UdpSocket::bind("127.0.0.1:0")
+            .await
+            .expect("udp bind");
+        let mut junk = vec![0xC3u8; 1200];
+        for (i, b) in junk.iter_mut().enumerate().skip(1) {
+            *b = (i * 31 % 251) as u8;
         }
-        assert!(Instant::now() < deadline, "$SYS says {:?}", p.payload);
-    }
-    broker.shutdown().await;
+        for datagram in [&junk[..], b"garbage", &[0u8; 1300][..]] {
+            udp.send_to(datagram, quic).await.expect("udp send");
+        }
+        let wrong_alpn = QuicEndpoint::client(
+            "127.0.0.1:0".parse().expect("address"),
+            &certs.client_tls().alpn(&[b"not-mqtt"]),
+            &starling_net::QuicConfig::new([9; 32]),
+        )
+        .await
+        .expect("endpoint");
+        assert!(QuicBiStream::connect(&wrong_alpn, quic, "localhost")
+            .await
+            .is_err());
+        wait_counter(&broker, ListenerKind::Quic, "handshake_failed", |c| {
+            c.handshake_failed == 1
+        })
+        .await;
+        let refused_before = broker.metrics().connections_refused;
+        let endpoint = quic_endpoint(&certs.client_tls()).await;
+        let mut s = QuicBiStream::connect(&endpoint, quic, "localhost")
+            .await
+            .expect("quic connect");
+        // A CONNECT header whose remaining length never ends: malformed.
+        s.write_all(b"\x10\xff\xff\xff\xff\x7f")
+            .await
+            .expect("write");
+        s.flush().await.expect("flush");
+        let mut scratch = [0u8; 16];
+        let read = tokio::time::timeout(WAIT, s.read(&mut scratch)).await;
+        assert!(matches!(read, Ok(Ok(0) | Err(_))), "{read:?}");
+        assert_eq!(broker.metrics().connections_refused, refused_before + 1);
+        let ok = QuicBiStream::connect(&endpoint, quic, "localhost")
+            .await
+            .expect("quic connect");
+        mqtt_on(Box::new(ok), "quic-ok").await.disconnect().await;
+
+        // The bystander never noticed.
+        let mut publ = Client::connect(tcp, Protocol::V5, "bystander-pub", true).await;
+        publ.publish("bystander/t", b"still here", QoS::AtLeastOnce, false)
+            .await;
+        assert_eq!(
+            bystander.recv_publish().await.payload.as_ref(),
+            b"still here"
+        );
+
+        // `$SYS` shows the listener counters.
+        let topic = format!(
+            "$SYS/brokers/+/listeners/tls/{}/handshake_failed",
+            tls.port()
+        );
+        bystander.subscribe(2, &topic, QoS::AtMostOnce).await;
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let p = bystander.recv_publish().await;
+            if p.payload.as_ref() == b"1" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "$SYS says {:?}", p.payload);
+        }
+        broker.shutdown().await;
+    })
 }
 
 // ---------------------------------------------------------------------------------------
 // Certificate reload.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reload_swaps_certificates_for_new_handshakes_and_keeps_connections() {
-    let certs = Certs::new("reload");
-    let broker = start(
-        vec![
-            listener(ListenerKind::Tcp, None),
-            listener(ListenerKind::Tls, Some(certs.tls(false))),
-            listener(ListenerKind::Quic, Some(certs.tls(false))),
-        ],
-        |_| {},
-    )
-    .await;
-    let tls = addr(&broker, ListenerKind::Tls);
-    let quic = addr(&broker, ListenerKind::Quic);
-    let mut before = mqtt_on(tls_stream(tls, &certs.client_tls()).await, "before").await;
-    before.subscribe(1, "reload/t", QoS::AtLeastOnce).await;
+#[test]
+fn reload_swaps_certificates_for_new_handshakes_and_keeps_connections() {
+    common::on_actix(async {
+        let certs = Certs::new("reload");
+        let broker = start(
+            vec![
+                listener(ListenerKind::Tcp, None),
+                listener(ListenerKind::Tls, Some(certs.tls(false))),
+                listener(ListenerKind::Quic, Some(certs.tls(false))),
+            ],
+            |_| {},
+        )
+        .await;
+        let tls = addr(&broker, ListenerKind::Tls);
+        let quic = addr(&broker, ListenerKind::Quic);
+        let mut before = mqtt_on(tls_stream(tls, &certs.client_tls()).await, "before").await;
+        before.subscribe(1, "reload/t", QoS::AtLeastOnce).await;
 
-    // A second CA's server certificate replaces the files in place.
-    let next_dir = certs.dir.join("next");
-    let next = write_dev_certificates(&next_dir, &[]).expect("second dev certificates");
-    let next_ca = ClientTls::new(starling_net::load_certs(&next.ca_cert).expect("next ca"));
-    std::fs::copy(&next.server_cert, &certs.dev.server_cert).expect("copy cert");
-    std::fs::copy(&next.server_key, &certs.dev.server_key).expect("copy key");
-    assert_eq!(broker.reload_tls().expect("reload"), 2);
+        // A second CA's server certificate replaces the files in place.
+        let next_dir = certs.dir.join("next");
+        let next = write_dev_certificates(&next_dir, &[]).expect("second dev certificates");
+        let next_ca = ClientTls::new(starling_net::load_certs(&next.ca_cert).expect("next ca"));
+        std::fs::copy(&next.server_cert, &certs.dev.server_cert).expect("copy cert");
+        std::fs::copy(&next.server_key, &certs.dev.server_key).expect("copy key");
+        assert_eq!(broker.reload_tls().expect("reload"), 2);
 
-    let after = mqtt_on(tls_stream(tls, &next_ca).await, "after").await;
-    let tcp = TcpStream::connect(tls).await.expect("tcp");
-    assert!(
-        tls_connect(tcp, &certs.client_tls(), "localhost", tls)
+        let after = mqtt_on(tls_stream(tls, &next_ca).await, "after").await;
+        let tcp = TcpStream::connect(tls).await.expect("tcp");
+        assert!(
+            tls_connect(tcp, &certs.client_tls(), "localhost", tls)
+                .await
+                .is_err(),
+            "the old certificate is still served"
+        );
+        let endpoint = quic_endpoint(&next_ca).await;
+        let q = QuicBiStream::connect(&endpoint, quic, "localhost")
             .await
-            .is_err(),
-        "the old certificate is still served"
-    );
-    let endpoint = quic_endpoint(&next_ca).await;
-    let q = QuicBiStream::connect(&endpoint, quic, "localhost")
-        .await
-        .expect("quic with the new certificate");
-    mqtt_on(Box::new(q), "quic-after").await.disconnect().await;
+            .expect("quic with the new certificate");
+        mqtt_on(Box::new(q), "quic-after").await.disconnect().await;
 
-    // The connection from before the reload still works.
-    let mut after = after;
-    after
-        .publish("reload/t", b"across reload", QoS::AtLeastOnce, false)
-        .await;
-    assert_eq!(
-        before.recv_publish().await.payload.as_ref(),
-        b"across reload"
-    );
+        // The connection from before the reload still works.
+        let mut after = after;
+        after
+            .publish("reload/t", b"across reload", QoS::AtLeastOnce, false)
+            .await;
+        assert_eq!(
+            before.recv_publish().await.payload.as_ref(),
+            b"across reload"
+        );
 
-    // A key that does not load: the error names the file, the current certificate stays.
-    std::fs::write(&certs.dev.server_key, "not a key").expect("write");
-    let err = broker.reload_tls().expect_err("a broken key reloads");
-    assert!(err.to_string().contains("server.key"), "{err}");
-    mqtt_on(tls_stream(tls, &next_ca).await, "after-failure")
-        .await
-        .disconnect()
-        .await;
-    before.disconnect().await;
-    after.disconnect().await;
-    broker.shutdown().await;
+        // A key that does not load: the error names the file, the current certificate stays.
+        std::fs::write(&certs.dev.server_key, "not a key").expect("write");
+        let err = broker.reload_tls().expect_err("a broken key reloads");
+        assert!(err.to_string().contains("server.key"), "{err}");
+        mqtt_on(tls_stream(tls, &next_ca).await, "after-failure")
+            .await
+            .disconnect()
+            .await;
+        before.disconnect().await;
+        after.disconnect().await;
+        broker.shutdown().await;
+    })
 }

@@ -15,38 +15,40 @@ fn have(program: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mosquitto_and_paho_clients_interoperate() {
-    if !have("mosquitto_sub") || !have("mosquitto_pub") {
-        // .ci/run installs mosquitto-clients; a developer machine may not have it.
-        common::tool_missing(
-            "mosquitto_pub/mosquitto_sub",
-            "apt-get install mosquitto-clients",
-        );
-        return;
-    }
-    let (_broker, addr) = common::broker("").await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/real-clients.sh");
-    let port = addr.port().to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new("bash")
-            .args([script, "127.0.0.1", &port])
-            .output()
-            .expect("run real-clients.sh")
+#[test]
+fn mosquitto_and_paho_clients_interoperate() {
+    common::on_actix(async {
+        if !have("mosquitto_sub") || !have("mosquitto_pub") {
+            // .ci/run installs mosquitto-clients; a developer machine may not have it.
+            common::tool_missing(
+                "mosquitto_pub/mosquitto_sub",
+                "apt-get install mosquitto-clients",
+            );
+            return;
+        }
+        let (_broker, addr) = common::broker("").await;
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/real-clients.sh");
+        let port = addr.port().to_string();
+        let out = tokio::task::spawn_blocking(move || {
+            Command::new("bash")
+                .args([script, "127.0.0.1", &port])
+                .output()
+                .expect("run real-clients.sh")
+        })
+        .await
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        println!("{stdout}");
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "real clients failed:\n{stdout}");
+        assert!(stdout.contains("PASS mosquitto/mqttv5/qos2"), "{stdout}");
+        assert!(!stdout.contains("FAIL"), "{stdout}");
+        // The script skips a client it cannot find; under CI a skipped client is a failure.
+        if std::env::var_os("CI").is_some() {
+            assert!(
+                !stdout.contains("SKIP"),
+                "a real client is missing and CI is set:\n{stdout}"
+            );
+        }
     })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "real clients failed:\n{stdout}");
-    assert!(stdout.contains("PASS mosquitto/mqttv5/qos2"), "{stdout}");
-    assert!(!stdout.contains("FAIL"), "{stdout}");
-    // The script skips a client it cannot find; under CI a skipped client is a failure.
-    if std::env::var_os("CI").is_some() {
-        assert!(
-            !stdout.contains("SKIP"),
-            "a real client is missing and CI is set:\n{stdout}"
-        );
-    }
 }

@@ -61,158 +61,168 @@ action = "subscribe"
 topics = ["secret/nosub"]
 "##;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wildcard_subscriptions_do_not_receive_what_a_deny_rule_withholds() {
-    let (b, addr) = broker_with_users("acl-wildcard", BOB_DENIED_ALICE, "").await;
-    let (mut alice, ack) = login(addr, Protocol::V5, "alice", "alice-1", true).await;
-    assert_eq!(ack.reason_code, ReasonCode::Success);
-    // Retained before bob subscribes: a retained message is a delivery like any other.
-    alice
-        .publish(
-            "private/alice/x",
-            b"retained secret",
-            QoS::AtLeastOnce,
-            true,
-        )
-        .await;
-    for protocol in [Protocol::V5, Protocol::V3_1_1] {
-        for filter in ["#", "private/+/x", "private/alice/#"] {
-            let (mut bob, ack) = login(addr, protocol, "bob", "bob-1", true).await;
-            assert_eq!(ack.reason_code, ReasonCode::Success);
-            let granted = bob.subscribe(1, filter, QoS::AtLeastOnce).await;
-            if filter == "private/alice/#" {
-                // Inside the deny rule: nothing it could deliver is allowed.
-                assert!(granted.reason_codes[0].is_error(), "{filter}: {granted:?}");
-                continue;
-            }
-            assert_eq!(
-                granted.reason_codes,
-                vec![ReasonCode::GrantedQoS1],
-                "{filter}"
-            );
-            alice
-                .publish("private/alice/x", b"secret", QoS::AtLeastOnce, false)
-                .await;
-            alice
-                .publish("private/bob/x", b"fine", QoS::AtLeastOnce, false)
-                .await;
-            let p = bob.recv_publish().await;
-            assert_eq!(
-                (p.topic.as_str(), &p.payload[..]),
-                ("private/bob/x", &b"fine"[..]),
-                "{protocol:?} {filter}: bob may read only what is not alice's"
-            );
-            bob.expect_no_publish(QUIET).await;
-            bob.disconnect().await;
-        }
-    }
-    assert!(b.metrics().dropped_acl >= 4, "{:?}", b.metrics());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deny_subscribe_rule_holds_against_a_wider_subscription() {
-    let (_b, addr) = broker_with_users("acl-nosub", BOB_DENIED_ALICE, "").await;
-    let (mut alice, _) = login(addr, Protocol::V3_1_1, "alice", "alice-1", true).await;
-    let (mut reader, _) = login(addr, Protocol::V5, "alice", "alice-2", true).await;
-    assert_eq!(
-        reader
-            .subscribe(1, "secret/nosub", QoS::AtMostOnce)
-            .await
-            .reason_codes,
-        vec![ReasonCode::NotAuthorized]
-    );
-    assert_eq!(
-        reader
-            .subscribe(2, "secret/#", QoS::AtMostOnce)
-            .await
-            .reason_codes,
-        vec![ReasonCode::Success]
-    );
-    alice
-        .publish("secret/nosub", b"no", QoS::AtMostOnce, false)
-        .await;
-    alice
-        .publish("secret/ok", b"yes", QoS::AtMostOnce, false)
-        .await;
-    let p = reader.recv_publish().await;
-    assert_eq!(p.topic, "secret/ok");
-    reader.expect_no_publish(QUIET).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn another_user_cannot_resume_a_persistent_session() {
-    let (b, addr) = broker_with_users("id-resume", "", "").await;
-    for protocol in [Protocol::V5, Protocol::V3_1_1] {
-        let (mut alice, ack) = login(addr, protocol, "alice", "alice-phone", false).await;
+#[test]
+fn wildcard_subscriptions_do_not_receive_what_a_deny_rule_withholds() {
+    common::on_actix(async {
+        let (b, addr) = broker_with_users("acl-wildcard", BOB_DENIED_ALICE, "").await;
+        let (mut alice, ack) = login(addr, Protocol::V5, "alice", "alice-1", true).await;
         assert_eq!(ack.reason_code, ReasonCode::Success);
-        alice.subscribe(1, "cmd/alice", QoS::AtLeastOnce).await;
-        alice.disconnect().await;
-        let (mut other, _) = login(addr, protocol, "alice", "alice-laptop", true).await;
-        other
-            .publish("cmd/alice", b"queued", QoS::AtLeastOnce, false)
+        // Retained before bob subscribes: a retained message is a delivery like any other.
+        alice
+            .publish(
+                "private/alice/x",
+                b"retained secret",
+                QoS::AtLeastOnce,
+                true,
+            )
             .await;
-
-        let (mut bob, ack) = login(addr, protocol, "bob", "alice-phone", false).await;
-        assert_eq!(
-            ack.reason_code,
-            ReasonCode::ClientIdentifierNotValid,
-            "{protocol:?}: bob must not get alice's session"
-        );
-        assert!(!ack.session_present);
-        assert!(bob.recv().await.is_none(), "closed after the refusal");
-
-        let (mut alice, ack) = login(addr, protocol, "alice", "alice-phone", false).await;
-        assert!(
-            ack.session_present,
-            "{protocol:?}: alice's session is intact"
-        );
-        assert_eq!(&alice.recv_publish().await.payload[..], b"queued");
-        // End the session so that the next protocol starts afresh.
-        alice.disconnect().await;
-        let (alice, _) = login(addr, protocol, "alice", "alice-phone", true).await;
-        alice.disconnect().await;
-    }
-    assert_eq!(b.metrics().client_id_refused, 2);
+        for protocol in [Protocol::V5, Protocol::V3_1_1] {
+            for filter in ["#", "private/+/x", "private/alice/#"] {
+                let (mut bob, ack) = login(addr, protocol, "bob", "bob-1", true).await;
+                assert_eq!(ack.reason_code, ReasonCode::Success);
+                let granted = bob.subscribe(1, filter, QoS::AtLeastOnce).await;
+                if filter == "private/alice/#" {
+                    // Inside the deny rule: nothing it could deliver is allowed.
+                    assert!(granted.reason_codes[0].is_error(), "{filter}: {granted:?}");
+                    continue;
+                }
+                assert_eq!(
+                    granted.reason_codes,
+                    vec![ReasonCode::GrantedQoS1],
+                    "{filter}"
+                );
+                alice
+                    .publish("private/alice/x", b"secret", QoS::AtLeastOnce, false)
+                    .await;
+                alice
+                    .publish("private/bob/x", b"fine", QoS::AtLeastOnce, false)
+                    .await;
+                let p = bob.recv_publish().await;
+                assert_eq!(
+                    (p.topic.as_str(), &p.payload[..]),
+                    ("private/bob/x", &b"fine"[..]),
+                    "{protocol:?} {filter}: bob may read only what is not alice's"
+                );
+                bob.expect_no_publish(QUIET).await;
+                bob.disconnect().await;
+            }
+        }
+        assert!(b.metrics().dropped_acl >= 4, "{:?}", b.metrics());
+    })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn another_user_cannot_take_over_an_online_session() {
-    let (_b, addr) = broker_with_users("id-takeover", "", "").await;
-    let (mut alice, _) = login(addr, Protocol::V5, "alice", "alice-phone", true).await;
-    alice.subscribe(1, "cmd/alice", QoS::AtLeastOnce).await;
-    let (mut bob, ack) = login(addr, Protocol::V5, "bob", "alice-phone", true).await;
-    assert_eq!(ack.reason_code, ReasonCode::ClientIdentifierNotValid);
-    assert!(bob.recv().await.is_none());
-    // alice was not kicked (no DISCONNECT 0x8E) and still gets her messages.
-    let (mut other, _) = login(addr, Protocol::V5, "alice", "alice-laptop", true).await;
-    other
-        .publish("cmd/alice", b"still here", QoS::AtLeastOnce, false)
-        .await;
-    assert_eq!(&alice.recv_publish().await.payload[..], b"still here");
-    // The same user takes over as before.
-    let (_again, ack) = login(addr, Protocol::V5, "alice", "alice-phone", true).await;
-    assert_eq!(ack.reason_code, ReasonCode::Success);
-    match alice.recv().await {
-        Some(Packet::Disconnect(d)) => assert_eq!(d.reason_code, ReasonCode::SessionTakenOver),
-        other => panic!("expected DISCONNECT 0x8E, got {other:?}"),
-    }
+#[test]
+fn a_deny_subscribe_rule_holds_against_a_wider_subscription() {
+    common::on_actix(async {
+        let (_b, addr) = broker_with_users("acl-nosub", BOB_DENIED_ALICE, "").await;
+        let (mut alice, _) = login(addr, Protocol::V3_1_1, "alice", "alice-1", true).await;
+        let (mut reader, _) = login(addr, Protocol::V5, "alice", "alice-2", true).await;
+        assert_eq!(
+            reader
+                .subscribe(1, "secret/nosub", QoS::AtMostOnce)
+                .await
+                .reason_codes,
+            vec![ReasonCode::NotAuthorized]
+        );
+        assert_eq!(
+            reader
+                .subscribe(2, "secret/#", QoS::AtMostOnce)
+                .await
+                .reason_codes,
+            vec![ReasonCode::Success]
+        );
+        alice
+            .publish("secret/nosub", b"no", QoS::AtMostOnce, false)
+            .await;
+        alice
+            .publish("secret/ok", b"yes", QoS::AtMostOnce, false)
+            .await;
+        let p = reader.recv_publish().await;
+        assert_eq!(p.topic, "secret/ok");
+        reader.expect_no_publish(QUIET).await;
+    })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stricter_client_id_policies_hold_ids_to_usernames() {
-    let (_b, addr) =
-        broker_with_users("id-policy", "", "client_id_policy = \"username_prefix\"\n").await;
-    for (id, ok) in [
-        ("bob", true),
-        ("bob-phone", true),
-        ("bobby", false),
-        ("alice-1", false),
-    ] {
-        let (_c, ack) = login(addr, Protocol::V3_1_1, "bob", id, true).await;
-        assert_eq!(
-            ack.reason_code == ReasonCode::Success,
-            ok,
-            "client id {id}: {ack:?}"
-        );
-    }
+#[test]
+fn another_user_cannot_resume_a_persistent_session() {
+    common::on_actix(async {
+        let (b, addr) = broker_with_users("id-resume", "", "").await;
+        for protocol in [Protocol::V5, Protocol::V3_1_1] {
+            let (mut alice, ack) = login(addr, protocol, "alice", "alice-phone", false).await;
+            assert_eq!(ack.reason_code, ReasonCode::Success);
+            alice.subscribe(1, "cmd/alice", QoS::AtLeastOnce).await;
+            alice.disconnect().await;
+            let (mut other, _) = login(addr, protocol, "alice", "alice-laptop", true).await;
+            other
+                .publish("cmd/alice", b"queued", QoS::AtLeastOnce, false)
+                .await;
+
+            let (mut bob, ack) = login(addr, protocol, "bob", "alice-phone", false).await;
+            assert_eq!(
+                ack.reason_code,
+                ReasonCode::ClientIdentifierNotValid,
+                "{protocol:?}: bob must not get alice's session"
+            );
+            assert!(!ack.session_present);
+            assert!(bob.recv().await.is_none(), "closed after the refusal");
+
+            let (mut alice, ack) = login(addr, protocol, "alice", "alice-phone", false).await;
+            assert!(
+                ack.session_present,
+                "{protocol:?}: alice's session is intact"
+            );
+            assert_eq!(&alice.recv_publish().await.payload[..], b"queued");
+            // End the session so that the next protocol starts afresh.
+            alice.disconnect().await;
+            let (alice, _) = login(addr, protocol, "alice", "alice-phone", true).await;
+            alice.disconnect().await;
+        }
+        assert_eq!(b.metrics().client_id_refused, 2);
+    })
+}
+
+#[test]
+fn another_user_cannot_take_over_an_online_session() {
+    common::on_actix(async {
+        let (_b, addr) = broker_with_users("id-takeover", "", "").await;
+        let (mut alice, _) = login(addr, Protocol::V5, "alice", "alice-phone", true).await;
+        alice.subscribe(1, "cmd/alice", QoS::AtLeastOnce).await;
+        let (mut bob, ack) = login(addr, Protocol::V5, "bob", "alice-phone", true).await;
+        assert_eq!(ack.reason_code, ReasonCode::ClientIdentifierNotValid);
+        assert!(bob.recv().await.is_none());
+        // alice was not kicked (no DISCONNECT 0x8E) and still gets her messages.
+        let (mut other, _) = login(addr, Protocol::V5, "alice", "alice-laptop", true).await;
+        other
+            .publish("cmd/alice", b"still here", QoS::AtLeastOnce, false)
+            .await;
+        assert_eq!(&alice.recv_publish().await.payload[..], b"still here");
+        // The same user takes over as before.
+        let (_again, ack) = login(addr, Protocol::V5, "alice", "alice-phone", true).await;
+        assert_eq!(ack.reason_code, ReasonCode::Success);
+        match alice.recv().await {
+            Some(Packet::Disconnect(d)) => assert_eq!(d.reason_code, ReasonCode::SessionTakenOver),
+            other => panic!("expected DISCONNECT 0x8E, got {other:?}"),
+        }
+    })
+}
+
+#[test]
+fn stricter_client_id_policies_hold_ids_to_usernames() {
+    common::on_actix(async {
+        let (_b, addr) =
+            broker_with_users("id-policy", "", "client_id_policy = \"username_prefix\"\n").await;
+        for (id, ok) in [
+            ("bob", true),
+            ("bob-phone", true),
+            ("bobby", false),
+            ("alice-1", false),
+        ] {
+            let (_c, ack) = login(addr, Protocol::V3_1_1, "bob", id, true).await;
+            assert_eq!(
+                ack.reason_code == ReasonCode::Success,
+                ok,
+                "client id {id}: {ack:?}"
+            );
+        }
+    })
 }

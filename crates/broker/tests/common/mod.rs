@@ -288,3 +288,9 @@ pub fn tool_missing(program: &str, install: &str) {
     }
     println!("skipped: {program} not found ({install})");
 }
+
+/// Runs a test on the production backend: an actix system with two arbiters, the broker's
+/// actors spread over them, the test itself on the system's thread.
+pub fn on_actix<F: std::future::Future<Output = ()>>(test: F) {
+    starling_rt::Runtime::new(2).block_on(test);
+}
