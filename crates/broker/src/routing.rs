@@ -268,13 +268,11 @@ impl RouterActor {
     }
 
     fn store_retained(&mut self, msg: &Arc<Message>) {
-        // MQTT 5 §3.3.1.3: an empty retained payload removes the topic's retained message.
-        if msg.payload.is_empty() {
-            self.retained.remove(&msg.topic);
-            return;
-        }
         let size = msg.topic.len() + msg.payload.len();
-        if let Err(e) = self.retained.retain(&msg.topic, msg.clone(), size) {
+        let stored = self
+            .retained
+            .publish(&msg.topic, msg.clone(), msg.payload.is_empty(), size);
+        if let Err(e) = stored {
             add(&self.shared.metrics.retained_refused, 1);
             debug!(topic = %msg.topic, error = %e, "retained message refused");
         }

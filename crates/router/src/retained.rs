@@ -157,6 +157,24 @@ impl<M> RetainedIndex<M> {
         Ok(old)
     }
 
+    /// A retained PUBLISH, as MQTT rules it (MQTT 5 §3.3.1.3): an empty payload removes the
+    /// topic's retained message (and is not stored); any other payload replaces it, as
+    /// [`RetainedIndex::retain`] does. Returns the message it replaces or removes.
+    ///
+    /// Errors: those of [`RetainedIndex::retain`], for a non-empty payload only.
+    pub fn publish(
+        &mut self,
+        topic: &str,
+        message: M,
+        payload_empty: bool,
+        size_bytes: usize,
+    ) -> Result<Option<M>, RouterError> {
+        if payload_empty {
+            return Ok(self.remove(topic));
+        }
+        self.retain(topic, message, size_bytes)
+    }
+
     /// Removes the retained message of `topic`, returning it; `None` if there was none
     /// (including for strings that are not valid topic names). Frees nodes left empty.
     pub fn remove(&mut self, topic: &str) -> Option<M> {
@@ -345,6 +363,18 @@ mod tests {
             r.retain(t, *t, 1).unwrap();
         }
         r
+    }
+
+    #[test]
+    fn an_empty_retained_payload_removes_the_topic_and_is_not_stored() {
+        let mut r = index(&["a/b"]);
+        assert_eq!(r.publish("a/b", "", true, 0), Ok(Some("a/b")));
+        assert_eq!(r.get("a/b"), None);
+        assert_eq!(r.len(), 0);
+        assert_eq!(r.publish("a/c", "", true, 0), Ok(None), "nothing to remove");
+        assert_eq!(r.len(), 0, "and nothing stored");
+        assert_eq!(r.publish("a/c", "m", false, 1), Ok(None));
+        assert_eq!(r.get("a/c"), Some(&"m"));
     }
 
     fn matching(r: &RetainedIndex<&'static str>, filter: &str) -> Vec<&'static str> {
