@@ -18,7 +18,9 @@ use starling_codec::{
 };
 use starling_config::{BackpressureHolders, MqttConfig, StuckPolicy};
 use starling_rt::{time, Actor, Addr, Ctx, TimerId, TrySendError, WeakAddr};
-use starling_session::{DetachReason, DropReason, Effect, Instant, Message, Session};
+use starling_session::{
+    DeliveryOptions, DetachReason, DropReason, Effect, Instant, Message, Session,
+};
 use tracing::{debug, Instrument};
 
 use crate::conn::{linger, write_out, Conn, WRITE_BATCH_MAX};
@@ -104,15 +106,24 @@ impl Client {
 
     /// The client's back-pressure state, made at its first need.
     fn flow_handle(&mut self) -> Arc<Flow> {
-        let m = &self.shared.config.mqtt;
-        let may_hold = may_hold(m, self.gate.username());
+        let (m, gate) = (&self.shared.config.mqtt, &self.gate);
         self.flow
             .get_or_insert_with(|| {
                 let f = Flow::new(StallRules::from_config(m));
-                f.set_may_hold(may_hold);
+                f.set_may_hold(may_hold(m, gate.username()));
                 Arc::new(f)
             })
             .clone()
+    }
+
+    /// Hands a routed message to the session unless the ACL withholds its topic from this
+    /// client (a subscription may match topics its rules deny).
+    fn deliver(&mut self, now: Instant, m: &Arc<Message>, o: &DeliveryOptions) {
+        if self.gate.may_read(&m.topic) {
+            self.session.deliver(now, m, o);
+        } else {
+            add(&self.shared.metrics.dropped_acl, 1);
+        }
     }
 
     fn client_id(&self) -> Arc<str> {
@@ -318,11 +329,7 @@ impl Client {
                 // SUBACK first, then the retained messages (MQTT 5 §3.8.4).
                 self.session.subscribed(now, packet_id, r.results);
                 for (m, o) in r.retained {
-                    if self.gate.may_read(&m.topic) {
-                        self.session.deliver(now, &m, &o);
-                    } else {
-                        add(&self.shared.metrics.dropped_acl, 1);
-                    }
+                    self.deliver(now, &m, &o);
                 }
             }
             Wait::Unsubscribe(packet_id, filters) => {
@@ -428,7 +435,8 @@ impl Client {
             }
         }
         self.rearm(ctx);
-        if let Some(f) = self.flow.clone() {
+        let mut kick = false;
+        if let Some(f) = &self.flow {
             let m = &self.shared.config.mqtt;
             let backlogged =
                 m.backpressure && self.session.backlogged(f.backlogged(), f.in_transit());
@@ -437,7 +445,7 @@ impl Client {
                 backlogged,
                 self.session.queue_len(),
                 std::mem::take(&mut self.progressed),
-                time::now(),
+                time::now,
             );
             if let Some(stretch) = f.arm_check() {
                 ctx.after(
@@ -445,18 +453,20 @@ impl Client {
                     ClientMsg::BacklogCheck(stretch),
                 );
             }
-            if f.is_stuck()
+            kick = f.is_stuck()
                 && m.backpressure_stuck_policy == StuckPolicy::Disconnect
-                && self.session.is_attached()
-            {
-                debug!("stalled while holding publishers back: disconnected");
+                && self.session.is_attached();
+            if kick {
                 f.forgive();
-                self.session.detach(
-                    time::now(),
-                    DetachReason::ProtocolError(ReasonCode::QuotaExceeded),
-                );
-                Box::pin(self.run_effects(ctx)).await;
             }
+        }
+        if kick {
+            debug!("stalled while holding publishers back: disconnected");
+            self.session.detach(
+                time::now(),
+                DetachReason::ProtocolError(ReasonCode::QuotaExceeded),
+            );
+            Box::pin(self.run_effects(ctx)).await;
         }
         if self.conn.is_none() && self.session.is_ended() && !self.retiring {
             self.retiring = true;
@@ -565,11 +575,7 @@ impl Client {
                 }
                 let now = time::now();
                 for (m, o) in &batch {
-                    if self.gate.may_read(&m.topic) {
-                        self.session.deliver(now, m, o);
-                    } else {
-                        add(&self.shared.metrics.dropped_acl, 1);
-                    }
+                    self.deliver(now, m, o);
                 }
                 self.run_effects(ctx).await;
             }

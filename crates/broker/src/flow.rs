@@ -260,27 +260,28 @@ impl Flow {
     }
 
     /// The subscriber's state after a turn; `progressed`: it acknowledged something.
-    /// Clearing `backlogged` wakes every publisher that waited on it.
+    /// Clearing `backlogged` wakes every publisher that waited on it. `now` is read only
+    /// while the subscriber is backlogged or stuck: most turns of most clients are neither.
     pub(crate) fn update(
         &self,
         saturated: bool,
         backlogged: bool,
         queued: usize,
         progressed: bool,
-        now: Instant,
+        now: impl Fn() -> Instant,
     ) {
         self.saturated.store(saturated, Ordering::Relaxed);
         let before = self.queued.swap(queued, Ordering::Relaxed);
         let was = self.backlogged.swap(backlogged, Ordering::AcqRel);
         if backlogged && (!was || progressed || queued < before) {
-            lock(&self.progress).at = Some(now);
+            lock(&self.progress).at = Some(now());
         }
         if !backlogged && (was || self.check_armed.load(Ordering::Acquire)) {
             // Drained: the stretch ends (its check, if armed, finds it over).
             self.stretch.fetch_add(1, Ordering::AcqRel);
             self.check_armed.store(false, Ordering::Release);
         }
-        if !backlogged && self.stuck.load(Ordering::Acquire) && !self.over_budget(now) {
+        if !backlogged && self.stuck.load(Ordering::Acquire) && !self.over_budget(now()) {
             // Drained, and stalls left in the window: it holds publishers back again next
             // time.
             self.stuck.store(false, Ordering::Release);
@@ -294,7 +295,7 @@ impl Flow {
     }
 
     /// Router: this publisher fed `subscriber` while it was backlogged.
-    pub(crate) fn hold_for(&self, subscriber: &Arc<Flow>, now: Instant) {
+    pub(crate) fn hold_for(&self, subscriber: &Arc<Flow>) {
         let mut held_by = lock(&self.held_by);
         if held_by
             .as_ref()
@@ -305,7 +306,7 @@ impl Flow {
         }
         *held_by = Some(Held {
             subscriber: subscriber.clone(),
-            since: now,
+            since: time::now(),
             timer: None,
         });
         self.maybe_held.store(true, Ordering::Release);
@@ -372,7 +373,7 @@ impl Flow {
 
     /// The client is gone or detached: nobody waits on it, and it waits on nobody.
     pub(crate) fn release(&self) {
-        self.update(false, false, 0, false, time::now());
+        self.update(false, false, 0, false, time::now);
         let mut held_by = lock(&self.held_by);
         *held_by = None;
         self.maybe_held.store(false, Ordering::Release);
@@ -407,8 +408,8 @@ mod tests {
         let (publisher, subscriber) = (Flow::default(), Arc::new(Flow::default()));
         assert!(!publisher.poll_held(&mut cx, &STALLS), "nothing holds it");
 
-        subscriber.update(false, true, 0, false, time::now());
-        publisher.hold_for(&subscriber, time::now());
+        subscriber.update(false, true, 0, false, time::now);
+        publisher.hold_for(&subscriber);
         assert!(publisher.poll_held(&mut cx, &STALLS));
         assert!(
             publisher.poll_held(&mut cx, &STALLS),
@@ -417,7 +418,7 @@ mod tests {
         assert_eq!(lock(&subscriber.waiters).len(), 1, "one waker per task");
         assert_eq!(count.0.load(Ordering::SeqCst), 0);
 
-        subscriber.update(false, false, 0, false, time::now());
+        subscriber.update(false, false, 0, false, time::now);
         assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken when it drained");
         assert!(!publisher.poll_held(&mut cx, &STALLS));
         assert!(lock(&publisher.held_by).is_none(), "forgotten once clear");
@@ -428,10 +429,10 @@ mod tests {
         let (count, waker) = counting_waker();
         let mut cx = Context::from_waker(&waker);
         let (publisher, subscriber) = (Flow::default(), Arc::new(Flow::default()));
-        subscriber.update(false, true, 40, false, time::now());
+        subscriber.update(false, true, 40, false, time::now);
         let first = subscriber.arm_check().expect("armed");
         assert_eq!(subscriber.arm_check(), None, "armed once per stretch");
-        publisher.hold_for(&subscriber, time::now());
+        publisher.hold_for(&subscriber);
         assert!(publisher.poll_held(&mut cx, &STALLS));
         assert!(
             subscriber.check(first),
@@ -446,12 +447,12 @@ mod tests {
         assert!(!subscriber.holds());
         assert_eq!(subscriber.arm_check(), None, "stuck: nothing to check");
         // Drained, then backlogged again: it holds publishers back again.
-        subscriber.update(false, false, 0, false, time::now());
-        subscriber.update(false, true, 40, false, time::now());
+        subscriber.update(false, false, 0, false, time::now);
+        subscriber.update(false, true, 40, false, time::now);
         assert!(subscriber.holds());
         let second = subscriber.arm_check().expect("armed again");
-        subscriber.update(false, false, 0, false, time::now());
-        subscriber.update(false, true, 40, false, time::now());
+        subscriber.update(false, false, 0, false, time::now);
+        subscriber.update(false, true, 40, false, time::now);
         let third = subscriber.arm_check().expect("a new stretch");
         assert!(
             !subscriber.check(second),
@@ -464,7 +465,7 @@ mod tests {
     #[tokio::test]
     async fn what_is_on_its_way_counts_as_waiting() {
         let f = Flow::default();
-        f.update(false, false, 3, false, time::now());
+        f.update(false, false, 3, false, time::now);
         f.handed(64);
         f.taken(60);
         assert_eq!((f.in_transit(), f.waiting()), (4, 7));
@@ -480,8 +481,8 @@ mod tests {
         let (count, waker) = counting_waker();
         let mut cx = Context::from_waker(&waker);
         let (publisher, subscriber) = (Flow::default(), Arc::new(Flow::default()));
-        subscriber.update(true, true, 0, false, time::now());
-        publisher.hold_for(&subscriber, time::now());
+        subscriber.update(true, true, 0, false, time::now);
+        publisher.hold_for(&subscriber);
         assert!(publisher.poll_held(&mut cx, &STALLS));
         subscriber.release();
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
@@ -499,8 +500,8 @@ mod tests {
             ..StallRules::default()
         };
         let (publisher, subscriber) = (Flow::default(), Arc::new(Flow::new(instant)));
-        subscriber.update(false, true, 40, false, time::now());
-        publisher.hold_for(&subscriber, time::now());
+        subscriber.update(false, true, 40, false, time::now);
+        publisher.hold_for(&subscriber);
         assert!(
             !publisher.poll_held(&mut cx, &stalls),
             "stalled: let go at once"
@@ -515,10 +516,10 @@ mod tests {
 
         // A patient rule: progress within the stall time keeps the hold.
         let (publisher, subscriber) = (Flow::default(), Arc::new(Flow::default()));
-        subscriber.update(false, true, 40, false, time::now());
-        publisher.hold_for(&subscriber, time::now());
+        subscriber.update(false, true, 40, false, time::now);
+        publisher.hold_for(&subscriber);
         assert!(publisher.poll_held(&mut cx, &stalls));
-        subscriber.update(false, true, 40, true, time::now());
+        subscriber.update(false, true, 40, true, time::now);
         assert!(
             publisher.poll_held(&mut cx, &stalls),
             "slow but moving: still held"
@@ -536,7 +537,7 @@ mod tests {
         };
         let subscriber = Flow::new(rules);
         for round in 0..2 {
-            subscriber.update(false, true, 40, false, now);
+            subscriber.update(false, true, 40, false, || now);
             assert!(
                 subscriber.holds(),
                 "round {round}: holds while within budget"
@@ -544,16 +545,16 @@ mod tests {
             assert!(subscriber.stall(now));
             assert!(!subscriber.stall(now), "one stall per stretch");
             // Drains: the re-arm pattern.
-            subscriber.update(false, false, 0, true, now);
+            subscriber.update(false, false, 0, true, || now);
         }
-        subscriber.update(false, true, 40, false, now);
+        subscriber.update(false, true, 40, false, || now);
         assert!(
             !subscriber.holds(),
             "two stalls in the window: drained or not, it holds no one"
         );
         let later = now + Duration::from_secs(61);
-        subscriber.update(false, false, 0, true, later);
-        subscriber.update(false, true, 40, false, later);
+        subscriber.update(false, false, 0, true, || later);
+        subscriber.update(false, true, 40, false, || later);
         assert!(subscriber.holds(), "a new window: held again");
     }
 
@@ -561,7 +562,7 @@ mod tests {
     async fn an_excluded_subscriber_never_holds() {
         let subscriber = Flow::default();
         subscriber.set_may_hold(false);
-        subscriber.update(false, true, 40, false, time::now());
+        subscriber.update(false, true, 40, false, time::now);
         assert!(subscriber.backlogged() && !subscriber.holds());
     }
 }

@@ -176,7 +176,7 @@ impl RouterActor {
                         || f.waiting() + client.pending.len() >= self.shared.limits.backlog_high())
                 {
                     f.set_backlogged();
-                    from.hold_for(f, starling_rt::time::now());
+                    from.hold_for(f);
                     // Read and acknowledged before the hold reached its publisher: kept
                     // past the queue bound (up to the hard bound) rather than dropped.
                     opts.held_back = true;
