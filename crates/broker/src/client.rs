@@ -17,7 +17,7 @@ use starling_codec::{
     decode, encode, Connect, Disconnect, Packet, Properties, QoS, ReasonCode, PACKET_SIZE_MAX,
 };
 use starling_config::{BackpressureHolders, MqttConfig, StuckPolicy};
-use starling_rt::{time, Actor, Addr, Ctx, TimerId, TrySendError, WeakAddr};
+use starling_rt::{time, Actor, Ctx, TimerId, TrySendError, WeakAddr};
 use starling_session::{
     DeliveryOptions, DetachReason, DropReason, Effect, Instant, Message, Session,
 };
@@ -27,8 +27,9 @@ use crate::conn::{linger, write_out, Conn, WRITE_BATCH_MAX};
 use crate::flow::{Flow, StallRules};
 use crate::gate::AclGate;
 use crate::metrics::{add, dec};
-use crate::msg::{sys_message, ClientMsg, NewConn, RegistryMsg, RouterMsg, SubscribeResult};
+use crate::msg::{sys_message, ClientMsg, NewConn, RegistryMsg, RouterMsg};
 use crate::settings::Shared;
+use crate::shards::Shards;
 
 /// Packets decoded per input item: a turn's work budget, and the unit of write batching.
 const INPUT_BATCH_MAX: usize = 64;
@@ -41,9 +42,10 @@ const HELD_MAX: usize = 256;
 const HELD_RELEASE: usize = 16;
 /// An effect's part that has to wait (see [`Client::run_effects`]).
 enum Wait {
-    /// A message for the router whose mailbox was full, or that is sent without trying
-    /// (will, session end).
-    Route(RouterMsg),
+    /// A publish whose shard's mailbox was full, or that is sent without trying (will).
+    Route(Arc<Message>, Option<Arc<Flow>>),
+    /// The session ended: every shard forgets it.
+    Ended(Vec<String>),
     Subscribe(
         starling_codec::PacketId,
         Vec<starling_session::SubscribeRequest>,
@@ -54,7 +56,7 @@ enum Wait {
 
 pub(crate) struct Client {
     shared: Arc<Shared>,
-    router: Addr<RouterMsg>,
+    shards: Shards,
     registry: WeakAddr<RegistryMsg>,
     session: Session,
     gate: AclGate,
@@ -77,7 +79,7 @@ pub(crate) struct Client {
 impl Client {
     pub(crate) fn new(
         shared: Arc<Shared>,
-        router: Addr<RouterMsg>,
+        shards: Shards,
         registry: WeakAddr<RegistryMsg>,
         client_id: Arc<str>,
         first: Box<NewConn>,
@@ -91,7 +93,7 @@ impl Client {
         Self {
             session: Session::new(client_id, shared.limits.clone()),
             shared,
-            router,
+            shards,
             registry,
             gate,
             conn: None,
@@ -198,13 +200,7 @@ impl Client {
     }
 
     async fn presence(&mut self, online: bool) {
-        let _ = self
-            .router
-            .send(RouterMsg::Presence {
-                client_id: self.client_id(),
-                online,
-            })
-            .await;
+        self.shards.presence(self.client_id(), online).await;
     }
 
     /// `$SYS/brokers/{node}/clients/{client_id}/{connected|disconnected}`.
@@ -230,7 +226,8 @@ impl Client {
         }
         payload.push('}');
         let msg = sys_message(topic, payload, false);
-        let _ = self.router.send(RouterMsg::Publish(msg, None)).await;
+        let shard = self.shards.for_publish(&msg.topic);
+        let _ = shard.send(RouterMsg::Publish(msg, None)).await;
     }
 
     /// Applies every pending effect of the session, in order.
@@ -238,13 +235,13 @@ impl Client {
         // Effects that need no wait are applied in `apply_effects`; one that does leaves it
         // as a small `Wait`, so that no effect (a `Packet` is ~400 bytes) is held across an
         // await: every turn's future, allocated per turn, is sized by what it holds there.
-        while let Some(wait) = self.apply_effects(ctx) {
+        while let Some(wait) = self.apply_effects() {
             Box::pin(self.wait_effect(wait, ctx)).await;
         }
     }
 
     /// Applies effects until one has to wait (or none is left).
-    fn apply_effects(&mut self, ctx: &mut Ctx<Self>) -> Option<Wait> {
+    fn apply_effects(&mut self) -> Option<Wait> {
         while let Some(effect) = self.session.poll_effect() {
             match effect {
                 Effect::Send(p) => self.encode(&p),
@@ -263,10 +260,11 @@ impl Client {
                         .then(|| self.flow_handle());
                     // A full router mailbox is waited on: it holds this client's reads back,
                     // which is the back-pressure a fast publisher meets.
-                    if let Err(TrySendError::Full(msg)) =
-                        self.router.try_send(RouterMsg::Publish(m, from))
+                    let shard = self.shards.for_publish(&m.topic);
+                    if let Err(TrySendError::Full(RouterMsg::Publish(m, from))) =
+                        shard.try_send(RouterMsg::Publish(m, from))
                     {
-                        return Some(Wait::Route(msg));
+                        return Some(Wait::Route(m, from));
                     }
                 }
                 Effect::Subscribe { packet_id, filters } => {
@@ -277,17 +275,11 @@ impl Client {
                 }
                 Effect::Will(m) => {
                     if self.gate_allows_will(&m) {
-                        return Some(Wait::Route(RouterMsg::Publish(m, None)));
+                        return Some(Wait::Route(m, None));
                     }
                 }
                 Effect::Close(code) => return Some(Wait::Close(code)),
-                Effect::SessionEnded { subscriptions } => {
-                    return Some(Wait::Route(RouterMsg::SessionEnded {
-                        client_id: self.client_id(),
-                        actor: ctx.id(),
-                        filters: subscriptions,
-                    }))
-                }
+                Effect::SessionEnded { subscriptions } => return Some(Wait::Ended(subscriptions)),
                 Effect::Dropped { reason, .. } => {
                     let m = &self.shared.metrics;
                     add(
@@ -307,24 +299,20 @@ impl Client {
     /// The part of an effect that waits: on the router, or on the socket at close.
     async fn wait_effect(&mut self, wait: Wait, ctx: &mut Ctx<Self>) {
         match wait {
-            Wait::Route(msg) => {
-                let _ = self.router.send(msg).await;
+            Wait::Route(m, from) => {
+                let shard = self.shards.for_publish(&m.topic);
+                let _ = shard.send(RouterMsg::Publish(m, from)).await;
+            }
+            Wait::Ended(filters) => {
+                self.shards
+                    .session_ended(self.client_id(), ctx.id(), filters)
+                    .await;
             }
             Wait::Subscribe(packet_id, filters) => {
                 let client_id = self.client_id();
                 let me = ctx.weak_addr();
                 let flow = self.flow_handle();
-                let r = self
-                    .router
-                    .ask(|reply| RouterMsg::Subscribe {
-                        client_id,
-                        client: me,
-                        flow,
-                        filters,
-                        reply,
-                    })
-                    .await
-                    .unwrap_or_else(|_| SubscribeResult::default());
+                let r = self.shards.subscribe(client_id, me, flow, filters).await;
                 let now = time::now();
                 // SUBACK first, then the retained messages (MQTT 5 §3.8.4).
                 self.session.subscribed(now, packet_id, r.results);
@@ -334,15 +322,7 @@ impl Client {
             }
             Wait::Unsubscribe(packet_id, filters) => {
                 let client_id = self.client_id();
-                let codes = self
-                    .router
-                    .ask(|reply| RouterMsg::Unsubscribe {
-                        client_id,
-                        filters,
-                        reply,
-                    })
-                    .await
-                    .unwrap_or_default();
+                let codes = self.shards.unsubscribe(client_id, filters).await;
                 self.session.unsubscribed(time::now(), packet_id, codes);
             }
             Wait::Close(code) => self.close_conn(code, ctx).await,

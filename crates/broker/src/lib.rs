@@ -28,6 +28,7 @@
 
 mod client;
 mod conn;
+mod destination;
 mod error;
 mod flow;
 mod gate;
@@ -38,6 +39,7 @@ mod refuse;
 mod registry;
 mod routing;
 mod settings;
+mod shards;
 mod sys;
 
 use std::net::SocketAddr;
@@ -50,6 +52,7 @@ use starling_net::{
     ClientAuth, CounterSnapshot, HandshakeLimits, ListenerCounters, ListenerSettings, MqttListener,
     ProxyProtocol, QuicConfig, TlsFiles, TlsReloader, Transport, WsConfig,
 };
+use starling_router::ShardMap;
 use starling_rt::{start_with, Addr, Options};
 
 pub use conn::Io;
@@ -57,15 +60,40 @@ pub use error::BrokerError;
 pub use metrics::MetricsSnapshot;
 
 use listener::{ListenerActor, ListenerCtx, ListenerMsg, Logins};
-use msg::{RegistryMsg, RouterMsg};
+use msg::RegistryMsg;
 use registry::Registry;
 use routing::RouterActor;
 use settings::Shared;
+use shards::Shards;
 use sys::{SysActor, SysMsg};
 
 /// Mailbox of the router: deep enough to absorb a burst from many publishers; a full one
 /// makes publishers wait (back-pressure), never grows.
 pub(crate) const ROUTER_MAILBOX: usize = 4096;
+
+/// Starts the router's shards, each on a worker of its own (modulo the workers): a shard
+/// is the busiest actor of a node, and shards that share a thread route in turn rather than
+/// at once. Client actors spread over the workers by their id; a client cannot sit beside
+/// its shard, since it publishes to topics of every shard.
+fn start_shards(shared: &Arc<Shared>) -> Shards {
+    let count = match shared.config.router.shards {
+        starling_config::ShardCount::Auto => starling_rt::workers(),
+        starling_config::ShardCount::Fixed(n) => n as usize,
+    };
+    let map = ShardMap::new(count, starling_rt::rng::rng().next_u64());
+    let addrs = (0..count)
+        .map(|i| {
+            start_with(
+                RouterActor::new(shared.clone(), i, map.clone()),
+                Options::named("router")
+                    .capacity(ROUTER_MAILBOX)
+                    .on_worker(i),
+            )
+        })
+        .collect();
+    tracing::debug!(shards = count, "router started");
+    Shards::new(map, addrs, shared.topic_limits)
+}
 
 /// One started listener, with what the broker keeps to observe and reload it.
 struct BoundListener {
@@ -82,7 +110,7 @@ pub struct Broker {
     shared: Arc<Shared>,
     listeners: Vec<BoundListener>,
     registry: Addr<RegistryMsg>,
-    _router: Addr<RouterMsg>,
+    _router: Shards,
     sys: Addr<SysMsg>,
     /// Password verification for [`Broker::serve_stream`] (listeners hold their own handle).
     logins: Logins,
@@ -96,10 +124,7 @@ impl Broker {
     /// load; [`BrokerError::Auth`] when the password or ACL file does not load.
     pub async fn start(config: Config) -> Result<Broker, BrokerError> {
         let shared = Shared::new(config)?;
-        let router = start_with(
-            RouterActor::new(shared.clone()),
-            Options::named("router").capacity(ROUTER_MAILBOX),
-        );
+        let router = start_shards(&shared);
         let registry = start_with(
             Registry::new(shared.clone(), router.clone()),
             Options::named("registry").capacity(1024),

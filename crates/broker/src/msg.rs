@@ -76,6 +76,8 @@ pub(crate) enum RegistryMsg {
 pub(crate) struct SubscribeResult {
     /// One per request, in order.
     pub results: Vec<Result<QoS, ReasonCode>>,
+    /// One per request: the subscription did not exist before (for Retain Handling 1).
+    pub new: Vec<bool>,
     /// Retained messages to deliver after the SUBACK, with their options.
     pub retained: Vec<(Arc<Message>, DeliveryOptions)>,
 }
@@ -88,6 +90,16 @@ pub(crate) struct RouterStats {
     pub delayed: usize,
 }
 
+/// How a shard takes a subscription (see [`crate::shards`]).
+#[derive(Debug)]
+pub(crate) enum Admission {
+    /// It decides: the filter's only or home shard.
+    Decide,
+    /// The home shard granted it; `new` (one per request) is what the home found, which
+    /// decides whether retained messages are sent.
+    Admitted { new: Vec<bool> },
+}
+
 pub(crate) enum RouterMsg {
     /// Route (and retain, or schedule if `$delayed/`) a message; with the publisher's flow
     /// when it may be held back.
@@ -98,6 +110,7 @@ pub(crate) enum RouterMsg {
         /// The client's back-pressure state (see the `flow` module).
         flow: Arc<Flow>,
         filters: Vec<SubscribeRequest>,
+        admission: Admission,
         reply: Reply<SubscribeResult>,
     },
     Unsubscribe {

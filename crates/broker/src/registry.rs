@@ -13,10 +13,10 @@ use tracing::debug;
 
 use crate::client::Client;
 use crate::metrics::add;
-use crate::msg::RouterMsg;
 use crate::msg::{ClientMsg, NewConn, RegistryMsg};
 use crate::refuse::refuse;
 use crate::settings::Shared;
+use crate::shards::Shards;
 
 /// How long shutdown waits for each client to say goodbye.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
@@ -31,15 +31,15 @@ struct Entry {
 
 pub(crate) struct Registry {
     shared: Arc<Shared>,
-    router: Addr<RouterMsg>,
+    shards: Shards,
     clients: HashMap<Arc<str>, Entry>,
 }
 
 impl Registry {
-    pub(crate) fn new(shared: Arc<Shared>, router: Addr<RouterMsg>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, shards: Shards) -> Self {
         Self {
             shared,
-            router,
+            shards,
             clients: HashMap::new(),
         }
     }
@@ -81,7 +81,7 @@ impl Registry {
         let Some(conn) = conn else { return };
         let client = Client::new(
             self.shared.clone(),
-            self.router.clone(),
+            self.shards.clone(),
             ctx.weak_addr(),
             client_id.clone(),
             conn,

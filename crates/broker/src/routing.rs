@@ -1,8 +1,10 @@
-//! The router actor: owns the subscription trie, the retained store and the `$delayed/`
-//! timers; fans each publish out to the subscribers' client actors.
+//! A router shard: one actor per shard (`router.shards`), owning the subscriptions that can
+//! match its topics, its topics' retained messages and the `$delayed/` timers of publishes
+//! to them (see [`starling_router::ShardMap`] and [`crate::shards`]); it fans each publish
+//! out to the subscribers' [`Destination`]s.
 //!
 //! Deliveries are batched: a publish appends to each subscriber's pending list here, and
-//! once the router's mailbox is drained (or every [`FLUSH_EVERY_PUBLISHES`]) each pending
+//! once the shard's mailbox is drained (or every [`FLUSH_EVERY_PUBLISHES`]) each pending
 //! list goes to its client actor as one message, so a burst costs one mailbox operation
 //! and one actor turn per subscriber, not per delivery.
 //!
@@ -12,7 +14,7 @@
 //! (`max_mqueue_len`) and, when full, applies the session's drop policy and counts the drop
 //! (a slow subscriber costs itself, not the others). So a QoS 1/2 message is not lost to a
 //! momentarily busy client actor: it reaches the session's own queue, whose policy decides.
-//! Publishers do wait on the router (`send`), which is the back-pressure that reaches a
+//! Publishers do wait on the shard (`send`), which is the back-pressure that reaches a
 //! fast publisher's socket. And a QoS 1/2 publish that reaches a subscriber whose queue is
 //! backed up marks its publisher to be held back until that subscriber drains (see
 //! [`crate::flow`]), so a flood slows to the subscriber's pace instead of being dropped.
@@ -24,50 +26,58 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::RngCore;
-use starling_codec::{QoS, ReasonCode, SubscriptionOptions};
+use starling_codec::ReasonCode;
 use starling_router::{
-    parse_delayed, parse_subscription, Delayed, DeliveryKind, PublishContext, RetainedIndex,
-    Router, RouterError, DELAYED_PREFIX,
+    parse_delayed, parse_subscription, Delayed, Delivery as Routed, Merge, PublishContext,
+    RetainedIndex, Router, RouterError, ShardMap, DELAYED_PREFIX,
 };
-use starling_rt::{rng, Actor, Ctx, TimerId, TrySendError, WeakAddr};
-use starling_session::{DeliveryOptions, Message, QueueFullPolicy, SubscribeRequest};
+use starling_rt::{rng, Actor, Ctx, TimerId, WeakAddr};
+use starling_session::{DeliveryOptions, Message, SubscribeRequest};
 use tracing::debug;
 
+use crate::destination::{is_qos0, Destination, Flushed, BATCH_MAX};
 use crate::flow::Flow;
 use crate::metrics::add;
-use crate::msg::{ClientMsg, Delivery, RouterMsg, RouterStats, SubscribeResult};
+use crate::msg::{Admission, ClientMsg, RouterMsg, RouterStats, SubscribeResult};
 use crate::settings::Shared;
 
-/// Subscription options as the router stores them.
+/// A subscription's options as the shard stores them: what a delivery through it carries,
+/// merged with the subscriber's other matching subscriptions by the router core.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SubOpts {
-    options: SubscriptionOptions,
-    subscription_id: Option<u32>,
+pub(crate) struct SubOpts(DeliveryOptions);
+
+impl Merge for SubOpts {
+    fn merge(&mut self, other: Self) {
+        self.0.merge(other.0);
+    }
 }
 
 /// Publishes routed before the pending batches are handed out even though more publishes
 /// wait in the mailbox: bounds the delay a steady stream of publishes adds to a delivery.
 const FLUSH_EVERY_PUBLISHES: usize = 64;
-/// Deliveries per batch message: with the client mailbox's capacity this bounds what one
-/// client's mailbox holds.
-pub(crate) const BATCH_MAX: usize = 64;
 /// When a client's mailbox was full and no publish comes to trigger a flush.
 const RETRY_BLOCKED: Duration = Duration::from_millis(2);
 
 pub(crate) struct RouterActor {
     shared: Arc<Shared>,
+    /// This shard's number and the map of all shards.
+    index: usize,
+    map: ShardMap,
     router: Router<Arc<str>, SubOpts>,
     retained: RetainedIndex<Arc<Message>>,
     /// Looked up once per delivery: foldhash, seeded from the runtime (SipHash was ~240
     /// instructions of each delivery).
-    clients: HashMap<Arc<str>, Client, FixedState>,
+    destinations: HashMap<Arc<str>, Destination, FixedState>,
     delayed: usize,
+    /// This shard's part of `mqtt.delayed_publish_max`.
+    delayed_max: usize,
+    /// Subscriptions this shard is home to: summed over shards, each counted once.
+    owned: usize,
     rng: starling_rt::rng::Rng,
-    /// Reused per publish.
-    out: Vec<starling_router::Delivery<Arc<str>, SubOpts>>,
-    /// Reused per publish: one entry per subscriber after merging overlaps.
-    merged: Vec<(Arc<str>, DeliveryOptions)>,
-    /// Clients with a non-empty pending batch, each once.
+    /// Reused per publish: the matches, then one entry per subscriber after merging.
+    scratch: Vec<Routed<Arc<str>, SubOpts>>,
+    merged: Vec<Routed<Arc<str>, SubOpts>>,
+    /// Subscribers with a non-empty pending batch, each once.
     dirty: Vec<Arc<str>>,
     /// Publishes routed since the last flush.
     routed: usize,
@@ -77,35 +87,37 @@ pub(crate) struct RouterActor {
     pending_max: usize,
 }
 
-struct Client {
-    addr: WeakAddr<ClientMsg>,
-    online: bool,
-    /// Deliveries routed to this client and not yet handed to its actor, oldest first.
-    pending: Vec<Delivery>,
-    /// QoS 0 deliveries in `pending`: a full list is searched for one to evict only if there
-    /// is one.
-    pending_qos0: usize,
-    /// Set by the client after each turn: whether its session refuses more (its deliveries
-    /// are then dropped here rather than handed over to be dropped there) and whether it
-    /// holds back its publishers.
-    flow: Arc<Flow>,
+/// `total` split over `n` shards, rounded up: each shard's part of a node-wide cap.
+pub(crate) fn share_of(total: u64, n: usize) -> usize {
+    let n = n.max(1) as u64;
+    usize::try_from(total.div_ceil(n)).unwrap_or(usize::MAX)
 }
 
 impl RouterActor {
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, index: usize, map: ShardMap) -> Self {
+        assert!(index < map.count());
         let mut rng = rng::rng();
+        let n = map.count();
         // Seeds drawn from the runtime: deterministic under simulation, secret otherwise.
         let router = Router::new(shared.router_config(rng.next_u64()));
-        let retained = RetainedIndex::new(shared.retained_config(rng.next_u64()));
+        let mut retained_config = shared.retained_config(rng.next_u64());
+        retained_config.retained_max = share_of(retained_config.retained_max as u64, n);
+        retained_config.retained_bytes_max = share_of(retained_config.retained_bytes_max as u64, n);
+        let retained = RetainedIndex::new(retained_config);
         let pending_max = shared.limits.mqueue_len_max.max(BATCH_MAX);
+        let delayed_max = share_of(u64::from(shared.config.mqtt.delayed_publish_max), n);
         Self {
             shared,
+            index,
+            map,
             router,
             retained,
-            clients: HashMap::with_hasher(FixedState::with_seed(rng.next_u64())),
+            destinations: HashMap::with_hasher(FixedState::with_seed(rng.next_u64())),
             delayed: 0,
+            delayed_max,
+            owned: 0,
             rng,
-            out: Vec::new(),
+            scratch: Vec::new(),
             merged: Vec::new(),
             dirty: Vec::new(),
             routed: 0,
@@ -119,6 +131,11 @@ impl RouterActor {
             self.schedule(&msg, ctx);
             return;
         }
+        debug_assert_eq!(
+            self.map.of_topic(&msg.topic),
+            self.index,
+            "routed by its shard"
+        );
         if msg.retain {
             self.store_retained(&msg);
         }
@@ -129,133 +146,91 @@ impl RouterActor {
                 .as_deref()
                 .map_or(0, |p| self.router.publisher_hash(p)),
         };
-        let clients = &self.clients;
-        let mut out = std::mem::take(&mut self.out);
-        let sources = self.router.route(
+        let destinations = &self.destinations;
+        let mut merged = std::mem::take(&mut self.merged);
+        self.router.route_merged(
             &msg.topic,
             &pctx,
-            |s| clients.get(s).is_some_and(|c| c.online),
-            &mut out,
+            |s| destinations.get(s).is_some_and(Destination::online),
+            &mut self.scratch,
+            &mut merged,
+            |a, b| Arc::ptr_eq(a, b) || a == b,
         );
-        // MQTT 5 §3.3.4: one copy per subscriber for its overlapping subscriptions, at the
-        // highest QoS, carrying every Subscription Identifier. Shared deliveries stay apart.
-        let mut merged = std::mem::take(&mut self.merged);
-        for d in out.drain(..) {
-            let opts = DeliveryOptions::subscription(&d.options.options, d.options.subscription_id);
-            // One source: every non-shared subscriber is distinct (no look-back needed).
-            let plain = sources > 1 && !matches!(d.kind, DeliveryKind::Shared { .. });
-            let same = if plain {
-                merged
-                    .iter_mut()
-                    .rev()
-                    .take(MERGE_WINDOW)
-                    .find(|(s, _)| Arc::ptr_eq(s, &d.subscriber) || *s == d.subscriber)
-            } else {
-                None
-            };
-            match same {
-                Some((_, o)) => merge(o, opts),
-                None => merged.push((d.subscriber, opts)),
-            }
-        }
-        for (subscriber, mut opts) in merged.drain(..) {
-            let Some(client) = self.clients.get_mut(&subscriber) else {
-                continue;
-            };
-            if let Some(from) = &from {
-                // Held back for a QoS 1/2 delivery to an online subscriber only, and never
-                // by itself. What waits here and in its mailbox counts: its own flag shows
-                // a flood only after its next turn, too late for what is routed meanwhile.
-                let f = &client.flow;
-                if !is_qos0(&msg, &opts)
-                    && client.online
-                    && !Arc::ptr_eq(from, f)
-                    && !f.is_stuck()
-                    && f.may_hold()
-                    && (f.backlogged()
-                        || f.waiting() + client.pending.len() >= self.shared.limits.backlog_high())
-                {
-                    f.set_backlogged();
-                    from.hold_for(f);
-                    // Read and acknowledged before the hold reached its publisher: kept
-                    // past the queue bound (up to the hard bound) rather than dropped.
-                    opts.held_back = true;
-                }
-            }
-            if client.flow.saturated() && !opts.held_back {
-                // What the session would do with it, without the trip.
-                add(&self.shared.metrics.dropped_queue_full, 1);
-                continue;
-            }
-            if client.pending.is_empty() {
-                self.dirty.push(subscriber.clone());
-            }
-            let bound = if opts.held_back {
-                self.shared.limits.mqueue_len_hard()
-            } else {
-                self.pending_max
-            };
-            if client.pending.len() >= bound
-                && !make_room(client, &msg, &opts, self.shared.limits.mqueue_policy)
-            {
-                add(&self.shared.metrics.dropped_mailbox_full, 1);
-                debug!(client_id = %subscriber, topic = %msg.topic, "delivery dropped: client behind");
-                continue;
-            }
-            if is_qos0(&msg, &opts) {
-                client.pending_qos0 += 1;
-            }
-            client.pending.push((msg.clone(), opts));
-            debug_assert_eq!(
-                client.pending_qos0,
-                client.pending.iter().filter(|(m, o)| is_qos0(m, o)).count()
-            );
+        for d in merged.drain(..) {
+            self.offer(&msg, d.subscriber, d.options.0, from.as_ref());
         }
         self.routed += 1;
-        self.out = out;
         self.merged = merged;
     }
 
-    /// Hands each pending batch to its client actor; a full mailbox keeps the batch here
-    /// for the next flush or the retry timer.
+    /// One delivery to one subscriber's destination: held-back marking, the saturated
+    /// short cut, then its pending list under the session's queue policy.
+    fn offer(
+        &mut self,
+        msg: &Arc<Message>,
+        subscriber: Arc<str>,
+        mut opts: DeliveryOptions,
+        from: Option<&Arc<Flow>>,
+    ) {
+        let Some(Destination::Local(client)) = self.destinations.get_mut(&subscriber) else {
+            return;
+        };
+        if let Some(from) = from {
+            // Held back for a QoS 1/2 delivery to an online subscriber only, and never
+            // by itself. What waits here and in its mailbox counts: its own flag shows
+            // a flood only after its next turn, too late for what is routed meanwhile.
+            let f = &client.flow;
+            if !is_qos0(msg, &opts)
+                && client.online
+                && !Arc::ptr_eq(from, f)
+                && !f.is_stuck()
+                && f.may_hold()
+                && (f.backlogged()
+                    || f.waiting() + client.pending.len() >= self.shared.limits.backlog_high())
+            {
+                f.set_backlogged();
+                from.hold_for(f);
+                // Read and acknowledged before the hold reached its publisher: kept
+                // past the queue bound (up to the hard bound) rather than dropped.
+                opts.held_back = true;
+            }
+        }
+        if client.flow.saturated() && !opts.held_back {
+            // What the session would do with it, without the trip.
+            add(&self.shared.metrics.dropped_queue_full, 1);
+            return;
+        }
+        let was_empty = client.pending.is_empty();
+        let bound = if opts.held_back {
+            self.shared.limits.mqueue_len_hard()
+        } else {
+            self.pending_max
+        };
+        if !client
+            .pending
+            .push((msg.clone(), opts), bound, self.shared.limits.mqueue_policy)
+        {
+            add(&self.shared.metrics.dropped_mailbox_full, 1);
+            debug!(client_id = %subscriber, topic = %msg.topic, "delivery dropped: client behind");
+            return;
+        }
+        if was_empty {
+            self.dirty.push(subscriber);
+        }
+    }
+
+    /// Hands each pending batch to its destination; one without room keeps its batch
+    /// here for the next flush or the retry timer.
     fn flush(&mut self, ctx: &mut Ctx<Self>) {
         self.routed = 0;
         let mut blocked = 0;
         let mut i = 0;
         while i < self.dirty.len() {
-            let Some(client) = self.clients.get_mut(&self.dirty[i]) else {
+            let Some(dest) = self.destinations.get_mut(&self.dirty[i]) else {
                 self.dirty.swap_remove(i);
                 continue;
             };
-            let mut kept = false;
-            while !client.pending.is_empty() {
-                let batch: Vec<Delivery> = if client.pending.len() <= BATCH_MAX {
-                    std::mem::take(&mut client.pending)
-                } else {
-                    client.pending.drain(..BATCH_MAX).collect()
-                };
-                let batch_qos0 = batch.iter().filter(|(m, o)| is_qos0(m, o)).count();
-                let n = batch.len();
-                match client.addr.try_send(ClientMsg::Deliver(batch)) {
-                    Ok(()) => {
-                        client.pending_qos0 -= batch_qos0;
-                        client.flow.handed(n);
-                    }
-                    Err(TrySendError::Full(ClientMsg::Deliver(mut batch))) => {
-                        // Back in front, order kept.
-                        batch.append(&mut client.pending);
-                        client.pending = batch;
-                        kept = true;
-                        break;
-                    }
-                    // Gone (its session ended): nothing to deliver to.
-                    Err(_) => {
-                        client.pending.clear();
-                        client.pending_qos0 = 0;
-                    }
-                }
-            }
-            if kept {
+            if dest.flush() == Flushed::Blocked {
                 blocked += 1;
                 i += 1;
             } else {
@@ -278,7 +253,8 @@ impl RouterActor {
         }
     }
 
-    /// `$delayed/{secs}/{topic}`: publish `topic` after `secs` seconds.
+    /// `$delayed/{secs}/{topic}`: publish `topic` after `secs` seconds. This shard owns
+    /// `topic` (see [`ShardMap::of_publish`]), so the due message is routed here.
     fn schedule(&mut self, msg: &Arc<Message>, ctx: &mut Ctx<Self>) {
         let m = &self.shared.config.mqtt;
         let parsed = parse_delayed(&msg.topic, &self.shared.topic_limits, m.delayed_max_secs);
@@ -287,7 +263,7 @@ impl RouterActor {
             debug!(topic = %msg.topic, ?parsed, "malformed $delayed publish dropped");
             return;
         };
-        if self.delayed >= m.delayed_publish_max as usize {
+        if self.delayed >= self.delayed_max {
             add(&self.shared.metrics.delayed_refused, 1);
             debug!(topic = %msg.topic, max = m.delayed_publish_max, "$delayed publish dropped: too many pending");
             return;
@@ -307,26 +283,43 @@ impl RouterActor {
         client: WeakAddr<ClientMsg>,
         flow: Arc<Flow>,
         filters: Vec<SubscribeRequest>,
+        admission: Admission,
     ) -> SubscribeResult {
-        let entry = self.clients.entry(client_id.clone()).or_insert(Client {
-            addr: client.clone(),
-            online: true,
-            pending: Vec::new(),
-            pending_qos0: 0,
-            flow: flow.clone(),
-        });
-        entry.addr = client;
-        entry.flow = flow;
+        match self.destinations.get_mut(&client_id) {
+            Some(Destination::Local(l)) => {
+                l.addr = client;
+                l.flow = flow;
+            }
+            None => {
+                self.destinations
+                    .insert(client_id.clone(), Destination::local(client, flow));
+            }
+        }
         let mut res = SubscribeResult::default();
-        for req in filters {
-            let opts = SubOpts {
-                options: req.options,
-                subscription_id: req.subscription_id,
+        for (i, req) in filters.into_iter().enumerate() {
+            let opts = SubOpts(DeliveryOptions::subscription(
+                &req.options,
+                req.subscription_id,
+            ));
+            let (outcome, new) = match &admission {
+                Admission::Decide => {
+                    let r = self.router.subscribe(client_id.clone(), &req.filter, opts);
+                    let new = matches!(r, Ok(None));
+                    self.owned += usize::from(new);
+                    (r, new)
+                }
+                Admission::Admitted { new } => {
+                    let r = self
+                        .router
+                        .subscribe_admitted(client_id.clone(), &req.filter, opts);
+                    (r, new.get(i).copied().unwrap_or(false))
+                }
             };
-            match self.router.subscribe(client_id.clone(), &req.filter, opts) {
-                Ok(old) => {
+            match outcome {
+                Ok(_) => {
                     res.results.push(Ok(req.options.qos));
-                    if req.wants_retained(old.is_none()) {
+                    res.new.push(new);
+                    if req.wants_retained(new) {
                         let plain = parse_subscription(&req.filter, &self.shared.topic_limits)
                             .map(|s| s.filter)
                             .unwrap_or(&req.filter);
@@ -341,50 +334,21 @@ impl RouterActor {
                 Err(e) => {
                     debug!(client_id = %client_id, filter = %req.filter, error = %e, "subscribe refused");
                     res.results.push(Err(subscribe_refusal(&e)));
+                    res.new.push(false);
                 }
             }
         }
         res
     }
-}
 
-/// How far back a delivery looks for the same subscriber to merge with: the trie yields one
-/// subscriber's matches from different levels, not always adjacent; a bounded look-back
-/// keeps a publish to many subscribers linear.
-const MERGE_WINDOW: usize = 64;
-
-/// Whether a delivery goes out at QoS 0.
-fn is_qos0(m: &Message, o: &DeliveryOptions) -> bool {
-    m.qos.min(o.qos) == QoS::AtMostOnce
-}
-
-/// A client's pending list is full: the session's drop policy picks a victim. True when
-/// room was made (an older QoS 0 delivery evicted), false when the new one is to be dropped.
-fn make_room(
-    client: &mut Client,
-    msg: &Message,
-    opts: &DeliveryOptions,
-    policy: QueueFullPolicy,
-) -> bool {
-    if client.pending_qos0 == 0 || is_qos0(msg, opts) || policy != QueueFullPolicy::DropOldestQos0 {
-        return false;
-    }
-    match client.pending.iter().position(|(m, o)| is_qos0(m, o)) {
-        Some(i) => {
-            client.pending.remove(i);
-            client.pending_qos0 -= 1;
-            true
+    /// Removes a subscription; counts it off if this shard is its home.
+    fn unsubscribe(&mut self, client_id: &Arc<str>, filter: &str) -> Result<bool, RouterError> {
+        let removed = self.router.unsubscribe(client_id, filter)?.is_some();
+        if removed && self.map.reach(filter, &self.shared.topic_limits).home() == self.index {
+            self.owned -= 1;
         }
-        None => false,
+        Ok(removed)
     }
-}
-
-fn merge(into: &mut DeliveryOptions, other: DeliveryOptions) {
-    into.qos = into.qos.max(other.qos);
-    // Skip own messages only if every matching subscription says so.
-    into.no_local &= other.no_local;
-    into.retain_as_published |= other.retain_as_published;
-    into.subscription_ids.extend(other.subscription_ids);
 }
 
 /// The one place a router refusal becomes a SUBACK code.
@@ -416,9 +380,10 @@ impl Actor for RouterActor {
                 client,
                 flow,
                 filters,
+                admission,
                 reply,
             } => {
-                let r = self.subscribe(client_id, client, flow, filters);
+                let r = self.subscribe(client_id, client, flow, filters, admission);
                 let _ = reply.send(r);
             }
             RouterMsg::Unsubscribe {
@@ -428,9 +393,9 @@ impl Actor for RouterActor {
             } => {
                 let codes = filters
                     .iter()
-                    .map(|f| match self.router.unsubscribe(&client_id, f) {
-                        Ok(Some(_)) => ReasonCode::Success,
-                        Ok(None) => ReasonCode::NoSubscriptionExisted,
+                    .map(|f| match self.unsubscribe(&client_id, f) {
+                        Ok(true) => ReasonCode::Success,
+                        Ok(false) => ReasonCode::NoSubscriptionExisted,
                         Err(_) => ReasonCode::TopicFilterInvalid,
                     })
                     .collect();
@@ -442,24 +407,24 @@ impl Actor for RouterActor {
                 filters,
             } => {
                 for f in &filters {
-                    let _ = self.router.unsubscribe(&client_id, f);
+                    let _ = self.unsubscribe(&client_id, f);
                 }
                 if self
-                    .clients
+                    .destinations
                     .get(&client_id)
-                    .is_some_and(|c| c.addr.id() == actor)
+                    .is_some_and(|d| d.actor() == actor)
                 {
-                    self.clients.remove(&client_id);
+                    self.destinations.remove(&client_id);
                 }
             }
             RouterMsg::Presence { client_id, online } => {
-                if let Some(c) = self.clients.get_mut(&client_id) {
+                if let Some(Destination::Local(c)) = self.destinations.get_mut(&client_id) {
                     c.online = online;
                 }
             }
             RouterMsg::Stats(reply) => {
                 let _ = reply.send(RouterStats {
-                    subscriptions: self.router.subscription_count(),
+                    subscriptions: self.owned,
                     retained: self.retained.len(),
                     delayed: self.delayed,
                 });
@@ -470,5 +435,18 @@ impl Actor for RouterActor {
         if !self.dirty.is_empty() && (self.routed >= FLUSH_EVERY_PUBLISHES || ctx.queued() == 0) {
             self.flush(ctx);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share_of;
+
+    #[test]
+    fn a_cap_splits_over_shards_rounding_up() {
+        assert_eq!(share_of(100_000, 1), 100_000);
+        assert_eq!(share_of(10, 4), 3);
+        assert_eq!(share_of(1, 8), 1);
+        assert_eq!(share_of(u64::MAX, 1), usize::MAX);
     }
 }

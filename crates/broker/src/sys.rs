@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use starling_config::ListenerKind;
 use starling_net::ListenerCounters;
-use starling_rt::{time, Actor, Addr, Ctx};
+use starling_rt::{time, Actor, Ctx};
 
 use crate::msg::{sys_message, RouterMsg};
 use crate::settings::Shared;
+use crate::shards::Shards;
 
 pub(crate) enum SysMsg {
     Tick,
@@ -17,7 +18,7 @@ pub(crate) enum SysMsg {
 
 pub(crate) struct SysActor {
     shared: Arc<Shared>,
-    router: Addr<RouterMsg>,
+    shards: Shards,
     started_at: time::Instant,
     /// Each listener's kind, bound port and transport counters.
     listeners: Vec<(ListenerKind, u16, Arc<ListenerCounters>)>,
@@ -26,12 +27,12 @@ pub(crate) struct SysActor {
 impl SysActor {
     pub(crate) fn new(
         shared: Arc<Shared>,
-        router: Addr<RouterMsg>,
+        shards: Shards,
         listeners: Vec<(ListenerKind, u16, Arc<ListenerCounters>)>,
     ) -> Self {
         Self {
             shared,
-            router,
+            shards,
             started_at: time::now(),
             listeners,
         }
@@ -39,15 +40,17 @@ impl SysActor {
 
     async fn publish(&self, name: &str, value: String) {
         let topic = format!("{}/{}", self.shared.sys_prefix, name);
+        let msg = sys_message(topic, value, true);
         let _ = self
-            .router
-            .send(RouterMsg::Publish(sys_message(topic, value, true), None))
+            .shards
+            .for_publish(&msg.topic)
+            .send(RouterMsg::Publish(msg, None))
             .await;
     }
 
     async fn tick(&self) {
         let m = self.shared.metrics.snapshot();
-        let stats = self.router.ask(RouterMsg::Stats).await.unwrap_or_default();
+        let stats = self.shards.stats().await;
         let uptime = time::now().saturating_duration_since(self.started_at);
         let values = [
             ("version", env!("CARGO_PKG_VERSION").to_owned()),

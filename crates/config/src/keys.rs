@@ -8,7 +8,9 @@
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 
 use crate::error::ConfigError;
-use crate::model::{AuthConfig, LogConfig, MqttConfig, NodeConfig, RawConfig, RawListener, RawTls};
+use crate::model::{
+    AuthConfig, LogConfig, MqttConfig, NodeConfig, RawConfig, RawListener, RawTls, RouterSettings,
+};
 
 /// The field names that `T`'s derived `Deserialize` accepts.
 fn fields_of<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
@@ -49,10 +51,11 @@ impl<'de> Deserializer<'de> for Introspect<'_> {
 }
 
 /// The sections and their field lists: (name in the file, fields).
-fn sections() -> [(&'static str, &'static [&'static str]); 4] {
+fn sections() -> [(&'static str, &'static [&'static str]); 5] {
     [
         ("node", fields_of::<NodeConfig>()),
         ("mqtt", fields_of::<MqttConfig>()),
+        ("router", fields_of::<RouterSettings>()),
         ("auth", fields_of::<AuthConfig>()),
         ("log", fields_of::<LogConfig>()),
     ]
@@ -145,7 +148,7 @@ mod tests {
     fn introspection_sees_every_section_field() {
         assert_eq!(
             fields_of::<RawConfig>(),
-            ["node", "listeners", "mqtt", "auth", "log"]
+            ["node", "listeners", "mqtt", "router", "auth", "log"]
         );
         assert!(fields_of::<MqttConfig>().contains(&"max_packet_size"));
         assert!(fields_of::<RawTls>().contains(&"cn_as_username"));

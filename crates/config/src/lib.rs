@@ -18,8 +18,8 @@ mod validate;
 pub use error::{ConfigError, Warning};
 pub use model::{
     AclDefault, AuthConfig, BackpressureHolders, ClientIdPolicy, Config, DropPolicy,
-    ListenerConfig, ListenerKind, LogConfig, MqttConfig, NodeConfig, QuicConfig, SharedStrategy,
-    StuckPolicy, TlsConfig, WsConfig,
+    ListenerConfig, ListenerKind, LogConfig, MqttConfig, NodeConfig, QuicConfig, RouterSettings,
+    ShardCount, SharedStrategy, StuckPolicy, TlsConfig, WsConfig,
 };
 
 /// Every key the file format accepts, as dotted paths with `listeners[]` for the array

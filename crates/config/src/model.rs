@@ -17,6 +17,8 @@ pub struct Config {
     pub listeners: Vec<ListenerConfig>,
     /// `[mqtt]`: protocol limits and features.
     pub mqtt: MqttConfig,
+    /// `[router]`: how routing is split over topic shards.
+    pub router: RouterSettings,
     /// `[auth]`: password file and ACL.
     pub auth: AuthConfig,
     /// `[log]`: logging.
@@ -29,6 +31,7 @@ impl Default for Config {
             node: NodeConfig::default(),
             listeners: vec![ListenerConfig::default()],
             mqtt: MqttConfig::default(),
+            router: RouterSettings::default(),
             auth: AuthConfig::default(),
             log: LogConfig::default(),
         }
@@ -250,6 +253,7 @@ pub(crate) struct RawConfig {
     pub node: NodeConfig,
     pub listeners: Option<Vec<RawListener>>,
     pub mqtt: MqttConfig,
+    pub router: RouterSettings,
     pub auth: AuthConfig,
     pub log: LogConfig,
 }
@@ -501,6 +505,42 @@ pub enum ClientIdPolicy {
     /// As `bound`, and a client with a username must use a client id that is the
     /// username or starts with `{username}-`.
     UsernamePrefix,
+}
+
+/// `[router]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterSettings {
+    /// Topic shards, each an actor with its own part of the subscriptions, retained and
+    /// delayed messages: `"auto"` (one per worker thread, the default) or 1..=256.
+    pub shards: ShardCount,
+}
+
+/// `router.shards`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShardCount {
+    /// One per worker thread of the runtime.
+    #[default]
+    Auto,
+    Fixed(u32),
+}
+
+impl<'de> Deserialize<'de> for ShardCount {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Count(u32),
+            Word(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Count(n) => Ok(ShardCount::Fixed(n)),
+            Raw::Word(w) if w == "auto" => Ok(ShardCount::Auto),
+            Raw::Word(_) => Err(serde::de::Error::custom(
+                "expected \"auto\" or an integer from 1 to 256",
+            )),
+        }
+    }
 }
 
 /// `[log]`.

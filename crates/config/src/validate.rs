@@ -73,6 +73,9 @@ fn validate(raw: RawConfig, base: Option<&Path>) -> Result<(Config, Vec<Warning>
     let mut warnings = Vec::new();
     let node = validate_node(raw.node, base)?;
     validate_mqtt(&raw.mqtt)?;
+    if let ShardCount::Fixed(n) = raw.router.shards {
+        range("router.shards", n, 1, 256)?;
+    }
     let auth = AuthConfig {
         password_file: raw
             .auth
@@ -125,6 +128,7 @@ fn validate(raw: RawConfig, base: Option<&Path>) -> Result<(Config, Vec<Warning>
         node,
         listeners,
         mqtt: raw.mqtt,
+        router: raw.router,
         auth,
         log: raw.log,
     };

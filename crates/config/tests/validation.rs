@@ -413,3 +413,18 @@ fn login_limits_are_checked() {
     assert_eq!(c.auth.verify_threads, Some(2));
     assert_eq!(Config::default().auth.verify_queue, 32);
 }
+
+#[test]
+fn router_shards_take_auto_or_a_count_in_range() {
+    use starling_config::ShardCount;
+    let shards = |v: &str| Config::from_str(&format!("[router]\nshards = {v}\n"));
+    assert_eq!(
+        shards("\"auto\"").unwrap().0.router.shards,
+        ShardCount::Auto
+    );
+    assert_eq!(shards("4").unwrap().0.router.shards, ShardCount::Fixed(4));
+    let e = shards("0").unwrap_err().to_string();
+    assert!(e.contains("router.shards"), "{e}");
+    let e = shards("\"many\"").unwrap_err().to_string();
+    assert!(e.contains("router.shards") && e.contains("auto"), "{e}");
+}

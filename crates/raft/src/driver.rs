@@ -274,8 +274,8 @@ pub fn start<L: LogStore, S: StateMachine, T: Transport>(
     let opts = Options {
         mailbox_capacity: cfg.client_queue_max,
         urgent_capacity: cfg.raft_queue_max,
-        placement: None,
         name: "raft",
+        ..Options::default()
     };
     let addr = starling_rt::start_with(driver, opts);
     RaftHandle {

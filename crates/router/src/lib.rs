@@ -5,15 +5,19 @@
 
 mod delayed;
 mod error;
+mod merge;
 mod retained;
 mod router;
+mod shard;
 mod shared;
 mod topic;
 
 pub use delayed::{delayed_target, parse_delayed, Delayed, DelayedError, DELAYED_PREFIX};
 pub use error::RouterError;
+pub use merge::{Merge, MERGE_WINDOW};
 pub use retained::{RetainedConfig, RetainedIndex, RetainedMatches};
 pub use router::{Delivery, DeliveryKind, Router, RouterConfig};
+pub use shard::{Reach, ShardMap};
 pub use shared::{PublishContext, SharedStrategy};
 pub use topic::{
     filter_matches, parse_subscription, validate_topic_filter, validate_topic_name, Extension,

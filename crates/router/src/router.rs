@@ -118,7 +118,8 @@ impl<S: Clone + Eq + Hash, T: Clone> Entries<S, T> {
         }
     }
 
-    /// Inserts after [`Entries::admits`] said yes.
+    /// Inserts after [`Entries::admits`] said yes (`checked`), or after another router's
+    /// admission: an `$exclusive/` slot then passes to `subscriber`.
     fn insert(
         &mut self,
         subscriber: S,
@@ -126,13 +127,18 @@ impl<S: Clone + Eq + Hash, T: Clone> Entries<S, T> {
         filter: &str,
         options: T,
         hasher: FixedState,
+        checked: bool,
     ) -> Option<T> {
         match extension {
             Extension::Plain => self.plain.insert(subscriber, options),
             Extension::Exclusive => match &mut self.exclusive {
-                Some((holder, held)) => {
-                    assert!(*holder == subscriber, "admits() refused other holders");
+                Some((holder, held)) if *holder == subscriber => {
                     Some(std::mem::replace(held, options))
+                }
+                Some(slot) => {
+                    assert!(!checked, "admits() refused other holders");
+                    *slot = (subscriber, options);
+                    None
                 }
                 None => {
                     self.exclusive = Some((subscriber, options));
@@ -394,6 +400,31 @@ impl<S: Clone + Eq + Hash, T: Clone> Router<S, T> {
         filter: &str,
         options: T,
     ) -> Result<Option<T>, RouterError> {
+        self.insert_subscription(subscriber, filter, options, true)
+    }
+
+    /// [`Router::subscribe`] for a subscription another router already admitted: the
+    /// `$exclusive/` and `$limit/N/` checks are skipped, since the admitting router counted
+    /// it (a node's shards hold a wildcard filter each, and its home shard decides, see
+    /// [`crate::ShardMap`]). An `$exclusive/` slot held by someone else passes to
+    /// `subscriber`: the home admitted it after the holder left, whose removal may still
+    /// be on its way here. The node-wide cap still applies.
+    pub fn subscribe_admitted(
+        &mut self,
+        subscriber: S,
+        filter: &str,
+        options: T,
+    ) -> Result<Option<T>, RouterError> {
+        self.insert_subscription(subscriber, filter, options, false)
+    }
+
+    fn insert_subscription(
+        &mut self,
+        subscriber: S,
+        filter: &str,
+        options: T,
+        admit: bool,
+    ) -> Result<Option<T>, RouterError> {
         let parsed = parse_subscription(filter, &self.config.limits)?;
         let path = FilterPath::of(parsed.filter);
         // Check before creating nodes, so that a refusal leaves no empty nodes behind.
@@ -404,9 +435,16 @@ impl<S: Clone + Eq + Hash, T: Clone> Router<S, T> {
                 max: self.config.subscriptions_max,
             });
         }
-        if let Some(e) = existing {
+        if let Some(e) = existing.filter(|_| admit) {
             e.admits(&subscriber, parsed.extension)?;
         }
+        // An admitted `$exclusive/` replaces a holder whose removal has not arrived: one
+        // subscription for another, the count unchanged.
+        let evicts = !admit
+            && parsed.extension == Extension::Exclusive
+            && existing
+                .and_then(|e| e.exclusive.as_ref())
+                .is_some_and(|(holder, _)| *holder != subscriber);
 
         let hasher = self.hasher;
         let counts = &mut self.counts;
@@ -431,8 +469,15 @@ impl<S: Clone + Eq + Hash, T: Clone> Router<S, T> {
             counts.filters += 1;
             Box::new(Entries::new(hasher))
         });
-        let old = entries.insert(subscriber, parsed.extension, parsed.filter, options, hasher);
-        if old.is_none() {
+        let old = entries.insert(
+            subscriber,
+            parsed.extension,
+            parsed.filter,
+            options,
+            hasher,
+            admit,
+        );
+        if old.is_none() && !evicts {
             counts.subscriptions += 1;
         }
         Ok(old)
@@ -1132,5 +1177,33 @@ mod tests {
         r.subscribe(1, "#", "").unwrap();
         let deep = "x/".repeat(10_000);
         assert_eq!(subscribers(&mut r, &deep), vec![1]);
+    }
+
+    #[test]
+    fn an_admitted_exclusive_takes_the_slot_and_keeps_the_count() {
+        let mut r = router();
+        r.subscribe(1, "$exclusive/a/#", "one").unwrap();
+        assert_eq!(
+            r.subscribe(2, "$exclusive/a/#", "two"),
+            Err(RouterError::ExclusiveHeld)
+        );
+        // Admitted elsewhere after 1 left; 1's removal has not arrived here yet.
+        assert_eq!(r.subscribe_admitted(2, "$exclusive/a/#", "two"), Ok(None));
+        assert_eq!(r.subscription_count(), 1);
+        assert_eq!(subscribers(&mut r, "a/x"), vec![2]);
+        // 1's late removal leaves 2 in place.
+        assert_eq!(r.unsubscribe(&1, "$exclusive/a/#"), Ok(None));
+        assert_eq!(subscribers(&mut r, "a/x"), vec![2]);
+        assert_eq!(r.unsubscribe(&2, "$exclusive/a/#"), Ok(Some("two")));
+        assert_eq!(r.subscription_count(), 0);
+    }
+
+    #[test]
+    fn an_admitted_limit_is_installed_past_its_count() {
+        let mut r = router();
+        r.subscribe(1, "$limit/1/a/+", "one").unwrap();
+        assert!(r.subscribe(2, "$limit/1/a/+", "two").is_err());
+        assert_eq!(r.subscribe_admitted(2, "$limit/1/a/+", "two"), Ok(None));
+        assert_eq!(subscribers(&mut r, "a/x"), vec![1, 2]);
     }
 }

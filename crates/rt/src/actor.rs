@@ -84,6 +84,9 @@ pub struct Options {
     pub urgent_capacity: usize,
     /// Actors with equal keys run on the same worker (production backend); default: the id.
     pub placement: Option<u64>,
+    /// Run on this worker (modulo their number), overriding `placement`: for actors that
+    /// should each have a thread of their own, such as the router's shards.
+    pub worker: Option<usize>,
     /// A static name for tracing spans.
     pub name: &'static str,
 }
@@ -94,6 +97,7 @@ impl Default for Options {
             mailbox_capacity: 64,
             urgent_capacity: 16,
             placement: None,
+            worker: None,
             name: "actor",
         }
     }
@@ -114,6 +118,11 @@ impl Options {
 
     pub fn placement(mut self, key: u64) -> Self {
         self.placement = Some(key);
+        self
+    }
+
+    pub fn on_worker(mut self, worker: usize) -> Self {
+        self.worker = Some(worker);
         self
     }
 }
@@ -545,12 +554,15 @@ where
         input: None,
         children: None,
     };
-    let key = opts.placement.unwrap_or(id.0);
+    let place = match opts.worker {
+        Some(w) => crate::backend::Place::Worker(w),
+        None => crate::backend::Place::Key(opts.placement.unwrap_or(id.0)),
+    };
     // Boxed before the task is made: an async block keeps a moved-in value's slot for its
     // whole life, so an actor passed by value would take its size two or three times over
     // in every task (4.1 KB for an idle client actor of 1.2 KB).
     let cell = Box::new(Cell { actor, ctx });
-    crate::backend::spawn_actor(key, async move {
+    crate::backend::spawn_actor(place, async move {
         let exit = run(cell, rx).await;
         after(id, exit).await;
     });

@@ -28,21 +28,41 @@ fn slot(key: u64, n: usize) -> usize {
     (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % n
 }
 
-pub(crate) fn spawn_actor<F>(key: u64, fut: F)
+/// Where an actor runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Place {
+    /// On the arbiter this key hashes to.
+    Key(u64),
+    /// On this arbiter, modulo their number.
+    Worker(usize),
+}
+
+pub(crate) fn spawn_actor<F>(place: Place, fut: F)
 where
     F: Future<Output = ()> + Send + 'static,
 {
     if let Some(sys) = System::try_current() {
         if let Some(arbs) = arbiters_of(sys.id()) {
             if !arbs.is_empty() {
+                let i = match place {
+                    Place::Key(key) => slot(key, arbs.len()),
+                    Place::Worker(w) => w % arbs.len(),
+                };
                 // A stopped arbiter drops the future, which closes the actor's mailbox: its
                 // senders then see `Closed`, never a silent black hole.
-                let _ = arbs[slot(key, arbs.len())].spawn(fut);
+                let _ = arbs[i].spawn(fut);
                 return;
             }
         }
     }
     tokio::spawn(fut);
+}
+
+/// How many workers the current runtime runs actors on: its arbiters; 1 outside one.
+pub fn workers() -> usize {
+    System::try_current()
+        .and_then(|sys| arbiters_of(sys.id()))
+        .map_or(1, |a| a.len().max(1))
 }
 
 /// The production runtime: an actix system plus `workers` arbiters.

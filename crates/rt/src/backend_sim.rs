@@ -3,7 +3,19 @@
 
 use std::future::Future;
 
-pub(crate) fn spawn_actor<F>(_key: u64, fut: F)
+/// Where an actor runs: nothing to choose in a single-threaded simulation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Place {
+    Key(#[allow(dead_code)] u64),
+    Worker(#[allow(dead_code)] usize),
+}
+
+/// One worker: the simulated node runs every task on one thread.
+pub fn workers() -> usize {
+    1
+}
+
+pub(crate) fn spawn_actor<F>(_place: Place, fut: F)
 where
     F: Future<Output = ()> + Send + 'static,
 {

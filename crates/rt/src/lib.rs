@@ -29,7 +29,7 @@ pub use actor::{
     start, start_watched, start_with, Actor, ActorId, Addr, AskError, Ctx, Exit, ExitWatch,
     Options, Reply, TimerId, WeakAddr,
 };
-pub use backend::Runtime;
+pub use backend::{workers, Runtime};
 pub use mailbox::{Closed, TrySendError};
 
 use std::future::Future;

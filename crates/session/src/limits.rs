@@ -22,6 +22,27 @@ pub enum QueueFullPolicy {
     DropOldest,
 }
 
+impl QueueFullPolicy {
+    /// The one coding of the policy, for the session's queue and for every list of
+    /// deliveries held in front of it (the broker's router keeps one per subscriber): which
+    /// entry of a full queue of `len` to evict for a new message, or `None` to refuse the
+    /// new one. `queued_qos0` is how many entries are QoS 0 deliveries and `first_qos0`
+    /// finds the oldest of them (asked only when there is one).
+    pub fn victim(
+        self,
+        len: usize,
+        queued_qos0: usize,
+        first_qos0: impl FnOnce() -> Option<usize>,
+    ) -> Option<usize> {
+        match self {
+            QueueFullPolicy::DropNew => None,
+            QueueFullPolicy::DropOldestQos0 if queued_qos0 == 0 => None,
+            QueueFullPolicy::DropOldestQos0 => first_qos0(),
+            QueueFullPolicy::DropOldest => (len > 0).then_some(0),
+        }
+    }
+}
+
 /// Per-session limits and features, from the broker configuration.
 ///
 /// Every field is a finite value; where a feature can be off it is an
@@ -265,5 +286,36 @@ pub fn refusal(code: ReasonCode) -> Connack {
         session_present: false,
         reason_code: code,
         properties: Properties::default(),
+    }
+}
+
+#[cfg(test)]
+mod policy_tests {
+    use super::QueueFullPolicy::{self, *};
+
+    /// A queue of QoS flags (true: QoS 0) after a new entry arrives at a full one.
+    fn after(policy: QueueFullPolicy, mut q: Vec<bool>, new: bool) -> Vec<bool> {
+        let qos0 = q.iter().filter(|&&z| z).count();
+        let at = policy.victim(q.len(), qos0, || q.iter().position(|&z| z));
+        if let Some(i) = at {
+            q.remove(i);
+            q.push(new);
+        }
+        q
+    }
+
+    #[test]
+    fn each_policy_picks_its_victim() {
+        let q = vec![false, true, false];
+        assert_eq!(after(DropNew, q.clone(), true), q);
+        assert_eq!(
+            after(DropOldestQos0, q.clone(), false),
+            [false, false, false]
+        );
+        // A new QoS 0 message also evicts the oldest QoS 0: the freshest wins.
+        assert_eq!(after(DropOldestQos0, q.clone(), true), [false, false, true]);
+        assert_eq!(after(DropOldestQos0, vec![false; 2], true), [false; 2]);
+        assert_eq!(after(DropOldest, q, true), [true, false, true]);
+        assert_eq!(after(DropOldest, Vec::new(), true), Vec::<bool>::new());
     }
 }

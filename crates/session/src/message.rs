@@ -185,11 +185,48 @@ impl DeliveryOptions {
         }
     }
 
+    /// Folds in the options of another subscription of this session that matched the same
+    /// publish, for one copy (MQTT 5 §3.3.4): the highest QoS, every Subscription
+    /// Identifier, No Local only if both say so, Retain As Published if either does.
+    pub fn merge(&mut self, other: DeliveryOptions) {
+        self.qos = self.qos.max(other.qos);
+        self.no_local &= other.no_local;
+        self.retain_as_published |= other.retain_as_published;
+        self.subscription_ids.extend(other.subscription_ids);
+        self.from_retained &= other.from_retained;
+        self.held_back |= other.held_back;
+    }
+
     /// Options for a retained message sent in answer to a SUBSCRIBE.
     pub fn retained(options: &SubscriptionOptions, subscription_id: Option<u32>) -> Self {
         Self {
             from_retained: true,
             ..Self::subscription(options, subscription_id)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_options_take_the_highest_qos_and_every_identifier() {
+        let mut a = DeliveryOptions {
+            qos: QoS::AtMostOnce,
+            no_local: true,
+            subscription_ids: vec![1],
+            ..DeliveryOptions::default()
+        };
+        a.merge(DeliveryOptions {
+            qos: QoS::ExactlyOnce,
+            no_local: false,
+            retain_as_published: true,
+            subscription_ids: vec![7],
+            ..DeliveryOptions::default()
+        });
+        assert_eq!(a.qos, QoS::ExactlyOnce);
+        assert!(!a.no_local && a.retain_as_published);
+        assert_eq!(a.subscription_ids, [1, 7]);
     }
 }

@@ -1295,13 +1295,13 @@ impl Session {
             self.limits.mqueue_len_max
         };
         if self.queue.len() >= cap {
-            use crate::QueueFullPolicy::*;
-            let evict = match self.limits.mqueue_policy {
-                DropNew => None,
-                DropOldestQos0 if self.queued_qos0 == 0 => None,
-                DropOldestQos0 => self.queue.iter().position(|q| q.qos == QoS::AtMostOnce),
-                DropOldest => (!self.queue.is_empty()).then_some(0),
-            };
+            let queue = &self.queue;
+            let evict =
+                self.limits
+                    .mqueue_policy
+                    .victim(queue.len(), self.queued_qos0 as usize, || {
+                        queue.iter().position(|q| q.qos == QoS::AtMostOnce)
+                    });
             match evict.and_then(|i| self.queue.remove(i)) {
                 Some(old) => {
                     if old.qos == QoS::AtMostOnce {

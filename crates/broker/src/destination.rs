@@ -1,0 +1,229 @@
+//! Where a shard delivers: a [`Destination`] per subscriber, holding the deliveries routed
+//! to it and not yet handed over.
+//!
+//! A local session is the only kind today; a remote node (the cluster forwards a publish
+//! once per node) and a bridge are the kinds to come, each with its own way of handing a
+//! batch over but the same pending list and the same queue policy, the session's
+//! ([`QueueFullPolicy::victim`]), so that what is dropped where a queue is full does not
+//! depend on which queue it was.
+
+use std::sync::Arc;
+
+use starling_codec::QoS;
+use starling_rt::{ActorId, TrySendError, WeakAddr};
+use starling_session::{DeliveryOptions, Message, QueueFullPolicy};
+
+use crate::flow::Flow;
+use crate::msg::{ClientMsg, Delivery};
+
+/// Deliveries per batch message: with the client mailbox's capacity this bounds what one
+/// client's mailbox holds.
+pub(crate) const BATCH_MAX: usize = 64;
+
+/// Whether a delivery goes out at QoS 0.
+pub(crate) fn is_qos0(m: &Message, o: &DeliveryOptions) -> bool {
+    m.qos.min(o.qos) == QoS::AtMostOnce
+}
+
+/// Deliveries waiting for their destination, oldest first, with the count of QoS 0 ones
+/// (a full list looks for one to evict only when there is one).
+#[derive(Default)]
+pub(crate) struct Pending {
+    items: Vec<Delivery>,
+    qos0: usize,
+}
+
+impl Pending {
+    pub(crate) fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Appends a delivery to a list bounded by `bound`; when full, `policy` picks the
+    /// victim. False when the new delivery is the one dropped.
+    pub(crate) fn push(&mut self, d: Delivery, bound: usize, policy: QueueFullPolicy) -> bool {
+        if self.items.len() >= bound {
+            let items = &self.items;
+            let victim = policy.victim(items.len(), self.qos0, || {
+                items.iter().position(|(m, o)| is_qos0(m, o))
+            });
+            let Some(i) = victim else {
+                return false;
+            };
+            let (m, o) = self.items.remove(i);
+            self.qos0 -= usize::from(is_qos0(&m, &o));
+        }
+        self.qos0 += usize::from(is_qos0(&d.0, &d.1));
+        self.items.push(d);
+        debug_assert_eq!(
+            self.qos0,
+            self.items.iter().filter(|(m, o)| is_qos0(m, o)).count()
+        );
+        true
+    }
+
+    /// Takes up to `max` of the oldest.
+    fn take(&mut self, max: usize) -> Vec<Delivery> {
+        let batch: Vec<Delivery> = if self.items.len() <= max {
+            std::mem::take(&mut self.items)
+        } else {
+            self.items.drain(..max).collect()
+        };
+        self.qos0 -= batch.iter().filter(|(m, o)| is_qos0(m, o)).count();
+        batch
+    }
+
+    /// Puts a batch that could not be handed over back in front, order kept.
+    fn put_back(&mut self, mut batch: Vec<Delivery>) {
+        self.qos0 += batch.iter().filter(|(m, o)| is_qos0(m, o)).count();
+        batch.append(&mut self.items);
+        self.items = batch;
+    }
+
+    fn clear(&mut self) {
+        self.items.clear();
+        self.qos0 = 0;
+    }
+}
+
+/// What became of a flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flushed {
+    /// Everything was handed over.
+    Done,
+    /// The destination had no room: the rest waits for the next flush.
+    Blocked,
+    /// The destination is gone; what was pending is dropped.
+    Gone,
+}
+
+/// A subscriber as a shard sees it.
+pub(crate) enum Destination {
+    /// A session on this node: its client actor.
+    Local(LocalSession),
+}
+
+pub(crate) struct LocalSession {
+    pub addr: WeakAddr<ClientMsg>,
+    pub online: bool,
+    pub pending: Pending,
+    /// Set by the client after each turn: whether its session refuses more (its deliveries
+    /// are then dropped here rather than handed over to be dropped there) and whether it
+    /// holds back its publishers.
+    pub flow: Arc<Flow>,
+}
+
+impl Destination {
+    pub(crate) fn local(addr: WeakAddr<ClientMsg>, flow: Arc<Flow>) -> Self {
+        Destination::Local(LocalSession {
+            addr,
+            online: true,
+            pending: Pending::default(),
+            flow,
+        })
+    }
+
+    /// Whether it takes deliveries now (a shared group prefers such members).
+    pub(crate) fn online(&self) -> bool {
+        match self {
+            Destination::Local(l) => l.online,
+        }
+    }
+
+    /// The actor it is, for telling a newer registration from an older one.
+    pub(crate) fn actor(&self) -> ActorId {
+        match self {
+            Destination::Local(l) => l.addr.id(),
+        }
+    }
+
+    /// Hands what is pending over, a batch at a time.
+    pub(crate) fn flush(&mut self) -> Flushed {
+        match self {
+            Destination::Local(l) => {
+                while !l.pending.is_empty() {
+                    let batch = l.pending.take(BATCH_MAX);
+                    let n = batch.len();
+                    match l.addr.try_send(ClientMsg::Deliver(batch)) {
+                        Ok(()) => l.flow.handed(n),
+                        Err(TrySendError::Full(ClientMsg::Deliver(batch))) => {
+                            l.pending.put_back(batch);
+                            return Flushed::Blocked;
+                        }
+                        // Gone (its session ended): nothing to deliver to.
+                        Err(_) => {
+                            l.pending.clear();
+                            return Flushed::Gone;
+                        }
+                    }
+                }
+                Flushed::Done
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use starling_codec::Properties;
+
+    fn d(qos: QoS, tag: u8) -> Delivery {
+        let m = Message {
+            topic: Arc::from("t"),
+            payload: Bytes::from(vec![tag]),
+            qos,
+            retain: false,
+            properties: Properties::default(),
+            expires_at: None,
+            publisher: None,
+            shared_headers: Default::default(),
+        };
+        let o = DeliveryOptions {
+            qos: QoS::ExactlyOnce,
+            ..DeliveryOptions::default()
+        };
+        (Arc::new(m), o)
+    }
+
+    fn tags(p: &mut Pending) -> Vec<u8> {
+        p.take(usize::MAX)
+            .iter()
+            .map(|(m, _)| m.payload[0])
+            .collect()
+    }
+
+    #[test]
+    fn a_full_list_applies_the_sessions_policy() {
+        let fill = |policy| {
+            let mut p = Pending::default();
+            assert!(p.push(d(QoS::AtLeastOnce, 0), 2, policy));
+            assert!(p.push(d(QoS::AtMostOnce, 1), 2, policy));
+            let kept = p.push(d(QoS::AtLeastOnce, 2), 2, policy);
+            (kept, tags(&mut p))
+        };
+        assert_eq!(fill(QueueFullPolicy::DropNew), (false, vec![0, 1]));
+        assert_eq!(fill(QueueFullPolicy::DropOldestQos0), (true, vec![0, 2]));
+        assert_eq!(fill(QueueFullPolicy::DropOldest), (true, vec![1, 2]));
+    }
+
+    #[test]
+    fn a_batch_put_back_keeps_order_and_the_qos0_count() {
+        let mut p = Pending::default();
+        for (i, q) in [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::AtMostOnce]
+            .into_iter()
+            .enumerate()
+        {
+            assert!(p.push(d(q, i as u8), 8, QueueFullPolicy::DropOldestQos0));
+        }
+        let first = p.take(2);
+        assert_eq!(p.qos0, 1);
+        p.put_back(first);
+        assert_eq!(p.qos0, 2);
+        assert_eq!(tags(&mut p), vec![0, 1, 2]);
+    }
+}

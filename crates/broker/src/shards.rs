@@ -1,0 +1,263 @@
+//! The router's shards as the other actors see them: which shard a publish goes to, and the
+//! exchanges that reach several (a SUBSCRIBE to a wildcard filter, an UNSUBSCRIBE, a
+//! session's end, presence, statistics).
+//!
+//! A subscription is decided by its home shard (see [`starling_router::ShardMap`]): the
+//! only shard of a filter without wildcards, or for a filter with wildcards the shard its
+//! topic filter hashes to, which alone counts `$exclusive/` and `$limit/N/` places. Once the
+//! home granted it, the other shards install it as admitted. The SUBACK waits for every
+//! shard, so a publish sent after it reaches the subscriber whatever shard routes it. With
+//! one shard every exchange is the one message it was before shards.
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use starling_codec::ReasonCode;
+use starling_router::{Reach, ShardMap, TopicLimits};
+use starling_rt::{ActorId, Addr, WeakAddr};
+use starling_session::SubscribeRequest;
+
+use crate::flow::Flow;
+use crate::msg::{Admission, ClientMsg, RouterMsg, RouterStats, SubscribeResult};
+
+/// A cheap handle on every shard (one pointer).
+#[derive(Clone)]
+pub(crate) struct Shards(Arc<Inner>);
+
+struct Inner {
+    map: ShardMap,
+    addrs: Vec<Addr<RouterMsg>>,
+    limits: TopicLimits,
+}
+
+/// Requests of one SUBSCRIBE bound for one shard, with their places in the packet.
+struct Part {
+    shard: usize,
+    at: Vec<usize>,
+    filters: Vec<SubscribeRequest>,
+}
+
+impl Shards {
+    pub(crate) fn new(map: ShardMap, addrs: Vec<Addr<RouterMsg>>, limits: TopicLimits) -> Self {
+        assert_eq!(map.count(), addrs.len(), "one address per shard");
+        Self(Arc::new(Inner { map, addrs, limits }))
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.0.addrs.len()
+    }
+
+    /// The shard that routes a publish to `topic` (see [`ShardMap::of_publish`]).
+    pub(crate) fn for_publish(&self, topic: &str) -> &Addr<RouterMsg> {
+        &self.0.addrs[self.0.map.of_publish(topic)]
+    }
+
+    fn reach(&self, filter: &str) -> Reach {
+        self.0.map.reach(filter, &self.0.limits)
+    }
+
+    /// Subscribes through every shard the filters reach; answers once all have.
+    pub(crate) async fn subscribe(
+        &self,
+        client_id: Arc<str>,
+        client: WeakAddr<ClientMsg>,
+        flow: Arc<Flow>,
+        filters: Vec<SubscribeRequest>,
+    ) -> SubscribeResult {
+        let n = filters.len();
+        let reach: Vec<Reach> = filters.iter().map(|f| self.reach(&f.filter)).collect();
+        // First the deciding shard of each filter.
+        let mut parts = group(
+            filters
+                .iter()
+                .cloned()
+                .enumerate()
+                .map(|(i, f)| (reach[i].home(), i, f)),
+        );
+        let asks = parts.drain(..).map(|p| {
+            let (client_id, client, flow) = (client_id.clone(), client.clone(), flow.clone());
+            async move {
+                let r = self.0.addrs[p.shard]
+                    .ask(|reply| RouterMsg::Subscribe {
+                        client_id,
+                        client,
+                        flow,
+                        filters: p.filters,
+                        admission: Admission::Decide,
+                        reply,
+                    })
+                    .await
+                    .unwrap_or_default();
+                (p.at, r)
+            }
+        });
+        let mut out = SubscribeResult {
+            results: vec![Err(ReasonCode::UnspecifiedError); n],
+            new: vec![false; n],
+            retained: Vec::new(),
+        };
+        for (at, r) in join_all(asks).await {
+            // A shard that stopped answers nothing: its filters stay refused.
+            for (k, i) in at.into_iter().enumerate() {
+                if let (Some(res), Some(new)) = (r.results.get(k), r.new.get(k)) {
+                    out.results[i] = *res;
+                    out.new[i] = *new;
+                }
+            }
+            out.retained.extend(r.retained);
+        }
+        // Then every other shard installs what its home granted.
+        let granted = filters
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| matches!(reach[*i], Reach::All { .. }) && out.results[*i].is_ok());
+        let mut installs: Vec<(usize, usize, SubscribeRequest)> = Vec::new();
+        for (i, f) in granted {
+            for s in (0..self.count()).filter(|&s| s != reach[i].home()) {
+                installs.push((s, i, f.clone()));
+            }
+        }
+        let asks = group(installs.into_iter()).into_iter().map(|p| {
+            let (client_id, client, flow) = (client_id.clone(), client.clone(), flow.clone());
+            let new = p.at.iter().map(|&i| out.new[i]).collect();
+            async move {
+                self.0.addrs[p.shard]
+                    .ask(|reply| RouterMsg::Subscribe {
+                        client_id,
+                        client,
+                        flow,
+                        filters: p.filters,
+                        admission: Admission::Admitted { new },
+                        reply,
+                    })
+                    .await
+                    .unwrap_or_default()
+            }
+        });
+        for r in join_all(asks).await {
+            out.retained.extend(r.retained);
+        }
+        out
+    }
+
+    /// Unsubscribes from every shard the filters reach; the codes are the deciding shards'.
+    pub(crate) async fn unsubscribe(
+        &self,
+        client_id: Arc<str>,
+        filters: Vec<String>,
+    ) -> Vec<ReasonCode> {
+        let n = filters.len();
+        let mut codes = vec![ReasonCode::UnspecifiedError; n];
+        let mut per: Vec<(Vec<usize>, Vec<String>)> = vec![Default::default(); self.count()];
+        let mut homes = vec![0; n];
+        for (i, f) in filters.into_iter().enumerate() {
+            let reach = self.reach(&f);
+            homes[i] = reach.home();
+            for (s, p) in per.iter_mut().enumerate() {
+                if reach.includes(s) {
+                    p.0.push(i);
+                    p.1.push(f.clone());
+                }
+            }
+        }
+        let asks = per
+            .into_iter()
+            .enumerate()
+            .filter(|(_, p)| !p.1.is_empty())
+            .map(|(s, (at, filters))| {
+                let client_id = client_id.clone();
+                async move {
+                    let r = self.0.addrs[s]
+                        .ask(|reply| RouterMsg::Unsubscribe {
+                            client_id,
+                            filters,
+                            reply,
+                        })
+                        .await
+                        .unwrap_or_default();
+                    (s, at, r)
+                }
+            });
+        for (s, at, r) in join_all(asks).await {
+            for (k, i) in at.into_iter().enumerate() {
+                if homes[i] == s {
+                    if let Some(c) = r.get(k) {
+                        codes[i] = *c;
+                    }
+                }
+            }
+        }
+        codes
+    }
+
+    /// A session ended: every shard forgets its subscriptions and its address.
+    pub(crate) async fn session_ended(
+        &self,
+        client_id: Arc<str>,
+        actor: ActorId,
+        filters: Vec<String>,
+    ) {
+        let mut per: Vec<Vec<String>> = vec![Vec::new(); self.count()];
+        for f in filters {
+            let reach = self.reach(&f);
+            for (s, p) in per.iter_mut().enumerate() {
+                if reach.includes(s) {
+                    p.push(f.clone());
+                }
+            }
+        }
+        for (addr, filters) in self.0.addrs.iter().zip(per) {
+            let _ = addr
+                .send(RouterMsg::SessionEnded {
+                    client_id: client_id.clone(),
+                    actor,
+                    filters,
+                })
+                .await;
+        }
+    }
+
+    /// A client attached or detached: every shard that delivers to it prefers it or not
+    /// in shared groups.
+    pub(crate) async fn presence(&self, client_id: Arc<str>, online: bool) {
+        for addr in &self.0.addrs {
+            let _ = addr
+                .send(RouterMsg::Presence {
+                    client_id: client_id.clone(),
+                    online,
+                })
+                .await;
+        }
+    }
+
+    /// Every shard's counts, summed (each subscription counted by its home shard alone).
+    pub(crate) async fn stats(&self) -> RouterStats {
+        let all = join_all(self.0.addrs.iter().map(|a| a.ask(RouterMsg::Stats))).await;
+        all.into_iter()
+            .flatten()
+            .fold(RouterStats::default(), |a, s| RouterStats {
+                subscriptions: a.subscriptions + s.subscriptions,
+                retained: a.retained + s.retained,
+                delayed: a.delayed + s.delayed,
+            })
+    }
+}
+
+/// Groups `(shard, index, request)` by shard, keeping each shard's requests in order.
+fn group(items: impl Iterator<Item = (usize, usize, SubscribeRequest)>) -> Vec<Part> {
+    let mut parts: Vec<Part> = Vec::new();
+    for (shard, i, f) in items {
+        match parts.iter_mut().find(|p| p.shard == shard) {
+            Some(p) => {
+                p.at.push(i);
+                p.filters.push(f);
+            }
+            None => parts.push(Part {
+                shard,
+                at: vec![i],
+                filters: vec![f],
+            }),
+        }
+    }
+    parts
+}
