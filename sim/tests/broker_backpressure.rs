@@ -3,7 +3,8 @@
 //! default) the publishers are held back instead of the subscriber's queue dropping what
 //! does not fit. Checked: every publisher gets every publish acknowledged, and the
 //! subscriber receives every message exactly once, in each publisher's order, although
-//! the publishers together send many times the queue bound.
+//! the publishers together send many times the queue bound; and, read from `$SYS`, that
+//! publishers were held back and that no message was dropped anywhere.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -23,7 +24,7 @@ const PUBLISHERS: usize = 6;
 const N: u64 = 100;
 /// Unacknowledged publishes each publisher keeps in flight.
 const WINDOW: u64 = 24;
-const CONFIG: &str = "[mqtt]\nmax_mqueue_len = 60\nmax_inflight = 4\n";
+const CONFIG: &str = "[mqtt]\nmax_mqueue_len = 60\nmax_inflight = 4\nsys_interval_secs = 1\n";
 
 #[derive(Default)]
 struct Oracle {
@@ -112,7 +113,12 @@ async fn publisher(k: usize, oracle: Shared) {
 async fn flood_into_slow_subscriber() {
     let oracle: Shared = Arc::default();
     starling_sim::runner::spawn_tripwire_watcher();
-    let _broker = broker_node(BROKER, CONFIG).await;
+    // The publishers' topics spread over 1..=3 router shards, each holding its own.
+    let shards = thread_rng().gen_range(1..=3u32);
+    eprintln!("[knobs] shards={shards}");
+    let config: &'static str =
+        Box::leak(format!("{CONFIG}[router]\nshards = {shards}\n").into_boxed_str());
+    let _broker = broker_node(BROKER, config).await;
     let mut nodes = ClientNodes::default();
     let mut node = |name: String| nodes.node(name);
     node("sub".into()).spawn(subscriber(oracle.clone()));
@@ -140,15 +146,64 @@ async fn flood_into_slow_subscriber() {
         );
         sleep(Duration::from_millis(100)).await;
     }
-    let g = lock(&oracle);
-    let want: Vec<u64> = (0..N).collect();
-    for k in 0..PUBLISHERS {
-        check!(
-            g.received.get(&k) == Some(&want),
-            "publisher {k}: received out of order, twice or not at all"
-        );
+    {
+        let g = lock(&oracle);
+        let want: Vec<u64> = (0..N).collect();
+        for k in 0..PUBLISHERS {
+            check!(
+                g.received.get(&k) == Some(&want),
+                "publisher {k}: received out of order, twice or not at all"
+            );
+        }
     }
-    eprintln!("[scenario] all delivered at {:?}", starling_sim::elapsed());
+    // The broker's own counters, as `$SYS` publishes them (retained, every second).
+    sleep(Duration::from_millis(1500)).await;
+    let (holds, dropped) = sys_counters(&mut nodes).await;
+    check!(holds > 0, "no publisher was ever held back");
+    check!(dropped == 0, "{dropped} messages dropped");
+    eprintln!(
+        "[scenario] all delivered at {:?}, {holds} holds",
+        starling_sim::elapsed()
+    );
+}
+
+/// `$SYS/brokers/+/backpressure/holds` and `.../messages/dropped`, read by a new client.
+async fn sys_counters(nodes: &mut ClientNodes) -> (u64, u64) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    nodes.node("observer").spawn(async move {
+        let (mut c, _) = MqttClient::connect(BROKER, &opts("observer".into()))
+            .await
+            .expect("observer connects");
+        c.subscribe(1, "$SYS/brokers/+/backpressure/holds", QoS::AtMostOnce)
+            .await
+            .expect("subscribe sent");
+        c.subscribe(2, "$SYS/brokers/+/messages/dropped", QoS::AtMostOnce)
+            .await
+            .expect("subscribe sent");
+        let (mut holds, mut dropped) = (None, None);
+        while holds.is_none() || dropped.is_none() {
+            if let Packet::Publish(p) = c.recv().await.expect("observer connection holds") {
+                let v: u64 = std::str::from_utf8(&p.payload).unwrap().parse().unwrap();
+                if p.topic.ends_with("/holds") {
+                    holds = Some(v);
+                } else {
+                    dropped = Some(v);
+                }
+            }
+        }
+        let _ = tx.send((holds.unwrap(), dropped.unwrap()));
+    });
+    let started = Instant::now();
+    loop {
+        if let Ok(v) = rx.try_recv() {
+            return v;
+        }
+        check!(
+            started.elapsed() < Duration::from_secs(10),
+            "no $SYS counters"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[test]

@@ -10,7 +10,6 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::BytesMut;
 use starling_codec::{
@@ -24,10 +23,10 @@ use starling_session::{
 use tracing::{debug, Instrument};
 
 use crate::conn::{linger, write_out, Conn, WRITE_BATCH_MAX};
-use crate::flow::{Flow, StallRules};
+use crate::flow::{Holds, Reporter, StallRules};
 use crate::gate::AclGate;
 use crate::metrics::{add, dec};
-use crate::msg::{sys_message, ClientMsg, NewConn, RegistryMsg, RouterMsg};
+use crate::msg::{sys_message, ClientMsg, NewConn, Publisher, RegistryMsg, RouterMsg};
 use crate::settings::Shared;
 use crate::shards::Shards;
 
@@ -43,7 +42,7 @@ const HELD_RELEASE: usize = 16;
 /// An effect's part that has to wait (see [`Client::run_effects`]).
 enum Wait {
     /// A publish whose shard's mailbox was full, or that is sent without trying (will).
-    Route(Arc<Message>, Option<Arc<Flow>>),
+    Route(Arc<Message>, Option<Publisher>),
     /// The session ended: every shard forgets it.
     Ended(Vec<String>),
     Subscribe(
@@ -63,17 +62,21 @@ pub(crate) struct Client {
     conn: Option<Conn>,
     first: Option<Box<NewConn>>,
     timer: Option<(Instant, TimerId)>,
-    /// Shared with the router: whether the session refuses new messages (the router then
-    /// drops them instead of handing them over, see [`Session::refuses_new`]), whether it
-    /// holds back its publishers, and whom this client is held back by. Made at the first
-    /// subscription or QoS 1/2 publish.
-    flow: Option<Arc<Flow>>,
+    /// Its back-pressure state (see [`crate::flow`]), made at the first subscription or
+    /// QoS 1/2 publish: whom it is held back by, and what it reports to the shards.
+    flow: Option<Box<ClientFlow>>,
     /// Attach messages handled, for the registry's retire handshake.
     attaches: u32,
     retiring: bool,
-    /// This turn acknowledged a delivery: progress, for telling a slow subscriber from a
-    /// stalled one (see [`crate::flow::StallRules`]).
-    progressed: bool,
+}
+
+/// A client's side of back-pressure: nothing in it is shared.
+struct ClientFlow {
+    /// This client as a publisher that may be held back.
+    me: Publisher,
+    holds: Holds,
+    /// As a subscriber, once it has subscribed.
+    reporter: Option<Reporter>,
 }
 
 impl Client {
@@ -102,20 +105,31 @@ impl Client {
             flow: None,
             attaches: 0,
             retiring: false,
-            progressed: false,
         }
     }
 
     /// The client's back-pressure state, made at its first need.
-    fn flow_handle(&mut self) -> Arc<Flow> {
-        let (m, gate) = (&self.shared.config.mqtt, &self.gate);
-        self.flow
-            .get_or_insert_with(|| {
-                let f = Flow::new(StallRules::from_config(m));
-                f.set_may_hold(may_hold(m, gate.username()));
-                Arc::new(f)
+    fn flow_mut(&mut self, ctx: &Ctx<Self>) -> &mut ClientFlow {
+        self.flow.get_or_insert_with(|| {
+            Box::new(ClientFlow {
+                me: Publisher {
+                    id: ctx.id(),
+                    addr: ctx.weak_addr(),
+                },
+                holds: Holds::default(),
+                reporter: None,
             })
-            .clone()
+        })
+    }
+
+    /// Whether its identity may hold publishers back (`mqtt.backpressure_holders`).
+    fn may_hold(&self) -> bool {
+        may_hold(&self.shared.config.mqtt, self.gate.username())
+    }
+
+    /// Whether its publishes are held back now.
+    fn is_held(&self) -> bool {
+        self.flow.as_ref().is_some_and(|f| f.holds.is_held())
     }
 
     /// Hands a routed message to the session unless the ACL withholds its topic from this
@@ -162,9 +176,6 @@ impl Client {
             permit,
         } = *nc;
         self.gate = AclGate::new(self.shared.clone(), username, self.client_id(), peer.ip());
-        if let Some(f) = &self.flow {
-            f.set_may_hold(may_hold(&self.shared.config.mqtt, self.gate.username()));
-        }
         let protocol = connect.protocol;
         self.conn = Some(Conn {
             io,
@@ -200,7 +211,10 @@ impl Client {
     }
 
     async fn presence(&mut self, online: bool) {
-        self.shards.presence(self.client_id(), online).await;
+        let may_hold = self.may_hold();
+        self.shards
+            .presence(self.client_id(), online, may_hold)
+            .await;
     }
 
     /// `$SYS/brokers/{node}/clients/{client_id}/{connected|disconnected}`.
@@ -235,13 +249,13 @@ impl Client {
         // Effects that need no wait are applied in `apply_effects`; one that does leaves it
         // as a small `Wait`, so that no effect (a `Packet` is ~400 bytes) is held across an
         // await: every turn's future, allocated per turn, is sized by what it holds there.
-        while let Some(wait) = self.apply_effects() {
+        while let Some(wait) = self.apply_effects(ctx) {
             Box::pin(self.wait_effect(wait, ctx)).await;
         }
     }
 
     /// Applies effects until one has to wait (or none is left).
-    fn apply_effects(&mut self) -> Option<Wait> {
+    fn apply_effects(&mut self, ctx: &Ctx<Self>) -> Option<Wait> {
         while let Some(effect) = self.session.poll_effect() {
             match effect {
                 Effect::Send(p) => self.encode(&p),
@@ -254,10 +268,10 @@ impl Client {
                 }
                 Effect::Publish(m) => {
                     add(&self.shared.metrics.messages_received, 1);
-                    // The router marks a QoS 1/2 publisher that feeds a backlogged
-                    // subscriber through its flow (see `crate::flow`).
+                    // A shard holds a QoS 1/2 publisher that feeds a backlogged
+                    // subscriber back (see `crate::flow`).
                     let from = (m.qos != QoS::AtMostOnce && self.shared.config.mqtt.backpressure)
-                        .then(|| self.flow_handle());
+                        .then(|| self.flow_mut(ctx).me.clone());
                     // A full router mailbox is waited on: it holds this client's reads back,
                     // which is the back-pressure a fast publisher meets.
                     let shard = self.shards.for_publish(&m.topic);
@@ -311,8 +325,16 @@ impl Client {
             Wait::Subscribe(packet_id, filters) => {
                 let client_id = self.client_id();
                 let me = ctx.weak_addr();
-                let flow = self.flow_handle();
-                let r = self.shards.subscribe(client_id, me, flow, filters).await;
+                let shards = self.shards.count();
+                let rules = StallRules::new(&self.shared.config.mqtt, &self.shared.limits);
+                let f = self.flow_mut(ctx);
+                f.reporter
+                    .get_or_insert_with(|| Reporter::new(shards, &rules));
+                let may_hold = self.may_hold();
+                let r = self
+                    .shards
+                    .subscribe(client_id, me, may_hold, filters)
+                    .await;
                 let now = time::now();
                 // SUBACK first, then the retained messages (MQTT 5 §3.8.4).
                 self.session.subscribed(now, packet_id, r.results);
@@ -392,6 +414,30 @@ impl Client {
     }
 
     /// After a turn: arm the session's timer, schedule the write, retire an ended session.
+    /// Tells the shards what they need to know of this subscriber's backlog (see
+    /// [`Reporter::due`]); waits for room, as a shard never waits on a client.
+    async fn report_flow(&mut self, ctx: &mut Ctx<Self>) {
+        let (queued, saturated) = (self.session.queue_len(), self.session.refuses_new());
+        let Some(r) = self.flow.as_mut().and_then(|f| f.reporter.as_mut()) else {
+            return;
+        };
+        let due = r.due(queued, saturated);
+        for (shard, report) in due {
+            let msg = RouterMsg::Flow {
+                client_id: self.session.client_id().clone(),
+                actor: ctx.id(),
+                report,
+            };
+            // On the urgent lane: behind the publishes in the shard's mailbox it would come
+            // too late to tell the shard that this queue fills (they are routed on the
+            // stale view). A full urgent lane is waited on in the normal one.
+            let shard = self.shards.get(shard);
+            if let Err(TrySendError::Full(msg)) = shard.try_send_urgent(msg) {
+                let _ = Box::pin(shard.send(msg)).await;
+            }
+        }
+    }
+
     async fn after_turn(&mut self, ctx: &mut Ctx<Self>) {
         if let Some(c) = &self.conn {
             // Deferred while more messages wait: they are encoded before the write, so a
@@ -415,39 +461,7 @@ impl Client {
             }
         }
         self.rearm(ctx);
-        let mut kick = false;
-        if let Some(f) = &self.flow {
-            let m = &self.shared.config.mqtt;
-            let backlogged =
-                m.backpressure && self.session.backlogged(f.backlogged(), f.in_transit());
-            f.update(
-                self.session.refuses_new(),
-                backlogged,
-                self.session.queue_len(),
-                std::mem::take(&mut self.progressed),
-                time::now,
-            );
-            if let Some(stretch) = f.arm_check() {
-                ctx.after(
-                    Duration::from_secs(u64::from(m.backpressure_max_secs)),
-                    ClientMsg::BacklogCheck(stretch),
-                );
-            }
-            kick = f.is_stuck()
-                && m.backpressure_stuck_policy == StuckPolicy::Disconnect
-                && self.session.is_attached();
-            if kick {
-                f.forgive();
-            }
-        }
-        if kick {
-            debug!("stalled while holding publishers back: disconnected");
-            self.session.detach(
-                time::now(),
-                DetachReason::ProtocolError(ReasonCode::QuotaExceeded),
-            );
-            Box::pin(self.run_effects(ctx)).await;
-        }
+        self.report_flow(ctx).await;
         if self.conn.is_none() && self.session.is_ended() && !self.retiring {
             self.retiring = true;
             match self.registry.upgrade() {
@@ -501,21 +515,24 @@ impl Client {
                 if self.conn.is_none() {
                     return;
                 }
-                self.progressed |= packets.iter().any(|p| {
+                let acked = packets.iter().any(|p| {
                     matches!(
                         p,
                         Packet::Puback(_) | Packet::Pubrec(_) | Packet::Pubcomp(_)
                     )
                 });
+                if let Some(r) = self.flow.as_mut().and_then(|f| f.reporter.as_mut()) {
+                    if acked {
+                        r.progressed();
+                    }
+                }
                 let mut packets = packets.into_iter();
                 while self.session.is_attached() {
-                    // Held back since the turn began (the router runs meanwhile on another
-                    // thread): the rest waits, in order, and only what passes a hold goes on.
-                    if let Some(f) = &self.flow {
-                        if !packets.as_slice().first().is_none_or(passes_hold) && f.is_held() {
-                            self.hold(&mut packets);
-                            continue;
-                        }
+                    // Held back (a Hold came in since these were read): the rest waits, in
+                    // order, and only what passes a hold goes on.
+                    if !packets.as_slice().first().is_none_or(passes_hold) && self.is_held() {
+                        self.hold(&mut packets);
+                        continue;
                     }
                     // No packet is bound across the await below (see `run_effects`).
                     let Some(ok) = packets.next().map(|p| {
@@ -549,20 +566,49 @@ impl Client {
                 // The session may have had nothing to close (already detached).
                 Box::pin(self.drop_conn(ctx)).await;
             }
-            ClientMsg::Deliver(batch) => {
-                if let Some(f) = &self.flow {
-                    f.taken(batch.len());
-                }
+            ClientMsg::Deliver(shard, mut batch) => {
+                let shard = usize::from(shard);
                 let now = time::now();
-                for (m, o) in &batch {
+                for (m, o) in &mut batch {
+                    if let Some(r) = self.flow.as_mut().and_then(|f| f.reporter.as_mut()) {
+                        r.taken(shard, 1);
+                        if m.qos != QoS::AtMostOnce
+                            && self.shared.config.mqtt.backpressure
+                            && r.absorbs(shard, self.session.queue_len())
+                        {
+                            o.held_back = true;
+                        }
+                    }
                     self.deliver(now, m, o);
                 }
                 self.run_effects(ctx).await;
             }
-            ClientMsg::BacklogCheck(stretch) => {
-                if self.flow.as_ref().is_some_and(|f| f.check(stretch)) {
-                    add(&self.shared.metrics.backpressure_stalls, 1);
-                    debug!("backlogged too long: no longer holding publishers back");
+            ClientMsg::Hold { shard, subscriber } => {
+                self.flow_mut(ctx).holds.hold(shard, subscriber);
+            }
+            ClientMsg::Release { shard, subscriber } => {
+                if let Some(f) = &mut self.flow {
+                    f.holds.release(shard, subscriber);
+                }
+            }
+            ClientMsg::Watch { shard, on } => {
+                if let Some(r) = self.flow.as_mut().and_then(|f| f.reporter.as_mut()) {
+                    r.watch(usize::from(shard), on);
+                }
+            }
+            ClientMsg::Stalled { shard } => {
+                if let Some(r) = self.flow.as_mut().and_then(|f| f.reporter.as_mut()) {
+                    r.stalled(usize::from(shard));
+                }
+                let kick =
+                    self.shared.config.mqtt.backpressure_stuck_policy == StuckPolicy::Disconnect;
+                if kick && self.session.is_attached() {
+                    debug!("stalled while holding publishers back: disconnected");
+                    self.session.detach(
+                        time::now(),
+                        DetachReason::ProtocolError(ReasonCode::QuotaExceeded),
+                    );
+                    self.run_effects(ctx).await;
                 }
             }
             ClientMsg::Timeout => {
@@ -615,8 +661,8 @@ impl Actor for Client {
         let Some(c) = self.conn.as_mut() else {
             return Poll::Pending;
         };
-        let stalls = &self.shared.metrics.backpressure_stalls;
-        let holding = self.flow.as_ref().is_some_and(|f| f.poll_held(cx, stalls));
+        // Released by a message, which wakes the actor: no waker to keep here.
+        let holding = self.flow.as_ref().is_some_and(|f| f.holds.is_held());
         loop {
             if c.input_ended {
                 // The peer is gone or broke the protocol: what it sent before goes now.
@@ -718,15 +764,6 @@ fn passes_hold(p: &Packet) -> bool {
         p,
         Packet::Puback(_) | Packet::Pubrec(_) | Packet::Pubcomp(_) | Packet::Pingreq
     )
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        // Publishers waiting on this client would otherwise wait for good.
-        if let Some(f) = &self.flow {
-            f.release();
-        }
-    }
 }
 
 /// Escapes a string for a JSON string literal.

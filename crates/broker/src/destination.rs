@@ -7,13 +7,11 @@
 //! ([`QueueFullPolicy::victim`]), so that what is dropped where a queue is full does not
 //! depend on which queue it was.
 
-use std::sync::Arc;
-
 use starling_codec::QoS;
 use starling_rt::{ActorId, TrySendError, WeakAddr};
 use starling_session::{DeliveryOptions, Message, QueueFullPolicy};
 
-use crate::flow::Flow;
+use crate::flow::{Backlog, Holder};
 use crate::msg::{ClientMsg, Delivery};
 
 /// Deliveries per batch message: with the client mailbox's capacity this bounds what one
@@ -110,19 +108,18 @@ pub(crate) struct LocalSession {
     pub addr: WeakAddr<ClientMsg>,
     pub online: bool,
     pub pending: Pending,
-    /// Set by the client after each turn: whether its session refuses more (its deliveries
-    /// are then dropped here rather than handed over to be dropped there) and whether it
-    /// holds back its publishers.
-    pub flow: Arc<Flow>,
+    /// What waits for it and whom it holds back, as this shard sees it (see
+    /// [`crate::flow`]).
+    pub backlog: Backlog,
 }
 
 impl Destination {
-    pub(crate) fn local(addr: WeakAddr<ClientMsg>, flow: Arc<Flow>) -> Self {
+    pub(crate) fn local(addr: WeakAddr<ClientMsg>, backlog: Backlog) -> Self {
         Destination::Local(LocalSession {
             addr,
             online: true,
             pending: Pending::default(),
-            flow,
+            backlog,
         })
     }
 
@@ -140,16 +137,23 @@ impl Destination {
         }
     }
 
-    /// Hands what is pending over, a batch at a time.
-    pub(crate) fn flush(&mut self) -> Flushed {
+    /// The publishers it holds back, released: it is gone.
+    pub(crate) fn end(&mut self) -> Vec<Holder> {
+        match self {
+            Destination::Local(l) => l.backlog.end(),
+        }
+    }
+
+    /// Hands what is pending over, a batch at a time, as from `shard`.
+    pub(crate) fn flush(&mut self, shard: u16) -> Flushed {
         match self {
             Destination::Local(l) => {
                 while !l.pending.is_empty() {
                     let batch = l.pending.take(BATCH_MAX);
                     let n = batch.len();
-                    match l.addr.try_send(ClientMsg::Deliver(batch)) {
-                        Ok(()) => l.flow.handed(n),
-                        Err(TrySendError::Full(ClientMsg::Deliver(batch))) => {
+                    match l.addr.try_send(ClientMsg::Deliver(shard, batch)) {
+                        Ok(()) => l.backlog.handed(n),
+                        Err(TrySendError::Full(ClientMsg::Deliver(_, batch))) => {
                             l.pending.put_back(batch);
                             return Flushed::Blocked;
                         }
@@ -171,6 +175,7 @@ mod tests {
     use super::*;
     use bytes::Bytes;
     use starling_codec::Properties;
+    use std::sync::Arc;
 
     fn d(qos: QoS, tag: u8) -> Delivery {
         let m = Message {

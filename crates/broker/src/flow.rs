@@ -1,568 +1,454 @@
-//! Back-pressure between clients: a subscriber whose queue backs up holds back the
-//! publishers that feed it QoS 1/2 messages, until it has drained.
+//! Back-pressure between clients, by messages: a subscriber whose queue backs up holds back
+//! the publishers that feed it QoS 1/2 messages, until it has drained.
 //!
 //! Without it, a flood of QoS 1 publishes into one subscriber is accepted at the rate the
 //! publishers send, and all but what the subscriber's window lets through is dropped at its
-//! full queue: QoS 1 in name only. With it (`mqtt.backpressure`, on by default) the router
-//! marks each publisher that fed a backlogged subscriber; the publisher's actor then stops
-//! taking PUBLISH (and everything ordered after one) from its socket, while acknowledgements
-//! of its own deliveries still pass, so two clients feeding each other cannot deadlock. The
-//! publisher's unacknowledged messages wait on its side (its own window and TCP), not in the
-//! broker. An offline session is never backlogged: its queue fills and drops by its policy.
+//! full queue: QoS 1 in name only. With it (`mqtt.backpressure`, on by default):
 //!
-//! Each client has at most one [`Flow`], made when it first subscribes or publishes at
-//! QoS 1/2; idle connections that do neither carry none.
+//! - Each shard keeps a [`Backlog`] per subscriber it delivers to: what it handed to the
+//!   subscriber's mailbox, what the subscriber reported taken from it, the subscriber's
+//!   session queue as last reported, and what is still pending in the shard. Their sum is
+//!   what waits for the subscriber; past [`SessionLimits::backlog_high`] the subscriber is
+//!   backlogged, until it is down to [`SessionLimits::backlog_low`].
+//! - The subscriber's actor reports to each shard ([`Reporter`], `RouterMsg::Flow`): every
+//!   [`Reporter::quantum`] deliveries taken, on every turn that changed something while
+//!   that shard watches it (told by `ClientMsg::Watch`), and whenever its session starts
+//!   or stops refusing new messages.
+//! - A QoS 1/2 publish routed to a backlogged subscriber makes the shard send its publisher
+//!   `ClientMsg::Hold` (once per publisher and stretch); the publisher's actor ([`Holds`])
+//!   then stops taking PUBLISH (and everything ordered after one) from its socket, while
+//!   acknowledgements of its own deliveries still pass, so two clients feeding each other
+//!   cannot deadlock. When the subscriber drains, goes offline or ends, the shard sends
+//!   each held publisher `ClientMsg::Release`. A shard never waits on a client: a Hold that
+//!   finds no room is not made, a Release that finds no room is retried.
+//! - Stalls are judged by the shard, whose actor runs whatever the subscriber's does: a
+//!   subscriber that takes nothing in for `backpressure_stall_secs` while holding, or stays
+//!   backlogged for `backpressure_max_secs` without draining, is stuck: it releases its
+//!   publishers and holds no one until it drains, and only `backpressure_stalls_max` times
+//!   per `backpressure_window_secs` (see [`StallRules`]).
+//!
+//! Nothing is shared between the actors but their mailboxes. An offline session is never
+//! backlogged: its queue fills and drops by its policy.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use starling_rt::time::{self, Instant};
+use starling_rt::{ActorId, WeakAddr};
+use starling_session::{Instant, SessionLimits};
 
-/// One client's side of the back-pressure, shared with the router.
-#[derive(Debug, Default)]
-pub(crate) struct Flow {
-    /// As a subscriber: its session refuses new messages, so the router drops them.
-    saturated: AtomicBool,
-    /// As a subscriber: publishers feeding it QoS 1/2 messages are held back.
-    backlogged: AtomicBool,
-    /// As a subscriber: the publishers waiting for `backlogged` to clear.
-    waiters: Mutex<Vec<Waker>>,
-    /// As a subscriber: deliveries the router handed to its actor, and those the actor has
-    /// taken in. The difference is what is on its way (in the mailbox), which the router
-    /// and the client both count as backlog: the client's queue alone shows a flood only
-    /// after the client's next turn, too late for what was routed meanwhile.
-    handed: AtomicU64,
-    taken: AtomicU64,
-    /// As a subscriber: its session's queue length after its last turn.
-    queued: AtomicUsize,
-    /// As a subscriber: backlogged for longer than `mqtt.backpressure_max_secs` without
-    /// draining; it holds no one back until it drains.
-    stuck: AtomicBool,
-    /// As a subscriber: a check of how long it has been backlogged is scheduled.
-    check_armed: AtomicBool,
-    /// As a subscriber: backlogged stretches ended so far; a check belongs to one stretch.
-    stretch: AtomicU64,
-    /// As a publisher: the subscriber it waits on, and since when.
-    held_by: Mutex<Option<Held>>,
-    /// As a publisher: `held_by` is set (written under its lock). Read without the lock on
-    /// every look for input and every publish, where a lock would be paid per message.
-    maybe_held: AtomicBool,
-    /// As a subscriber: may not hold anyone back (`mqtt.backpressure_holders`).
-    excluded: AtomicBool,
-    /// As a subscriber: when it last took something in, and its stalls in this window.
-    /// Locked only while it is backlogged or stuck.
-    progress: Mutex<Progress>,
-    rules: StallRules,
-}
+use crate::msg::ClientMsg;
 
 /// How a stalled subscriber is told apart from a slow one (`mqtt.backpressure_*`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct StallRules {
     /// Taking nothing in for this long while holding publishers back is a stall.
     pub stall: Duration,
+    /// Backlogged this long without draining is a stall too.
+    pub max: Duration,
     /// Stalls allowed per window; past them it holds no one back until the window ends.
     pub stalls_max: u32,
     pub window: Duration,
+    /// Backlogged from this many waiting (half the queue bound)...
+    pub high: usize,
+    /// ... until down to this many (a quarter).
+    pub low: usize,
 }
 
 impl StallRules {
-    pub(crate) fn from_config(m: &starling_config::MqttConfig) -> Self {
+    pub(crate) fn new(m: &starling_config::MqttConfig, limits: &SessionLimits) -> Self {
         Self {
             stall: Duration::from_secs(u64::from(m.backpressure_stall_secs)),
+            max: Duration::from_secs(u64::from(m.backpressure_max_secs)),
             stalls_max: m.backpressure_stalls_max,
             window: Duration::from_secs(u64::from(m.backpressure_window_secs)),
+            high: limits.backlog_high(),
+            low: limits.backlog_low(),
         }
     }
 }
 
-impl Default for StallRules {
-    fn default() -> Self {
-        Self {
-            stall: Duration::from_secs(2),
-            stalls_max: 2,
-            window: Duration::from_secs(60),
-        }
-    }
+/// A subscriber's report to one shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FlowReport {
+    /// Deliveries taken from this shard's batches so far.
+    pub taken: u64,
+    /// Its session's queue now.
+    pub queued: usize,
+    /// Its session refuses new messages (the shard then drops them rather than hand them
+    /// over to be dropped).
+    pub saturated: bool,
+    /// It acknowledged a delivery since its last report: progress, even if its queue did not
+    /// move.
+    pub progressed: bool,
 }
 
-/// A sleep of the runtime's, boxed: its type has no name.
-type StallTimer = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// A publisher a shard holds back for one subscriber.
+pub(crate) type Holder = (ActorId, WeakAddr<ClientMsg>);
 
-struct Held {
-    subscriber: Arc<Flow>,
-    since: Instant,
-    /// Wakes the held publisher when the subscriber would count as stalled, had it taken
-    /// nothing in by then: the subscriber (whose actor may be stuck) will not.
-    timer: Option<(Instant, StallTimer)>,
-}
-
-impl std::fmt::Debug for Held {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Held")
-            .field("since", &self.since)
-            .field("timer", &self.timer.as_ref().map(|t| t.0))
-            .finish_non_exhaustive()
-    }
-}
-
+/// What a shard does after its [`Backlog`] changed.
 #[derive(Debug, Default)]
-struct Progress {
-    /// Last time it acknowledged something or its queue moved, while backlogged.
-    at: Option<Instant>,
+pub(crate) struct Outcome {
+    /// Release these publishers.
+    pub release: Vec<Holder>,
+    /// Tell the subscriber whether this shard watches it now.
+    pub watch: Option<bool>,
+    /// It stalled (count it; with `backpressure_stuck_policy = "disconnect"` tell it).
+    pub stalled: bool,
+    /// Check it again at this time (the check's epoch is [`Backlog::epoch`]).
+    pub check_at: Option<Instant>,
+}
+
+/// One subscriber as one shard sees it. Sans-IO: time comes in as arguments, what to send
+/// comes out as an [`Outcome`].
+#[derive(Debug)]
+pub(crate) struct Backlog {
+    handed: u64,
+    taken: u64,
+    queued: usize,
+    saturated: bool,
+    may_hold: bool,
+    online: bool,
+    backlogged: bool,
+    stuck: bool,
+    /// When this backlogged stretch began, and when the subscriber last made progress.
+    since: Instant,
+    progress_at: Instant,
+    /// Numbers the backlogged stretches: a check belongs to one.
+    epoch: u64,
     window_start: Option<Instant>,
     stalls: u32,
+    holding: Vec<Holder>,
 }
 
-/// Poison carries no meaning here (every critical section leaves the data consistent).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Flow {
-    pub(crate) fn new(rules: StallRules) -> Self {
+impl Backlog {
+    pub(crate) fn new(now: Instant, may_hold: bool) -> Self {
         Self {
-            rules,
-            ..Self::default()
+            handed: 0,
+            taken: 0,
+            queued: 0,
+            saturated: false,
+            may_hold,
+            online: true,
+            backlogged: false,
+            stuck: false,
+            since: now,
+            progress_at: now,
+            epoch: 0,
+            window_start: None,
+            stalls: 0,
+            holding: Vec::new(),
         }
     }
 
     pub(crate) fn saturated(&self) -> bool {
-        self.saturated.load(Ordering::Relaxed)
+        self.saturated
     }
 
-    pub(crate) fn backlogged(&self) -> bool {
-        self.backlogged.load(Ordering::Acquire)
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
     }
 
-    pub(crate) fn is_stuck(&self) -> bool {
-        self.stuck.load(Ordering::Acquire)
+    /// `n` deliveries went into the subscriber's mailbox.
+    pub(crate) fn handed(&mut self, n: usize) {
+        self.handed += n as u64;
     }
 
-    /// Whether publishers feeding it are to be held back now: backlogged, not stuck, and
-    /// allowed to hold anyone.
-    pub(crate) fn holds(&self) -> bool {
-        self.backlogged() && !self.stuck.load(Ordering::Acquire) && self.may_hold()
+    /// What waits for the subscriber, with `pending` still in the shard.
+    pub(crate) fn waiting(&self, pending: usize) -> usize {
+        let in_transit = usize::try_from(self.handed.saturating_sub(self.taken)).unwrap_or(0);
+        self.queued + in_transit + pending
     }
 
-    /// Whether it may hold publishers back at all (see `mqtt.backpressure_holders`).
-    pub(crate) fn may_hold(&self) -> bool {
-        !self.excluded.load(Ordering::Relaxed)
+    /// At routing time, for a QoS 1/2 delivery whose publisher may be held: whether the
+    /// subscriber holds its publishers back now. A stretch that begins here asks for a
+    /// watch and a check.
+    /// `now` is read only when a stretch begins: this runs per delivery.
+    pub(crate) fn judge(
+        &mut self,
+        now: impl FnOnce() -> Instant,
+        pending: usize,
+        rules: &StallRules,
+    ) -> (bool, Outcome) {
+        let mut out = Outcome::default();
+        if !self.may_hold || self.stuck || !self.online {
+            return (false, out);
+        }
+        if !self.backlogged && self.waiting(pending) >= rules.high {
+            let now = now();
+            self.backlogged = true;
+            self.epoch += 1;
+            self.since = now;
+            self.progress_at = now;
+            out.watch = Some(true);
+            out.check_at = Some(now + rules.stall.min(rules.max));
+        }
+        (self.backlogged, out)
     }
 
-    /// Subscriber, at attach: whether its identity may hold publishers back.
-    pub(crate) fn set_may_hold(&self, may: bool) {
-        self.excluded.store(!may, Ordering::Relaxed);
-    }
-
-    /// Subscriber: it stops holding its publishers back, and they go. True if it was not
-    /// stuck already (a stall to count). Counted against its budget for the window.
-    pub(crate) fn stall(&self, now: Instant) -> bool {
-        if self.stuck.swap(true, Ordering::AcqRel) {
+    /// Records a publisher held for this subscriber; false if it already is.
+    pub(crate) fn hold(&mut self, holder: Holder) -> bool {
+        if self.holding.iter().any(|(id, _)| *id == holder.0) {
             return false;
         }
-        {
-            let mut p = lock(&self.progress);
-            let expired = p
-                .window_start
-                .is_none_or(|w| now.saturating_duration_since(w) >= self.rules.window);
-            if expired {
-                p.window_start = Some(now);
-                p.stalls = 0;
-            }
-            p.stalls += 1;
-        }
-        let waiters = std::mem::take(&mut *lock(&self.waiters));
-        for w in waiters {
-            w.wake();
-        }
+        self.holding.push(holder);
         true
+    }
+
+    /// The subscriber's report.
+    pub(crate) fn report(
+        &mut self,
+        now: Instant,
+        r: FlowReport,
+        pending: usize,
+        rules: &StallRules,
+    ) -> Outcome {
+        let progressed = r.progressed || r.taken > self.taken || r.queued < self.queued;
+        self.taken = self.taken.max(r.taken);
+        self.queued = r.queued;
+        self.saturated = r.saturated;
+        if progressed {
+            self.progress_at = now;
+        }
+        let mut out = Outcome::default();
+        if self.waiting(pending) > rules.low {
+            return out;
+        }
+        // Drained.
+        let watched = self.backlogged || self.stuck;
+        if self.backlogged {
+            self.backlogged = false;
+            out.release = std::mem::take(&mut self.holding);
+        }
+        if self.stuck && !self.over_budget(now, rules) {
+            // Stalls left in the window: it holds publishers back again next time.
+            self.stuck = false;
+        }
+        if watched && !self.stuck {
+            out.watch = Some(false);
+        }
+        out
+    }
+
+    /// The check armed in stretch `epoch` is due.
+    pub(crate) fn check(&mut self, now: Instant, epoch: u64, rules: &StallRules) -> Outcome {
+        let mut out = Outcome::default();
+        if epoch != self.epoch || !self.backlogged {
+            // From a stretch that ended; the current one has its own check.
+            return out;
+        }
+        let stall_at = self.progress_at + rules.stall;
+        let max_at = self.since + rules.max;
+        if now < stall_at && now < max_at {
+            out.check_at = Some(stall_at.min(max_at));
+            return out;
+        }
+        self.stall(now, rules, &mut out);
+        out
+    }
+
+    fn stall(&mut self, now: Instant, rules: &StallRules, out: &mut Outcome) {
+        self.backlogged = false;
+        self.stuck = true;
+        let expired = self
+            .window_start
+            .is_none_or(|w| now.saturating_duration_since(w) >= rules.window);
+        if expired {
+            self.window_start = Some(now);
+            self.stalls = 0;
+        }
+        self.stalls += 1;
+        out.release = std::mem::take(&mut self.holding);
+        // Still watched: its reports tell when it has drained and may hold again.
+        out.stalled = true;
     }
 
     /// Whether it spent its stalls for the window: it then holds no one back until the
     /// window ends, drained or not.
-    fn over_budget(&self, now: Instant) -> bool {
-        let mut p = lock(&self.progress);
-        if p.window_start
-            .is_some_and(|w| now.saturating_duration_since(w) >= self.rules.window)
+    fn over_budget(&mut self, now: Instant, rules: &StallRules) -> bool {
+        if self
+            .window_start
+            .is_some_and(|w| now.saturating_duration_since(w) >= rules.window)
         {
-            p.window_start = None;
-            p.stalls = 0;
+            self.window_start = None;
+            self.stalls = 0;
         }
-        p.stalls >= self.rules.stalls_max
+        self.stalls >= rules.stalls_max
     }
 
-    /// When it counts as stalled if it takes nothing in until then, for a publisher held
-    /// since `since`.
-    fn stall_deadline(&self, since: Instant) -> Instant {
-        let at = lock(&self.progress).at.map_or(since, |at| at.max(since));
-        at + self.rules.stall
-    }
-
-    /// Subscriber, disconnected for stalling: its record starts over with its next
-    /// connection (an offline session holds no one back anyway).
-    pub(crate) fn forgive(&self) {
-        *lock(&self.progress) = Progress::default();
-        self.stuck.store(false, Ordering::Release);
-    }
-
-    /// Subscriber, after a turn: the stretch to schedule a check of its backlog for (once
-    /// per backlogged stretch).
-    pub(crate) fn arm_check(&self) -> Option<u64> {
-        (self.holds() && !self.check_armed.swap(true, Ordering::AcqRel))
-            .then(|| self.stretch.load(Ordering::Acquire))
-    }
-
-    /// Subscriber, when the check armed in `stretch` fires: still in that backlogged
-    /// stretch means it did not drain for that long: it stops holding its publishers back,
-    /// and they go.
-    pub(crate) fn check(&self, stretch: u64) -> bool {
-        if stretch != self.stretch.load(Ordering::Acquire) {
-            // From a stretch that ended; the current one has its own check.
-            return false;
-        }
-        self.check_armed.store(false, Ordering::Release);
-        if !self.backlogged() {
-            return false;
-        }
-        self.stall(time::now())
-    }
-
-    /// Router: marks the subscriber backlogged ahead of its own next update, from what the
-    /// router knows is on its way to it. The subscriber's update clears it.
-    pub(crate) fn set_backlogged(&self) {
-        self.backlogged.store(true, Ordering::Release);
-    }
-
-    /// Router: `n` deliveries went into the subscriber's mailbox.
-    pub(crate) fn handed(&self, n: usize) {
-        self.handed.fetch_add(n as u64, Ordering::Relaxed);
-    }
-
-    /// Subscriber: `n` deliveries came out of its mailbox.
-    pub(crate) fn taken(&self, n: usize) {
-        self.taken.fetch_add(n as u64, Ordering::Relaxed);
-    }
-
-    /// Deliveries in the subscriber's mailbox, not yet in its session.
-    pub(crate) fn in_transit(&self) -> usize {
-        let taken = self.taken.load(Ordering::Relaxed);
-        let handed = self.handed.load(Ordering::Relaxed);
-        usize::try_from(handed.saturating_sub(taken)).unwrap_or(usize::MAX)
-    }
-
-    /// Messages waiting for the subscriber: queued in its session, and on their way.
-    pub(crate) fn waiting(&self) -> usize {
-        self.queued.load(Ordering::Relaxed) + self.in_transit()
-    }
-
-    /// The subscriber's state after a turn; `progressed`: it acknowledged something.
-    /// Clearing `backlogged` wakes every publisher that waited on it. `now` is read only
-    /// while the subscriber is backlogged or stuck: most turns of most clients are neither.
-    pub(crate) fn update(
-        &self,
-        saturated: bool,
-        backlogged: bool,
-        queued: usize,
-        progressed: bool,
-        now: impl Fn() -> Instant,
-    ) {
-        self.saturated.store(saturated, Ordering::Relaxed);
-        let before = self.queued.swap(queued, Ordering::Relaxed);
-        let was = self.backlogged.swap(backlogged, Ordering::AcqRel);
-        if backlogged && (!was || progressed || queued < before) {
-            lock(&self.progress).at = Some(now());
-        }
-        if !backlogged && (was || self.check_armed.load(Ordering::Acquire)) {
-            // Drained: the stretch ends (its check, if armed, finds it over).
-            self.stretch.fetch_add(1, Ordering::AcqRel);
-            self.check_armed.store(false, Ordering::Release);
-        }
-        if !backlogged && self.stuck.load(Ordering::Acquire) && !self.over_budget(now()) {
-            // Drained, and stalls left in the window: it holds publishers back again next
-            // time.
-            self.stuck.store(false, Ordering::Release);
-        }
-        if was && !backlogged {
-            let waiters = std::mem::take(&mut *lock(&self.waiters));
-            for w in waiters {
-                w.wake();
+    /// The subscriber attached (`online`) or detached; `may_hold` is its identity's right
+    /// to hold (`mqtt.backpressure_holders`). Offline, it holds no one. `forgive`: its
+    /// stall record starts over (it was disconnected for stalling).
+    pub(crate) fn presence(&mut self, online: bool, may_hold: bool, forgive: bool) -> Outcome {
+        self.online = online;
+        self.may_hold = may_hold;
+        let mut out = Outcome::default();
+        if !online || !may_hold {
+            if self.backlogged || self.stuck {
+                out.watch = Some(false);
             }
+            self.backlogged = false;
+            out.release = std::mem::take(&mut self.holding);
         }
+        if !online && forgive {
+            self.stuck = false;
+            self.stalls = 0;
+            self.window_start = None;
+        }
+        out
     }
 
-    /// Router: this publisher fed `subscriber` while it was backlogged.
-    pub(crate) fn hold_for(&self, subscriber: &Arc<Flow>) {
-        let mut held_by = lock(&self.held_by);
-        if held_by
-            .as_ref()
-            .is_some_and(|h| Arc::ptr_eq(&h.subscriber, subscriber))
-        {
-            // Still the same wait: its start stands (a stall is judged from it).
-            return;
-        }
-        *held_by = Some(Held {
-            subscriber: subscriber.clone(),
-            since: time::now(),
-            timer: None,
-        });
-        self.maybe_held.store(true, Ordering::Release);
+    /// The subscriber is gone: everyone it held goes.
+    pub(crate) fn end(&mut self) -> Vec<Holder> {
+        self.backlogged = false;
+        std::mem::take(&mut self.holding)
     }
+}
 
-    /// Publisher, in the middle of a turn: whether it has been held back since the turn
-    /// began (no waker: the turn ends, and the next look for input registers one).
+/// A publisher's side: the (shard, subscriber) pairs it is held back for.
+#[derive(Debug, Default)]
+pub(crate) struct Holds(Vec<(u16, ActorId)>);
+
+impl Holds {
     pub(crate) fn is_held(&self) -> bool {
-        if !self.maybe_held.load(Ordering::Acquire) {
-            return false;
-        }
-        lock(&self.held_by)
-            .as_ref()
-            .is_some_and(|h| h.subscriber.holds())
+        !self.0.is_empty()
     }
 
-    /// Publisher: whether its publishes are held back now. When they are, the task of `cx`
-    /// is woken once the subscriber it waits on drains. A subscriber found stalled (see
-    /// [`StallRules`]) stops holding, and `stalls` counts it: judged here, on the held
-    /// side, because a stalled subscriber's own actor may be stuck in a write.
-    pub(crate) fn poll_held(&self, cx: &mut Context<'_>, stalls: &AtomicU64) -> bool {
-        if !self.maybe_held.load(Ordering::Acquire) {
-            return false;
+    pub(crate) fn hold(&mut self, shard: u16, subscriber: ActorId) {
+        if !self.0.contains(&(shard, subscriber)) {
+            self.0.push((shard, subscriber));
         }
-        let mut held_by = lock(&self.held_by);
-        let Some(held) = held_by.as_mut() else {
-            return false;
+    }
+
+    pub(crate) fn release(&mut self, shard: u16, subscriber: ActorId) {
+        self.0.retain(|h| *h != (shard, subscriber));
+    }
+}
+
+/// A subscriber's side: what it took from each shard and what it told each.
+#[derive(Debug)]
+pub(crate) struct Reporter {
+    taken: Vec<u64>,
+    reported: Vec<u64>,
+    watched: Vec<bool>,
+    /// Shards that found it stalled and have not seen it drain since.
+    stuck: Vec<bool>,
+    queued: usize,
+    saturated: bool,
+    progressed: bool,
+    quantum: u64,
+    /// Its queue alone is over the high mark (until down to the low one): every shard is
+    /// told when this flips, since each sees only its own part of what fills the queue.
+    full: bool,
+    high: usize,
+    low: usize,
+}
+
+impl Reporter {
+    /// For `shards` shards. A report is due every [`Reporter::quantum`] deliveries taken
+    /// from a shard although nothing else changed, so that a shard's count of what is in
+    /// the subscriber's mailbox is never off by more than that.
+    pub(crate) fn new(shards: usize, rules: &StallRules) -> Self {
+        let quantum = Self::quantum(rules);
+        Self {
+            full: false,
+            high: rules.high,
+            low: rules.low,
+            taken: vec![0; shards],
+            reported: vec![0; shards],
+            watched: vec![false; shards],
+            stuck: vec![false; shards],
+            queued: 0,
+            saturated: false,
+            progressed: false,
+            quantum: quantum.max(1) as u64,
+        }
+    }
+
+    /// The quantum for a session queue bound: half the low mark, at least one batch.
+    fn quantum(rules: &StallRules) -> usize {
+        (rules.low / 2).max(crate::destination::BATCH_MAX)
+    }
+
+    pub(crate) fn taken(&mut self, shard: usize, n: usize) {
+        if let Some(t) = self.taken.get_mut(shard) {
+            *t += n as u64;
+        }
+    }
+
+    pub(crate) fn progressed(&mut self) {
+        self.progressed = true;
+    }
+
+    /// `shard` watches it (a backlogged stretch began) or stops (it drained, and any
+    /// stall there is forgiven).
+    pub(crate) fn watch(&mut self, shard: usize, on: bool) {
+        if let Some(w) = self.watched.get_mut(shard) {
+            *w = on;
+        }
+        if !on {
+            if let Some(s) = self.stuck.get_mut(shard) {
+                *s = false;
+            }
+        }
+    }
+
+    /// `shard` found it stalled: what that shard sends is no longer kept past the bound.
+    pub(crate) fn stalled(&mut self, shard: usize) {
+        if let Some(s) = self.stuck.get_mut(shard) {
+            *s = true;
+        }
+    }
+
+    /// Whether a QoS 1/2 delivery from `shard` arriving at a session with `queued`
+    /// messages is kept past the queue bound, as held back. While the queue is over the
+    /// high mark its publishers are being held, but what a shard routed before it learned
+    /// (its view of this queue lags by the messages ahead in its mailbox, and other shards
+    /// fill the queue too) was acknowledged already: it is kept, up to the hard bound,
+    /// rather than dropped. Not from a shard that found it stalled: a stalled subscriber's
+    /// queue drops by its policy.
+    pub(crate) fn absorbs(&self, shard: usize, queued: usize) -> bool {
+        let full = if self.full {
+            queued > self.low
+        } else {
+            queued >= self.high
         };
-        let subscriber = held.subscriber.clone();
-        while subscriber.holds() {
-            let deadline = subscriber.stall_deadline(held.since);
-            let now = time::now();
-            if now >= deadline {
-                if subscriber.stall(now) {
-                    stalls.fetch_add(1, Ordering::Relaxed);
-                }
-                break;
-            }
-            if held.timer.as_ref().is_none_or(|t| t.0 != deadline) {
-                held.timer = Some((deadline, Box::pin(time::sleep_until(deadline))));
-            }
-            match held.timer.as_mut().map(|t| t.1.as_mut().poll(cx)) {
-                Some(Poll::Pending) => break,
-                // Due: look again (it may have moved meanwhile).
-                _ => held.timer = None,
-            }
-        }
-        if subscriber.holds() {
-            {
-                let mut waiters = lock(&subscriber.waiters);
-                if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                    waiters.push(cx.waker().clone());
-                }
-            }
-            // Checked again after registering: a drain in between found no waker to wake.
-            if subscriber.holds() {
-                return true;
-            }
-        }
-        *held_by = None;
-        self.maybe_held.store(false, Ordering::Release);
-        false
+        full && !self.stuck.get(shard).copied().unwrap_or(true)
     }
 
-    /// The client is gone or detached: nobody waits on it, and it waits on nobody.
-    pub(crate) fn release(&self) {
-        self.update(false, false, 0, false, time::now);
-        let mut held_by = lock(&self.held_by);
-        *held_by = None;
-        self.maybe_held.store(false, Ordering::Release);
+    /// The reports due after a turn that left the session with `queued` messages and
+    /// `saturated` as given, one per shard that needs one.
+    pub(crate) fn due(&mut self, queued: usize, saturated: bool) -> Vec<(usize, FlowReport)> {
+        let queue_moved = queued != self.queued;
+        let full = if self.full {
+            queued > self.low
+        } else {
+            queued >= self.high
+        };
+        let flipped = saturated != self.saturated || full != self.full;
+        self.full = full;
+        let progressed = std::mem::take(&mut self.progressed);
+        let mut out = Vec::new();
+        for s in 0..self.taken.len() {
+            let fresh = self.taken[s] - self.reported[s];
+            let watched_change = self.watched[s] && (fresh > 0 || queue_moved || progressed);
+            if flipped || watched_change || fresh >= self.quantum {
+                self.reported[s] = self.taken[s];
+                out.push((
+                    s,
+                    FlowReport {
+                        taken: self.taken[s],
+                        queued,
+                        saturated,
+                        progressed,
+                    },
+                ));
+            }
+        }
+        self.queued = queued;
+        self.saturated = saturated;
+        out
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicUsize;
-    use std::task::Wake;
-
-    struct Count(AtomicUsize);
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    static STALLS: AtomicU64 = AtomicU64::new(0);
-
-    /// A waker that counts its wakes.
-    fn counting_waker() -> (Arc<Count>, Waker) {
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        (count.clone(), Waker::from(count))
-    }
-
-    #[tokio::test]
-    async fn a_publisher_is_held_while_its_subscriber_is_backlogged_and_woken_once_it_drains() {
-        let (count, waker) = counting_waker();
-        let mut cx = Context::from_waker(&waker);
-        let (publisher, subscriber) = (Flow::default(), Arc::new(Flow::default()));
-        assert!(!publisher.poll_held(&mut cx, &STALLS), "nothing holds it");
-
-        subscriber.update(false, true, 0, false, time::now);
-        publisher.hold_for(&subscriber);
-        assert!(publisher.poll_held(&mut cx, &STALLS));
-        assert!(
-            publisher.poll_held(&mut cx, &STALLS),
-            "polled again: still held"
-        );
-        assert_eq!(lock(&subscriber.waiters).len(), 1, "one waker per task");
-        assert_eq!(count.0.load(Ordering::SeqCst), 0);
-
-        subscriber.update(false, false, 0, false, time::now);
-        assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken when it drained");
-        assert!(!publisher.poll_held(&mut cx, &STALLS));
-        assert!(lock(&publisher.held_by).is_none(), "forgotten once clear");
-    }
-
-    #[tokio::test]
-    async fn a_subscriber_backlogged_past_its_check_lets_its_publishers_go_until_it_drains() {
-        let (count, waker) = counting_waker();
-        let mut cx = Context::from_waker(&waker);
-        let (publisher, subscriber) = (Flow::default(), Arc::new(Flow::default()));
-        subscriber.update(false, true, 40, false, time::now);
-        let first = subscriber.arm_check().expect("armed");
-        assert_eq!(subscriber.arm_check(), None, "armed once per stretch");
-        publisher.hold_for(&subscriber);
-        assert!(publisher.poll_held(&mut cx, &STALLS));
-        assert!(
-            subscriber.check(first),
-            "still backlogged when the check fires"
-        );
-        assert_eq!(
-            count.0.load(Ordering::SeqCst),
-            1,
-            "its publishers are woken"
-        );
-        assert!(!publisher.poll_held(&mut cx, &STALLS), "and no longer held");
-        assert!(!subscriber.holds());
-        assert_eq!(subscriber.arm_check(), None, "stuck: nothing to check");
-        // Drained, then backlogged again: it holds publishers back again.
-        subscriber.update(false, false, 0, false, time::now);
-        subscriber.update(false, true, 40, false, time::now);
-        assert!(subscriber.holds());
-        let second = subscriber.arm_check().expect("armed again");
-        subscriber.update(false, false, 0, false, time::now);
-        subscriber.update(false, true, 40, false, time::now);
-        let third = subscriber.arm_check().expect("a new stretch");
-        assert!(
-            !subscriber.check(second),
-            "that stretch ended: its check is void"
-        );
-        assert!(subscriber.holds(), "the new stretch still holds");
-        assert!(subscriber.check(third));
-    }
-
-    #[tokio::test]
-    async fn what_is_on_its_way_counts_as_waiting() {
-        let f = Flow::default();
-        f.update(false, false, 3, false, time::now);
-        f.handed(64);
-        f.taken(60);
-        assert_eq!((f.in_transit(), f.waiting()), (4, 7));
-        // The subscriber may take a batch before the router has counted it as handed.
-        f.taken(10);
-        assert_eq!(f.in_transit(), 0);
-        f.handed(10);
-        assert_eq!(f.in_transit(), 4, "the four still in the mailbox");
-    }
-
-    #[tokio::test]
-    async fn a_subscriber_that_goes_away_releases_its_publishers() {
-        let (count, waker) = counting_waker();
-        let mut cx = Context::from_waker(&waker);
-        let (publisher, subscriber) = (Flow::default(), Arc::new(Flow::default()));
-        subscriber.update(true, true, 0, false, time::now);
-        publisher.hold_for(&subscriber);
-        assert!(publisher.poll_held(&mut cx, &STALLS));
-        subscriber.release();
-        assert_eq!(count.0.load(Ordering::SeqCst), 1);
-        assert!(!subscriber.saturated());
-        assert!(!publisher.poll_held(&mut cx, &STALLS));
-    }
-
-    #[tokio::test]
-    async fn a_subscriber_that_takes_nothing_in_is_stalled_by_the_publisher_it_holds() {
-        let (count, waker) = counting_waker();
-        let mut cx = Context::from_waker(&waker);
-        let stalls = AtomicU64::new(0);
-        let instant = StallRules {
-            stall: Duration::ZERO,
-            ..StallRules::default()
-        };
-        let (publisher, subscriber) = (Flow::default(), Arc::new(Flow::new(instant)));
-        subscriber.update(false, true, 40, false, time::now);
-        publisher.hold_for(&subscriber);
-        assert!(
-            !publisher.poll_held(&mut cx, &stalls),
-            "stalled: let go at once"
-        );
-        assert_eq!(stalls.load(Ordering::SeqCst), 1);
-        assert!(subscriber.is_stuck() && !subscriber.holds());
-        assert_eq!(
-            count.0.load(Ordering::SeqCst),
-            0,
-            "nothing registered to wake"
-        );
-
-        // A patient rule: progress within the stall time keeps the hold.
-        let (publisher, subscriber) = (Flow::default(), Arc::new(Flow::default()));
-        subscriber.update(false, true, 40, false, time::now);
-        publisher.hold_for(&subscriber);
-        assert!(publisher.poll_held(&mut cx, &stalls));
-        subscriber.update(false, true, 40, true, time::now);
-        assert!(
-            publisher.poll_held(&mut cx, &stalls),
-            "slow but moving: still held"
-        );
-        assert_eq!(stalls.load(Ordering::SeqCst), 1);
-    }
-
-    #[tokio::test]
-    async fn a_subscriber_that_stalls_too_often_holds_no_one_back_for_the_window() {
-        let now = time::now();
-        let rules = StallRules {
-            stall: Duration::from_secs(2),
-            stalls_max: 2,
-            window: Duration::from_secs(60),
-        };
-        let subscriber = Flow::new(rules);
-        for round in 0..2 {
-            subscriber.update(false, true, 40, false, || now);
-            assert!(
-                subscriber.holds(),
-                "round {round}: holds while within budget"
-            );
-            assert!(subscriber.stall(now));
-            assert!(!subscriber.stall(now), "one stall per stretch");
-            // Drains: the re-arm pattern.
-            subscriber.update(false, false, 0, true, || now);
-        }
-        subscriber.update(false, true, 40, false, || now);
-        assert!(
-            !subscriber.holds(),
-            "two stalls in the window: drained or not, it holds no one"
-        );
-        let later = now + Duration::from_secs(61);
-        subscriber.update(false, false, 0, true, || later);
-        subscriber.update(false, true, 40, false, || later);
-        assert!(subscriber.holds(), "a new window: held again");
-    }
-
-    #[tokio::test]
-    async fn an_excluded_subscriber_never_holds() {
-        let subscriber = Flow::default();
-        subscriber.set_may_hold(false);
-        subscriber.update(false, true, 40, false, time::now);
-        assert!(subscriber.backlogged() && !subscriber.holds());
-    }
-}
+#[path = "flow_tests.rs"]
+mod tests;

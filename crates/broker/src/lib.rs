@@ -70,6 +70,8 @@ use sys::{SysActor, SysMsg};
 /// Mailbox of the router: deep enough to absorb a burst from many publishers; a full one
 /// makes publishers wait (back-pressure), never grows.
 pub(crate) const ROUTER_MAILBOX: usize = 4096;
+/// The urgent lane of a router shard: subscribers' back-pressure reports.
+const SHARD_URGENT: usize = 1024;
 
 /// Starts the router's shards, each on a worker of its own (modulo the workers): a shard
 /// is the busiest actor of a node, and shards that share a thread route in turn rather than
@@ -85,9 +87,14 @@ fn start_shards(shared: &Arc<Shared>) -> Shards {
         .map(|i| {
             start_with(
                 RouterActor::new(shared.clone(), i, map.clone()),
-                Options::named("router")
-                    .capacity(ROUTER_MAILBOX)
-                    .on_worker(i),
+                Options {
+                    // Back-pressure reports from subscribers (see `flow`), ahead of the
+                    // publishes: one per subscriber turn at most, so a deep lane.
+                    urgent_capacity: SHARD_URGENT,
+                    ..Options::named("router")
+                        .capacity(ROUTER_MAILBOX)
+                        .on_worker(i)
+                },
             )
         })
         .collect();

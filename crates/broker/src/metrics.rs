@@ -25,6 +25,7 @@ pub(crate) struct Metrics {
     pub dropped_acl: AtomicU64,
     pub client_id_refused: AtomicU64,
     pub backpressure_stalls: AtomicU64,
+    pub backpressure_holds: AtomicU64,
     // Before authentication (listener.rs).
     pub connect_too_large: AtomicU64,
     pub connect_budget_waits: AtomicU64,
@@ -84,6 +85,8 @@ pub struct MetricsSnapshot {
     pub client_id_refused: u64,
     /// Subscribers found stalled while holding publishers back (they stopped holding).
     pub backpressure_stalls: u64,
+    /// Publishers held back for a backlogged subscriber (one per publisher and stretch).
+    pub backpressure_holds: u64,
     /// CONNECTs refused because they declared more than the listener's
     /// `max_connect_packet_size`.
     pub connect_too_large: u64,
@@ -117,6 +120,7 @@ impl Metrics {
             dropped_acl: get(&self.dropped_acl),
             client_id_refused: get(&self.client_id_refused),
             backpressure_stalls: get(&self.backpressure_stalls),
+            backpressure_holds: get(&self.backpressure_holds),
             connect_too_large: get(&self.connect_too_large),
             connect_budget_waits: get(&self.connect_budget_waits),
             login_failed: get(&self.login_failed),

@@ -12,7 +12,7 @@ use starling_session::{DeliveryOptions, Message, SubscribeRequest};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::conn::Io;
-use crate::flow::Flow;
+use crate::flow::FlowReport;
 
 // --- to a client actor ---------------------------------------------------------------
 
@@ -40,12 +40,30 @@ pub(crate) enum ClientMsg {
     Input(Vec<Packet>, Option<CodecError>),
     /// The read side of the attached connection ended (EOF or error).
     InputEnd,
-    /// Routed messages, oldest first (at most the router's `BATCH_MAX`).
-    Deliver(Vec<Delivery>),
+    /// Routed messages from shard `.0`, oldest first (at most `BATCH_MAX`).
+    Deliver(u16, Vec<Delivery>),
     /// The session's timer.
     Timeout,
-    /// Time to see whether this subscriber is still backlogged (see the `flow` module).
-    BacklogCheck(u64),
+    /// As a publisher: hold back PUBLISH for the subscriber `subscriber` on `shard` until
+    /// released (see the `flow` module).
+    Hold {
+        shard: u16,
+        subscriber: ActorId,
+    },
+    Release {
+        shard: u16,
+        subscriber: ActorId,
+    },
+    /// As a subscriber: `shard` watches its backlog (report every change) or stops.
+    Watch {
+        shard: u16,
+        on: bool,
+    },
+    /// As a subscriber: `shard` found it stalled while holding publishers back (with
+    /// `backpressure_stuck_policy = "disconnect"` it is disconnected).
+    Stalled {
+        shard: u16,
+    },
     /// The broker is stopping.
     Shutdown(Reply<()>),
 }
@@ -100,15 +118,22 @@ pub(crate) enum Admission {
     Admitted { new: Vec<bool> },
 }
 
+/// A publisher that may be held back (see the `flow` module).
+#[derive(Clone)]
+pub(crate) struct Publisher {
+    pub id: ActorId,
+    pub addr: WeakAddr<ClientMsg>,
+}
+
 pub(crate) enum RouterMsg {
-    /// Route (and retain, or schedule if `$delayed/`) a message; with the publisher's flow
-    /// when it may be held back.
-    Publish(Arc<Message>, Option<Arc<Flow>>),
+    /// Route (and retain, or schedule if `$delayed/`) a message; with its publisher when
+    /// it may be held back.
+    Publish(Arc<Message>, Option<Publisher>),
     Subscribe {
         client_id: Arc<str>,
         client: WeakAddr<ClientMsg>,
-        /// The client's back-pressure state (see the `flow` module).
-        flow: Arc<Flow>,
+        /// Whether it may hold its publishers back (`mqtt.backpressure_holders`).
+        may_hold: bool,
         filters: Vec<SubscribeRequest>,
         admission: Admission,
         reply: Reply<SubscribeResult>,
@@ -124,10 +149,23 @@ pub(crate) enum RouterMsg {
         actor: ActorId,
         filters: Vec<String>,
     },
-    /// A client attached or detached: shared groups prefer online members.
+    /// A client attached or detached: shared groups prefer online members, and an
+    /// offline one holds no publisher back.
     Presence {
         client_id: Arc<str>,
         online: bool,
+        may_hold: bool,
+    },
+    /// A subscriber's back-pressure report (see the `flow` module).
+    Flow {
+        client_id: Arc<str>,
+        actor: ActorId,
+        report: FlowReport,
+    },
+    /// A check of a backlogged subscriber's progress, for its stretch `epoch`.
+    FlowCheck {
+        client_id: Arc<str>,
+        epoch: u64,
     },
     DelayedDue(Arc<Message>),
     Stats(Reply<RouterStats>),

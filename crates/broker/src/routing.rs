@@ -27,18 +27,19 @@ use std::time::Duration;
 
 use rand::RngCore;
 use starling_codec::ReasonCode;
+use starling_config::StuckPolicy;
 use starling_router::{
     parse_delayed, parse_subscription, Delayed, Delivery as Routed, Merge, PublishContext,
     RetainedIndex, Router, RouterError, ShardMap, DELAYED_PREFIX,
 };
-use starling_rt::{rng, Actor, Ctx, TimerId, WeakAddr};
+use starling_rt::{rng, time, Actor, ActorId, Ctx, TimerId, TrySendError, WeakAddr};
 use starling_session::{DeliveryOptions, Message, SubscribeRequest};
 use tracing::debug;
 
 use crate::destination::{is_qos0, Destination, Flushed, BATCH_MAX};
-use crate::flow::Flow;
+use crate::flow::{Backlog, Outcome, StallRules};
 use crate::metrics::add;
-use crate::msg::{Admission, ClientMsg, RouterMsg, RouterStats, SubscribeResult};
+use crate::msg::{Admission, ClientMsg, Publisher, RouterMsg, RouterStats, SubscribeResult};
 use crate::settings::Shared;
 
 /// A subscription's options as the shard stores them: what a delivery through it carries,
@@ -85,6 +86,11 @@ pub(crate) struct RouterActor {
     retry: Option<TimerId>,
     /// Bound of one client's pending list (the session queue length, at least a batch).
     pending_max: usize,
+    /// Back-pressure thresholds and stall rules (see [`crate::flow`]).
+    rules: StallRules,
+    /// Control messages (hold, release, watch) that found no room, oldest first, retried
+    /// with the blocked batches: a shard never waits on a client.
+    outbox: Vec<(WeakAddr<ClientMsg>, ClientMsg)>,
 }
 
 /// `total` split over `n` shards, rounded up: each shard's part of a node-wide cap.
@@ -106,7 +112,10 @@ impl RouterActor {
         let retained = RetainedIndex::new(retained_config);
         let pending_max = shared.limits.mqueue_len_max.max(BATCH_MAX);
         let delayed_max = share_of(u64::from(shared.config.mqtt.delayed_publish_max), n);
+        let rules = StallRules::new(&shared.config.mqtt, &shared.limits);
         Self {
+            rules,
+            outbox: Vec::new(),
             shared,
             index,
             map,
@@ -126,7 +135,7 @@ impl RouterActor {
         }
     }
 
-    fn publish(&mut self, msg: Arc<Message>, from: Option<Arc<Flow>>, ctx: &mut Ctx<Self>) {
+    fn publish(&mut self, msg: Arc<Message>, from: Option<Publisher>, ctx: &mut Ctx<Self>) {
         if msg.topic.starts_with(DELAYED_PREFIX) {
             self.schedule(&msg, ctx);
             return;
@@ -157,7 +166,7 @@ impl RouterActor {
             |a, b| Arc::ptr_eq(a, b) || a == b,
         );
         for d in merged.drain(..) {
-            self.offer(&msg, d.subscriber, d.options.0, from.as_ref());
+            self.offer(&msg, d.subscriber, d.options.0, from.as_ref(), ctx);
         }
         self.routed += 1;
         self.merged = merged;
@@ -170,32 +179,53 @@ impl RouterActor {
         msg: &Arc<Message>,
         subscriber: Arc<str>,
         mut opts: DeliveryOptions,
-        from: Option<&Arc<Flow>>,
+        from: Option<&Publisher>,
+        ctx: &mut Ctx<Self>,
     ) {
         let Some(Destination::Local(client)) = self.destinations.get_mut(&subscriber) else {
             return;
         };
-        if let Some(from) = from {
+        let me = client.addr.id();
+        let mut outcome = None;
+        let mut hold = None;
+        if let Some(from) = from.filter(|f| f.id != me && client.online) {
             // Held back for a QoS 1/2 delivery to an online subscriber only, and never
-            // by itself. What waits here and in its mailbox counts: its own flag shows
-            // a flood only after its next turn, too late for what is routed meanwhile.
-            let f = &client.flow;
-            if !is_qos0(msg, &opts)
-                && client.online
-                && !Arc::ptr_eq(from, f)
-                && !f.is_stuck()
-                && f.may_hold()
-                && (f.backlogged()
-                    || f.waiting() + client.pending.len() >= self.shared.limits.backlog_high())
-            {
-                f.set_backlogged();
-                from.hold_for(f);
-                // Read and acknowledged before the hold reached its publisher: kept
-                // past the queue bound (up to the hard bound) rather than dropped.
-                opts.held_back = true;
+            // by itself. What waits here and in its mailbox counts: its own queue shows a
+            // flood only after its next turn, too late for what is routed meanwhile.
+            if !is_qos0(msg, &opts) {
+                let (holds, o) = client
+                    .backlog
+                    .judge(time::now, client.pending.len(), &self.rules);
+                outcome = Some(o);
+                if holds {
+                    if client.backlog.hold((from.id, from.addr.clone())) {
+                        hold = Some(from.addr.clone());
+                    }
+                    // Read and acknowledged before the hold reached its publisher: kept
+                    // past the queue bound (up to the hard bound) rather than dropped.
+                    opts.held_back = true;
+                }
             }
         }
-        if client.flow.saturated() && !opts.held_back {
+        let saturated = client.backlog.saturated();
+        if let Some(addr) = hold {
+            add(&self.shared.metrics.backpressure_holds, 1);
+            let shard = self.index as u16;
+            self.control(
+                &addr,
+                ClientMsg::Hold {
+                    shard,
+                    subscriber: me,
+                },
+            );
+        }
+        if let Some(o) = outcome {
+            self.apply(&subscriber, o, ctx);
+        }
+        let Some(Destination::Local(client)) = self.destinations.get_mut(&subscriber) else {
+            return;
+        };
+        if saturated && !opts.held_back {
             // What the session would do with it, without the trip.
             add(&self.shared.metrics.dropped_queue_full, 1);
             return;
@@ -230,14 +260,23 @@ impl RouterActor {
                 self.dirty.swap_remove(i);
                 continue;
             };
-            if dest.flush() == Flushed::Blocked {
-                blocked += 1;
-                i += 1;
-            } else {
-                self.dirty.swap_remove(i);
+            match dest.flush(self.index as u16) {
+                Flushed::Blocked => {
+                    blocked += 1;
+                    i += 1;
+                }
+                Flushed::Done => {
+                    self.dirty.swap_remove(i);
+                }
+                Flushed::Gone => {
+                    let released = dest.end();
+                    self.dirty.swap_remove(i);
+                    self.release(released, ActorId(0));
+                }
             }
         }
-        if blocked > 0 && self.retry.is_none() {
+        self.send_outbox();
+        if (blocked > 0 || !self.outbox.is_empty()) && self.retry.is_none() {
             self.retry = Some(ctx.after(RETRY_BLOCKED, RouterMsg::RetryBlocked));
         }
     }
@@ -281,18 +320,19 @@ impl RouterActor {
         &mut self,
         client_id: Arc<str>,
         client: WeakAddr<ClientMsg>,
-        flow: Arc<Flow>,
+        may_hold: bool,
         filters: Vec<SubscribeRequest>,
         admission: Admission,
     ) -> SubscribeResult {
         match self.destinations.get_mut(&client_id) {
-            Some(Destination::Local(l)) => {
-                l.addr = client;
-                l.flow = flow;
-            }
-            None => {
-                self.destinations
-                    .insert(client_id.clone(), Destination::local(client, flow));
+            Some(d) if d.actor() == client.id() => {}
+            _ => {
+                // New, or an actor after one whose session ended: its counts start over.
+                let fresh = Destination::local(client, Backlog::new(time::now(), may_hold));
+                if let Some(mut old) = self.destinations.insert(client_id.clone(), fresh) {
+                    let released = old.end();
+                    self.release(released, old.actor());
+                }
             }
         }
         let mut res = SubscribeResult::default();
@@ -341,6 +381,67 @@ impl RouterActor {
         res
     }
 
+    /// Carries out what a subscriber's backlog asks for.
+    fn apply(&mut self, client_id: &Arc<str>, o: Outcome, ctx: &mut Ctx<Self>) {
+        let Some(Destination::Local(client)) = self.destinations.get(client_id) else {
+            return;
+        };
+        let (addr, epoch) = (client.addr.clone(), client.backlog.epoch());
+        let shard = self.index as u16;
+        self.release(o.release, addr.id());
+        if let Some(on) = o.watch {
+            self.control(&addr, ClientMsg::Watch { shard, on });
+        }
+        if o.stalled {
+            add(&self.shared.metrics.backpressure_stalls, 1);
+            debug!(client_id = %client_id, "stalled while holding publishers back: no longer holding");
+            self.control(&addr, ClientMsg::Stalled { shard });
+        }
+        if let Some(at) = o.check_at {
+            let client_id = client_id.clone();
+            ctx.after(
+                at.saturating_duration_since(time::now()),
+                RouterMsg::FlowCheck { client_id, epoch },
+            );
+        }
+    }
+
+    /// Lets publishers held for `subscriber` go.
+    fn release(&mut self, holders: Vec<crate::flow::Holder>, subscriber: ActorId) {
+        let shard = self.index as u16;
+        for (_, addr) in holders {
+            self.control(&addr, ClientMsg::Release { shard, subscriber });
+        }
+    }
+
+    /// Sends a control message on the urgent lane, after any still waiting for the same
+    /// client (order kept); one that finds no room waits in the outbox.
+    fn control(&mut self, addr: &WeakAddr<ClientMsg>, msg: ClientMsg) {
+        if self.outbox.iter().any(|(a, _)| a.id() == addr.id()) {
+            self.outbox.push((addr.clone(), msg));
+            return;
+        }
+        if let Err(TrySendError::Full(msg)) = addr.try_send_urgent(msg) {
+            self.outbox.push((addr.clone(), msg));
+        }
+    }
+
+    fn send_outbox(&mut self) {
+        let mut blocked: Vec<ActorId> = Vec::new();
+        let mut kept = Vec::new();
+        for (addr, msg) in std::mem::take(&mut self.outbox) {
+            if blocked.contains(&addr.id()) {
+                kept.push((addr, msg));
+                continue;
+            }
+            if let Err(TrySendError::Full(msg)) = addr.try_send_urgent(msg) {
+                blocked.push(addr.id());
+                kept.push((addr, msg));
+            }
+        }
+        self.outbox = kept;
+    }
+
     /// Removes a subscription; counts it off if this shard is its home.
     fn unsubscribe(&mut self, client_id: &Arc<str>, filter: &str) -> Result<bool, RouterError> {
         let removed = self.router.unsubscribe(client_id, filter)?.is_some();
@@ -374,16 +475,21 @@ impl Actor for RouterActor {
                 self.delayed = self.delayed.saturating_sub(1);
                 self.publish(m, None, ctx);
             }
-            RouterMsg::RetryBlocked => self.retry = None,
+            RouterMsg::RetryBlocked => {
+                self.retry = None;
+                if !self.outbox.is_empty() && self.dirty.is_empty() {
+                    self.flush(ctx);
+                }
+            }
             RouterMsg::Subscribe {
                 client_id,
                 client,
-                flow,
+                may_hold,
                 filters,
                 admission,
                 reply,
             } => {
-                let r = self.subscribe(client_id, client, flow, filters, admission);
+                let r = self.subscribe(client_id, client, may_hold, filters, admission);
                 let _ = reply.send(r);
             }
             RouterMsg::Unsubscribe {
@@ -414,12 +520,42 @@ impl Actor for RouterActor {
                     .get(&client_id)
                     .is_some_and(|d| d.actor() == actor)
                 {
-                    self.destinations.remove(&client_id);
+                    if let Some(mut d) = self.destinations.remove(&client_id) {
+                        let released = d.end();
+                        self.release(released, actor);
+                    }
                 }
             }
-            RouterMsg::Presence { client_id, online } => {
+            RouterMsg::Presence {
+                client_id,
+                online,
+                may_hold,
+            } => {
+                let forgive =
+                    self.shared.config.mqtt.backpressure_stuck_policy == StuckPolicy::Disconnect;
                 if let Some(Destination::Local(c)) = self.destinations.get_mut(&client_id) {
                     c.online = online;
+                    let o = c.backlog.presence(online, may_hold, forgive);
+                    self.apply(&client_id, o, ctx);
+                }
+            }
+            RouterMsg::Flow {
+                client_id,
+                actor,
+                report,
+            } => {
+                if let Some(Destination::Local(c)) = self.destinations.get_mut(&client_id) {
+                    if c.addr.id() == actor {
+                        let pending = c.pending.len();
+                        let o = c.backlog.report(time::now(), report, pending, &self.rules);
+                        self.apply(&client_id, o, ctx);
+                    }
+                }
+            }
+            RouterMsg::FlowCheck { client_id, epoch } => {
+                if let Some(Destination::Local(c)) = self.destinations.get_mut(&client_id) {
+                    let o = c.backlog.check(time::now(), epoch, &self.rules);
+                    self.apply(&client_id, o, ctx);
                 }
             }
             RouterMsg::Stats(reply) => {

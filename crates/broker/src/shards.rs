@@ -17,7 +17,6 @@ use starling_router::{Reach, ShardMap, TopicLimits};
 use starling_rt::{ActorId, Addr, WeakAddr};
 use starling_session::SubscribeRequest;
 
-use crate::flow::Flow;
 use crate::msg::{Admission, ClientMsg, RouterMsg, RouterStats, SubscribeResult};
 
 /// A cheap handle on every shard (one pointer).
@@ -61,7 +60,7 @@ impl Shards {
         &self,
         client_id: Arc<str>,
         client: WeakAddr<ClientMsg>,
-        flow: Arc<Flow>,
+        may_hold: bool,
         filters: Vec<SubscribeRequest>,
     ) -> SubscribeResult {
         let n = filters.len();
@@ -75,13 +74,13 @@ impl Shards {
                 .map(|(i, f)| (reach[i].home(), i, f)),
         );
         let asks = parts.drain(..).map(|p| {
-            let (client_id, client, flow) = (client_id.clone(), client.clone(), flow.clone());
+            let (client_id, client) = (client_id.clone(), client.clone());
             async move {
                 let r = self.0.addrs[p.shard]
                     .ask(|reply| RouterMsg::Subscribe {
                         client_id,
                         client,
-                        flow,
+                        may_hold,
                         filters: p.filters,
                         admission: Admission::Decide,
                         reply,
@@ -118,14 +117,14 @@ impl Shards {
             }
         }
         let asks = group(installs.into_iter()).into_iter().map(|p| {
-            let (client_id, client, flow) = (client_id.clone(), client.clone(), flow.clone());
+            let (client_id, client) = (client_id.clone(), client.clone());
             let new = p.at.iter().map(|&i| out.new[i]).collect();
             async move {
                 self.0.addrs[p.shard]
                     .ask(|reply| RouterMsg::Subscribe {
                         client_id,
                         client,
-                        flow,
+                        may_hold,
                         filters: p.filters,
                         admission: Admission::Admitted { new },
                         reply,
@@ -219,15 +218,21 @@ impl Shards {
 
     /// A client attached or detached: every shard that delivers to it prefers it or not
     /// in shared groups.
-    pub(crate) async fn presence(&self, client_id: Arc<str>, online: bool) {
+    pub(crate) async fn presence(&self, client_id: Arc<str>, online: bool, may_hold: bool) {
         for addr in &self.0.addrs {
             let _ = addr
                 .send(RouterMsg::Presence {
                     client_id: client_id.clone(),
                     online,
+                    may_hold,
                 })
                 .await;
         }
+    }
+
+    /// Shard `i`.
+    pub(crate) fn get(&self, i: usize) -> &Addr<RouterMsg> {
+        &self.0.addrs[i]
     }
 
     /// Every shard's counts, summed (each subscription counted by its home shard alone).

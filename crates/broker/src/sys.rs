@@ -69,6 +69,8 @@ impl SysActor {
                     + m.dropped_acl)
                     .to_string(),
             ),
+            ("backpressure/holds", m.backpressure_holds.to_string()),
+            ("backpressure/stalls", m.backpressure_stalls.to_string()),
             ("subscriptions/count", stats.subscriptions.to_string()),
             ("retained/count", stats.retained.to_string()),
             ("delayed/count", stats.delayed.to_string()),

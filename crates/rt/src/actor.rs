@@ -253,6 +253,12 @@ impl<M: Send + 'static> WeakAddr<M> {
         self.tx.try_send(msg)
     }
 
+    /// [`WeakAddr::try_send`] on the urgent lane, handled before any normal message: for
+    /// control messages that must not wait behind a flood.
+    pub fn try_send_urgent(&self, msg: M) -> Result<(), TrySendError<M>> {
+        self.tx.try_send_urgent(msg)
+    }
+
     pub fn stop(&self) {
         self.tx.request_stop();
     }

@@ -321,6 +321,11 @@ impl<M> WeakSender<M> {
         self.shared.try_push(msg, false, true)
     }
 
+    /// [`WeakSender::try_send`] on the urgent lane.
+    pub(crate) fn try_send_urgent(&self, msg: M) -> Result<(), TrySendError<M>> {
+        self.shared.try_push(msg, true, true)
+    }
+
     /// Messages waiting in both lanes.
     pub(crate) fn len(&self) -> usize {
         let st = self.shared.lock();
