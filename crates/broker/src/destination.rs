@@ -12,11 +12,7 @@ use starling_rt::{ActorId, TrySendError, WeakAddr};
 use starling_session::{DeliveryOptions, Message, QueueFullPolicy};
 
 use crate::flow::{Backlog, Holder};
-use crate::msg::{ClientMsg, Delivery};
-
-/// Deliveries per batch message: with the client mailbox's capacity this bounds what one
-/// client's mailbox holds.
-pub(crate) const BATCH_MAX: usize = 64;
+use crate::msg::{ClientMsg, Delivery, BATCH_MAX};
 
 /// Whether a delivery goes out at QoS 0.
 pub(crate) fn is_qos0(m: &Message, o: &DeliveryOptions) -> bool {

@@ -36,6 +36,7 @@ use starling_rt::{ActorId, WeakAddr};
 use starling_session::{Instant, SessionLimits};
 
 use crate::msg::ClientMsg;
+pub(crate) use crate::msg::FlowReport;
 
 /// How a stalled subscriber is told apart from a slow one (`mqtt.backpressure_*`).
 #[derive(Debug, Clone, Copy)]
@@ -64,21 +65,6 @@ impl StallRules {
             low: limits.backlog_low(),
         }
     }
-}
-
-/// A subscriber's report to one shard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FlowReport {
-    /// Deliveries taken from this shard's batches so far.
-    pub taken: u64,
-    /// Its session's queue now.
-    pub queued: usize,
-    /// Its session refuses new messages (the shard then drops them rather than hand them
-    /// over to be dropped).
-    pub saturated: bool,
-    /// It acknowledged a delivery since its last report: progress, even if its queue did not
-    /// move.
-    pub progressed: bool,
 }
 
 /// A publisher a shard holds back for one subscriber.
@@ -365,7 +351,7 @@ impl Reporter {
 
     /// The quantum for a session queue bound: half the low mark, at least one batch.
     fn quantum(rules: &StallRules) -> usize {
-        (rules.low / 2).max(crate::destination::BATCH_MAX)
+        (rules.low / 2).max(crate::msg::BATCH_MAX)
     }
 
     pub(crate) fn taken(&mut self, shard: usize, n: usize) {

@@ -12,9 +12,12 @@ use starling_session::{DeliveryOptions, Message, SubscribeRequest};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::conn::Io;
-use crate::flow::FlowReport;
 
 // --- to a client actor ---------------------------------------------------------------
+
+/// Deliveries per batch message: with the client mailbox's capacity this bounds what one
+/// client's mailbox holds.
+pub(crate) const BATCH_MAX: usize = 64;
 
 /// One routed message and the options of the subscription(s) it came through.
 pub(crate) type Delivery = (Arc<Message>, DeliveryOptions);
@@ -116,6 +119,21 @@ pub(crate) enum Admission {
     /// The home shard granted it; `new` (one per request) is what the home found, which
     /// decides whether retained messages are sent.
     Admitted { new: Vec<bool> },
+}
+
+/// A subscriber's report to one shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FlowReport {
+    /// Deliveries taken from this shard's batches so far.
+    pub taken: u64,
+    /// Its session's queue now.
+    pub queued: usize,
+    /// Its session refuses new messages (the shard then drops them rather than hand them
+    /// over to be dropped).
+    pub saturated: bool,
+    /// It acknowledged a delivery since its last report: progress, even if its queue did not
+    /// move.
+    pub progressed: bool,
 }
 
 /// A publisher that may be held back (see the `flow` module).

@@ -36,10 +36,12 @@ use starling_rt::{rng, time, Actor, ActorId, Ctx, TimerId, TrySendError, WeakAdd
 use starling_session::{DeliveryOptions, Message, SubscribeRequest};
 use tracing::debug;
 
-use crate::destination::{is_qos0, Destination, Flushed, BATCH_MAX};
+use crate::destination::{is_qos0, Destination, Flushed};
 use crate::flow::{Backlog, Outcome, StallRules};
 use crate::metrics::add;
-use crate::msg::{Admission, ClientMsg, Publisher, RouterMsg, RouterStats, SubscribeResult};
+use crate::msg::{
+    Admission, ClientMsg, Publisher, RouterMsg, RouterStats, SubscribeResult, BATCH_MAX,
+};
 use crate::settings::Shared;
 
 /// A subscription's options as the shard stores them: what a delivery through it carries,
