@@ -233,8 +233,10 @@ impl Session {
                 Ok(header) => self.emit_publish(header, out, Some(id), true),
                 Err(reason) => {
                     self.dropped(reason, out.qos);
+                    // A QoS 2 delivery stays, released: its PUBREL went out now, so its
+                    // retry counts from now too (a stale send time would resend the PUBREL
+                    // at the next timer).
                     self.abandon(id);
-                    return;
                 }
             }
         }

@@ -294,6 +294,28 @@ fn v3_unacked_message_resent_with_dup_after_retry_interval() {
 }
 
 #[test]
+fn v3_pubrel_replacing_an_expired_qos2_resend_is_retried_a_full_interval_later() {
+    let l = SessionLimits {
+        retry_interval: Some(Duration::from_secs(30)),
+        ..SessionLimits::default()
+    };
+    let c = connect(Protocol::V3_1_1, "c1", false);
+    let mut h = H::attached(l, &c);
+    let mut m = (*msg("t", QoS::ExactlyOnce, b"x")).clone();
+    m.expires_at = Some(Expiry::announced(h.now + Duration::from_secs(5)));
+    h.s.deliver(h.now, &Arc::new(m), &sub(QoS::ExactlyOnce));
+    let id = published(&h.drain())[0].packet_id.unwrap();
+    h.s.detach(h.now, DetachReason::ConnectionLost);
+    h.now += Duration::from_secs(20);
+    h.s.attach(h.now, &c).unwrap();
+    // Expired: released with a PUBREL instead of resent, and that PUBREL was sent now.
+    assert_eq!(sent(&h.drain())[1..], [&Packet::Pubrel(PubAck::new(id))]);
+    assert_eq!(h.s.poll_timeout(), Some(h.now + Duration::from_secs(30)));
+    h.advance(Duration::from_secs(29));
+    assert!(sent(&h.drain()).is_empty());
+}
+
+#[test]
 fn v5_never_resends_while_connected() {
     let l = SessionLimits {
         retry_interval: Some(Duration::from_secs(10)),
