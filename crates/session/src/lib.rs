@@ -18,14 +18,16 @@ mod error;
 mod limits;
 mod message;
 mod session;
+pub mod state;
 #[cfg(test)]
 mod tests;
 
 pub use effect::{DropReason, Effect, OutgoingPublish, SubscribeRequest};
-pub use error::SessionError;
+pub use error::{PacketIdList, RestoreError, SessionError};
 pub use limits::{check_connect, refusal, ClientIdentity, QueueFullPolicy, SessionLimits};
 pub use message::{DeliveryOptions, Expiry, Message, SharedHeaders};
 pub use session::{AllowAll, Attached, DetachReason, Gate, Session};
+pub use state::SessionState;
 
 /// The monotonic instant every input takes, a plain value: the broker passes its runtime's
 /// `now` (`starling_rt::time::now()`, virtual under the simulator); the session depends on

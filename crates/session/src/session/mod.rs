@@ -16,6 +16,7 @@ use crate::{DropReason, Effect, Instant, Message, SessionError, SessionLimits, S
 mod inbound;
 mod lifecycle;
 mod outbound;
+mod snapshot;
 
 /// Authorization, asked by the session for each PUBLISH and SUBSCRIBE filter
 /// (the broker's ACL for this client).

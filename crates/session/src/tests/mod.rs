@@ -21,6 +21,7 @@ mod issue10;
 mod lifecycle;
 mod load;
 mod outbound;
+mod snapshot;
 
 fn pid(n: u16) -> PacketId {
     NonZeroU16::new(n).expect("test ids are non-zero")
