@@ -390,3 +390,52 @@ fn an_encoding_no_mqtt_packet_allows_fails_to_serialize_or_deserialize() {
     bad.properties.session_expiry_interval = Some(1);
     assert!(bincode::serialize(&bad).is_err());
 }
+
+#[test]
+fn inflight_keeps_its_send_order_across_a_packet_id_wrap() {
+    let mut s = Session::restore(
+        SessionState {
+            version: SESSION_STATE_VERSION,
+            client_id: "c1".into(),
+            next_packet_id: pid(u16::MAX),
+            detached: None,
+        },
+        SessionLimits::default(),
+        base_instant(),
+        wall_at_base(),
+    )
+    .unwrap();
+    let mut h = H::new(SessionLimits::default());
+    let c = v5_persistent("c1");
+    s.attach(h.now, &c).unwrap();
+    for n in [b"1", b"2"] {
+        s.deliver(
+            h.now,
+            &msg("t", QoS::AtLeastOnce, n),
+            &sub(QoS::AtLeastOnce),
+        );
+    }
+    s.detach(h.now, DetachReason::ConnectionLost);
+    drain_all(&mut s);
+    let state = round_trip(&s.snapshot(h.now, wall_at_base()));
+    let ids: Vec<u16> = state
+        .detached
+        .as_ref()
+        .unwrap()
+        .inflight
+        .iter()
+        .map(|f| f.packet_id.get())
+        .collect();
+    assert_eq!(ids, [u16::MAX, 1], "send order, not identifier order");
+    h.s = Session::restore(state, SessionLimits::default(), h.now, wall_at_base()).unwrap();
+    h.s.attach(h.now, &c).unwrap();
+    let resent: Vec<Bytes> = published(&h.drain())
+        .iter()
+        .map(|p| p.msg.payload.clone())
+        .collect();
+    assert_eq!(resent, [&b"1"[..], &b"2"[..]]);
+}
+
+fn drain_all(s: &mut Session) -> Vec<Effect> {
+    std::iter::from_fn(|| s.poll_effect()).collect()
+}
