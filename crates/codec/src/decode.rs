@@ -2,7 +2,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::properties::{read_properties, Place};
+use crate::properties::{read_properties, PropertyPlace};
 use crate::wire::{self, read_var_int, Reader, VarInt};
 use crate::*;
 
@@ -198,7 +198,7 @@ fn reason(code: u8, packet_type: PacketType) -> Result<ReasonCode, Error> {
 
 fn props(r: &mut Reader, protocol: Protocol, packet_type: PacketType) -> Result<Properties, Error> {
     if protocol.is_v5() {
-        read_properties(r, Place::Packet(packet_type))
+        read_properties(r, PropertyPlace::Packet(packet_type))
     } else {
         Ok(Properties::default())
     }
@@ -304,7 +304,7 @@ fn decode_body(
             if v5 && !r.is_empty() {
                 d.reason_code = reason(r.u8()?, packet_type)?;
                 if !r.is_empty() {
-                    d.properties = read_properties(r, Place::Packet(packet_type))?;
+                    d.properties = read_properties(r, PropertyPlace::Packet(packet_type))?;
                 }
             }
             Packet::Disconnect(d)
@@ -315,7 +315,7 @@ fn decode_body(
             // (Remaining Length 0), not the properties alone.
             if !r.is_empty() {
                 a.reason_code = reason(r.u8()?, packet_type)?;
-                a.properties = read_properties(r, Place::Packet(packet_type))?;
+                a.properties = read_properties(r, PropertyPlace::Packet(packet_type))?;
             }
             Packet::Auth(a)
         }
@@ -355,7 +355,7 @@ fn decode_connect_body(r: &mut Reader) -> Result<Connect, Error> {
     let client_id = r.string()?;
     let will = if will_flag {
         let properties = if v5 {
-            read_properties(r, Place::Will)?
+            read_properties(r, PropertyPlace::Will)?
         } else {
             Properties::default()
         };
@@ -476,7 +476,7 @@ fn decode_pub_ack(
     if protocol.is_v5() && !r.is_empty() {
         ack.reason_code = reason(r.u8()?, packet_type)?;
         if !r.is_empty() {
-            ack.properties = read_properties(r, Place::Packet(packet_type))?;
+            ack.properties = read_properties(r, PropertyPlace::Packet(packet_type))?;
         }
     }
     Ok(ack)
@@ -511,22 +511,9 @@ fn decode_subscribe(r: &mut Reader, protocol: Protocol) -> Result<Subscribe, Err
 }
 
 fn decode_options(byte: u8, protocol: Protocol) -> Result<SubscriptionOptions, Error> {
-    // MQTT 5 §3.8.3.1: bits 7–6 reserved; MQTT 3.1.1 §3.8.3.1: bits 7–2 reserved.
-    let reserved = if protocol.is_v5() { 0xC0 } else { 0xFC };
-    if byte & reserved != 0 {
+    // MQTT 3.1.1 §3.8.3.1: bits 7–2 reserved (MQTT 5 reserves 7–6 only, checked next).
+    if !protocol.is_v5() && byte & 0xFC != 0 {
         return Err(Error::SubscriptionOptionsReserved);
     }
-    let qos = QoS::from_u8(byte & 0b11).ok_or(Error::SubscriptionQoSInvalid)?;
-    let retain_handling = match (byte >> 4) & 0b11 {
-        0 => RetainHandling::SendAtSubscribe,
-        1 => RetainHandling::SendIfNewSubscription,
-        2 => RetainHandling::DoNotSend,
-        _ => return Err(Error::RetainHandlingInvalid),
-    };
-    Ok(SubscriptionOptions {
-        qos,
-        no_local: byte & 0x04 != 0,
-        retain_as_published: byte & 0x08 != 0,
-        retain_handling,
-    })
+    SubscriptionOptions::from_byte(byte)
 }

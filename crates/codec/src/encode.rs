@@ -3,7 +3,7 @@
 use bytes::{BufMut, BytesMut};
 
 use crate::decode::check_auth_data;
-use crate::properties::{put_properties, Place};
+use crate::properties::{put_properties, PropertyPlace};
 use crate::wire::{self, put_with_len};
 use crate::*;
 
@@ -80,7 +80,7 @@ pub fn encode(
             }
             dst.put_u16(u.packet_id.get());
             if v5 {
-                put_properties(dst, &u.properties, Place::Packet(packet_type))?;
+                put_properties(dst, &u.properties, PropertyPlace::Packet(packet_type))?;
             }
             for f in &u.filters {
                 wire::check_topic_filter(f)?;
@@ -94,7 +94,7 @@ pub fn encode(
                 if u.reason_codes.is_empty() {
                     return Err(Error::EmptyPayload { packet_type });
                 }
-                put_properties(dst, &u.properties, Place::Packet(packet_type))?;
+                put_properties(dst, &u.properties, PropertyPlace::Packet(packet_type))?;
                 for &c in &u.reason_codes {
                     put_reason(dst, c, packet_type)?;
                 }
@@ -108,7 +108,7 @@ pub fn encode(
             if v5 && (d.reason_code != ReasonCode::Success || !d.properties.is_empty()) {
                 put_reason(dst, d.reason_code, packet_type)?;
                 if !d.properties.is_empty() {
-                    put_properties(dst, &d.properties, Place::Packet(packet_type))?;
+                    put_properties(dst, &d.properties, PropertyPlace::Packet(packet_type))?;
                 }
             }
             Ok(())
@@ -124,7 +124,7 @@ pub fn encode(
                 // MQTT 5 §3.15.2.1: both omitted only together.
                 if a.reason_code != ReasonCode::Success || !a.properties.is_empty() {
                     put_reason(dst, a.reason_code, packet_type)?;
-                    put_properties(dst, &a.properties, Place::Packet(packet_type))?;
+                    put_properties(dst, &a.properties, PropertyPlace::Packet(packet_type))?;
                 }
                 Ok(())
             })
@@ -169,7 +169,11 @@ pub fn encode_publish_header(
             dst.put_u16(id.get());
         }
         if v5 {
-            put_properties(dst, header.properties, Place::Packet(PacketType::Publish))?;
+            put_properties(
+                dst,
+                header.properties,
+                PropertyPlace::Packet(PacketType::Publish),
+            )?;
         }
         Ok(())
     })
@@ -236,12 +240,16 @@ fn put_connect(dst: &mut BytesMut, c: &Connect) -> Result<(), Error> {
     dst.put_u16(c.keep_alive);
     if v5 {
         check_auth_data(&c.properties)?;
-        put_properties(dst, &c.properties, Place::Packet(PacketType::Connect))?;
+        put_properties(
+            dst,
+            &c.properties,
+            PropertyPlace::Packet(PacketType::Connect),
+        )?;
     }
     wire::put_str(dst, &c.client_id)?;
     if let Some(w) = &c.will {
         if v5 {
-            put_properties(dst, &w.properties, Place::Will)?;
+            put_properties(dst, &w.properties, PropertyPlace::Will)?;
         }
         wire::check_topic_name(&w.topic, false)?;
         wire::put_str(dst, &w.topic)?;
@@ -272,7 +280,11 @@ fn put_connack(dst: &mut BytesMut, c: &Connack, protocol: Protocol) -> Result<()
         dst.put_u8(c.reason_code.as_u8());
         check_auth_data(&c.properties)?;
         // Always written, even when empty: MQTT 5 §3.2.2.3 has no short form.
-        put_properties(dst, &c.properties, Place::Packet(PacketType::Connack))?;
+        put_properties(
+            dst,
+            &c.properties,
+            PropertyPlace::Packet(PacketType::Connack),
+        )?;
     } else {
         dst.put_u8(c.reason_code.to_connack_v3());
     }
@@ -290,7 +302,7 @@ fn put_pub_ack(
     if v5 && (a.reason_code != ReasonCode::Success || !a.properties.is_empty()) {
         put_reason(dst, a.reason_code, packet_type)?;
         if !a.properties.is_empty() {
-            put_properties(dst, &a.properties, Place::Packet(packet_type))?;
+            put_properties(dst, &a.properties, PropertyPlace::Packet(packet_type))?;
         }
     }
     Ok(())
@@ -305,21 +317,24 @@ fn put_subscribe(dst: &mut BytesMut, s: &Subscribe, protocol: Protocol) -> Resul
     }
     dst.put_u16(s.packet_id.get());
     if v5 {
-        put_properties(dst, &s.properties, Place::Packet(PacketType::Subscribe))?;
+        put_properties(
+            dst,
+            &s.properties,
+            PropertyPlace::Packet(PacketType::Subscribe),
+        )?;
     }
     for f in &s.filters {
         let shared = wire::check_topic_filter(&f.filter)?;
         wire::put_str(dst, &f.filter)?;
         let o = f.options;
-        let mut byte = o.qos.as_u8();
-        if v5 {
+        let byte = if v5 {
             if shared && o.no_local {
                 return Err(Error::NoLocalOnSharedSubscription);
             }
-            byte |= u8::from(o.no_local) << 2
-                | u8::from(o.retain_as_published) << 3
-                | (o.retain_handling as u8) << 4;
-        }
+            o.to_byte()
+        } else {
+            o.qos.as_u8()
+        };
         dst.put_u8(byte);
     }
     Ok(())
@@ -332,7 +347,7 @@ fn put_suback(dst: &mut BytesMut, s: &Suback, protocol: Protocol) -> Result<(), 
     }
     dst.put_u16(s.packet_id.get());
     if protocol.is_v5() {
-        put_properties(dst, &s.properties, Place::Packet(packet_type))?;
+        put_properties(dst, &s.properties, PropertyPlace::Packet(packet_type))?;
     }
     for &c in &s.reason_codes {
         if !c.allowed_in(packet_type) {

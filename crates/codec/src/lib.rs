@@ -48,7 +48,10 @@ mod wire;
 pub use decode::{decode, decode_connect, peek_protocol};
 pub use encode::{encode, encode_publish_header};
 pub use error::Error;
-pub use properties::{id as property_id, PayloadFormat, Properties};
+pub use properties::{
+    decode_properties, encode_properties, id as property_id, PayloadFormat, Properties,
+    PropertyPlace,
+};
 pub use reason::{ReasonCode, ALL_REASON_CODES};
 pub use types::*;
 pub use wire::VAR_INT_MAX;

@@ -64,20 +64,21 @@ pub mod id {
     pub const SHARED_SUBSCRIPTION_AVAILABLE: u8 = 0x2A;
 }
 
-/// Where a property list sits; decides which properties are allowed.
+/// Where a property list sits; decides which properties are allowed (the table of MQTT 5
+/// §2.2.2.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Place {
+pub enum PropertyPlace {
     /// A packet's own property list.
     Packet(PacketType),
     /// The will properties inside CONNECT.
     Will,
 }
 
-impl Place {
+impl PropertyPlace {
     fn packet_type(self) -> PacketType {
         match self {
-            Place::Packet(t) => t,
-            Place::Will => PacketType::Connect,
+            PropertyPlace::Packet(t) => t,
+            PropertyPlace::Will => PacketType::Connect,
         }
     }
 }
@@ -87,12 +88,12 @@ const fn bit(id: u8) -> u64 {
 }
 
 /// Which properties `place` may carry: the table of MQTT 5 §2.2.2.2.
-fn allowed(place: Place) -> u64 {
+fn allowed(place: PropertyPlace) -> u64 {
     use id::*;
     let user = bit(USER_PROPERTY);
     let reason = bit(REASON_STRING);
     match place {
-        Place::Will => {
+        PropertyPlace::Will => {
             user | bit(PAYLOAD_FORMAT_INDICATOR)
                 | bit(MESSAGE_EXPIRY_INTERVAL)
                 | bit(CONTENT_TYPE)
@@ -100,7 +101,7 @@ fn allowed(place: Place) -> u64 {
                 | bit(CORRELATION_DATA)
                 | bit(WILL_DELAY_INTERVAL)
         }
-        Place::Packet(t) => match t {
+        PropertyPlace::Packet(t) => match t {
             PacketType::Connect => {
                 user | bit(SESSION_EXPIRY_INTERVAL)
                     | bit(AUTHENTICATION_METHOD)
@@ -337,7 +338,7 @@ fn set_once<T>(slot: &mut Option<T>, v: T, pid: u8) -> Result<(), Error> {
 }
 
 /// Reads a property length and the property list that follows it.
-pub(crate) fn read_properties(r: &mut Reader, place: Place) -> Result<Properties, Error> {
+pub(crate) fn read_properties(r: &mut Reader, place: PropertyPlace) -> Result<Properties, Error> {
     use id::*;
     let len = r.var_int()?;
     let mut r = r.sub(len as usize)?;
@@ -380,7 +381,7 @@ pub(crate) fn read_properties(r: &mut Reader, place: Place) -> Result<Properties
                 // In SUBSCRIBE "It is a Protocol Error to include the
                 // Subscription Identifier more than once" (MQTT 5 §3.8.2.1.2);
                 // a PUBLISH may carry several (MQTT 5 §3.3.2.3.8).
-                if place != Place::Packet(PacketType::Publish)
+                if place != PropertyPlace::Packet(PacketType::Publish)
                     && !p.subscription_identifiers.is_empty()
                 {
                     return Err(Error::DuplicateProperty { id: pid });
@@ -471,13 +472,42 @@ fn check_response_topic(t: &str) -> Result<(), Error> {
     })
 }
 
+/// Writes `p` as the property list `place` carries: its length (a variable byte integer),
+/// then the properties in identifier order (MQTT 5 §2.2.2), checked as in a packet, so
+/// that [`decode_properties`] reads them back. For keeping properties outside a packet in
+/// the spec's own encoding (a session snapshot).
+///
+/// # Errors
+/// A property `place` may not carry ([`Error::PropertyNotAllowed`]), a value out of range
+/// (a zero that must not be, a string MQTT does not allow, a field too long).
+pub fn encode_properties(
+    p: &Properties,
+    place: PropertyPlace,
+    dst: &mut BytesMut,
+) -> Result<(), Error> {
+    put_properties(dst, p, place)
+}
+
+/// Reads a property list as [`encode_properties`] writes it for the same `place`, as
+/// strictly as in a packet, with nothing after it.
+///
+/// # Errors
+/// What decoding the property list of a packet fails with (a truncated list, an unknown,
+/// duplicate or misplaced property, a value out of range), or [`Error::TrailingBytes`].
+pub fn decode_properties(src: Bytes, place: PropertyPlace) -> Result<Properties, Error> {
+    let mut r = Reader::new(src);
+    let p = read_properties(&mut r, place)?;
+    r.finish()?;
+    Ok(p)
+}
+
 /// Writes the property length and the properties, checking that `place`
 /// may carry each one and that each value is in range, so that whatever the
 /// encoder writes, the decoder accepts.
 pub(crate) fn put_properties(
     dst: &mut BytesMut,
     p: &Properties,
-    place: Place,
+    place: PropertyPlace,
 ) -> Result<(), Error> {
     let present = p.present();
     let extra = present & !allowed(place);
@@ -492,7 +522,11 @@ pub(crate) fn put_properties(
     Ok(())
 }
 
-fn put_property_list(dst: &mut BytesMut, p: &Properties, place: Place) -> Result<(), Error> {
+fn put_property_list(
+    dst: &mut BytesMut,
+    p: &Properties,
+    place: PropertyPlace,
+) -> Result<(), Error> {
     use id::*;
     let flag = |dst: &mut BytesMut, pid: u8, v: Option<bool>| {
         if let Some(v) = v {
@@ -553,7 +587,7 @@ fn put_property_list(dst: &mut BytesMut, p: &Properties, place: Place) -> Result
     }
     strp(dst, RESPONSE_TOPIC, &p.response_topic)?;
     binp(dst, CORRELATION_DATA, &p.correlation_data)?;
-    if place != Place::Packet(PacketType::Publish) && p.subscription_identifiers.len() > 1 {
+    if place != PropertyPlace::Packet(PacketType::Publish) && p.subscription_identifiers.len() > 1 {
         return Err(Error::DuplicateProperty {
             id: SUBSCRIPTION_IDENTIFIER,
         });
@@ -643,17 +677,17 @@ mod tests {
     #[test]
     fn allowed_table_only_names_defined_properties() {
         let all = [
-            Place::Will,
-            Place::Packet(PacketType::Connect),
-            Place::Packet(PacketType::Connack),
-            Place::Packet(PacketType::Publish),
-            Place::Packet(PacketType::Puback),
-            Place::Packet(PacketType::Subscribe),
-            Place::Packet(PacketType::Suback),
-            Place::Packet(PacketType::Unsubscribe),
-            Place::Packet(PacketType::Unsuback),
-            Place::Packet(PacketType::Disconnect),
-            Place::Packet(PacketType::Auth),
+            PropertyPlace::Will,
+            PropertyPlace::Packet(PacketType::Connect),
+            PropertyPlace::Packet(PacketType::Connack),
+            PropertyPlace::Packet(PacketType::Publish),
+            PropertyPlace::Packet(PacketType::Puback),
+            PropertyPlace::Packet(PacketType::Subscribe),
+            PropertyPlace::Packet(PacketType::Suback),
+            PropertyPlace::Packet(PacketType::Unsubscribe),
+            PropertyPlace::Packet(PacketType::Unsuback),
+            PropertyPlace::Packet(PacketType::Disconnect),
+            PropertyPlace::Packet(PacketType::Auth),
         ];
         for place in all {
             let mask = allowed(place);
@@ -663,5 +697,44 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn property_lists_round_trip_outside_a_packet_and_are_checked_both_ways() {
+        let will = Properties {
+            payload_format_indicator: Some(PayloadFormat::Utf8),
+            message_expiry_interval: Some(60),
+            content_type: Some("text/plain".into()),
+            response_topic: Some("r/1".into()),
+            correlation_data: Some(Bytes::from_static(b"\x00\x01")),
+            will_delay_interval: Some(5),
+            user_properties: vec![("k".into(), "v".into()), ("k".into(), "w".into())],
+            ..Properties::default()
+        };
+        let mut buf = BytesMut::new();
+        encode_properties(&will, PropertyPlace::Will, &mut buf).unwrap();
+        let bytes = buf.split().freeze();
+        assert_eq!(
+            decode_properties(bytes.clone(), PropertyPlace::Will).unwrap(),
+            will
+        );
+        // A PUBLISH carries no Will Delay Interval: refused both ways.
+        assert!(matches!(
+            decode_properties(bytes.clone(), PropertyPlace::Packet(PacketType::Publish)),
+            Err(Error::PropertyNotAllowed { .. })
+        ));
+        assert!(matches!(
+            encode_properties(&will, PropertyPlace::Packet(PacketType::Publish), &mut buf),
+            Err(Error::PropertyNotAllowed { .. })
+        ));
+        let mut trailing = BytesMut::from(&bytes[..]);
+        trailing.extend_from_slice(b"x");
+        assert!(matches!(
+            decode_properties(trailing.freeze(), PropertyPlace::Will),
+            Err(Error::TrailingBytes { count: 1 })
+        ));
+        let mut empty = BytesMut::new();
+        encode_properties(&Properties::default(), PropertyPlace::Will, &mut empty).unwrap();
+        assert_eq!(&empty[..], b"\x00");
     }
 }

@@ -4,7 +4,7 @@ use std::num::NonZeroU16;
 
 use bytes::Bytes;
 
-use crate::{Properties, ReasonCode};
+use crate::{Error, Properties, ReasonCode};
 
 /// A packet identifier. Zero is not a valid identifier (MQTT 5 §2.2.1), so the
 /// type cannot hold it.
@@ -346,6 +346,42 @@ pub struct SubscriptionOptions {
     pub retain_as_published: bool,
     /// Retain Handling (5.0).
     pub retain_handling: RetainHandling,
+}
+
+impl SubscriptionOptions {
+    /// The options byte of MQTT 5 (§3.8.3.1): QoS in bits 0–1, No Local in bit 2, Retain
+    /// As Published in bit 3, Retain Handling in bits 4–5. MQTT 3.x sends the QoS bits only.
+    pub fn to_byte(self) -> u8 {
+        self.qos.as_u8()
+            | u8::from(self.no_local) << 2
+            | u8::from(self.retain_as_published) << 3
+            | (self.retain_handling as u8) << 4
+    }
+
+    /// Reads an MQTT 5 options byte.
+    ///
+    /// # Errors
+    /// Reserved bits 6–7 set ([`Error::SubscriptionOptionsReserved`]), QoS 3
+    /// ([`Error::SubscriptionQoSInvalid`]), Retain Handling 3 ([`Error::RetainHandlingInvalid`]).
+    pub fn from_byte(byte: u8) -> Result<SubscriptionOptions, Error> {
+        // MQTT 5 §3.8.3.1: bits 7–6 reserved.
+        if byte & 0xC0 != 0 {
+            return Err(Error::SubscriptionOptionsReserved);
+        }
+        let qos = QoS::from_u8(byte & 0b11).ok_or(Error::SubscriptionQoSInvalid)?;
+        let retain_handling = match (byte >> 4) & 0b11 {
+            0 => RetainHandling::SendAtSubscribe,
+            1 => RetainHandling::SendIfNewSubscription,
+            2 => RetainHandling::DoNotSend,
+            _ => return Err(Error::RetainHandlingInvalid),
+        };
+        Ok(SubscriptionOptions {
+            qos,
+            no_local: byte & 0x04 != 0,
+            retain_as_published: byte & 0x08 != 0,
+            retain_handling,
+        })
+    }
 }
 
 /// One topic filter of a SUBSCRIBE with its options.

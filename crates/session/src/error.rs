@@ -142,3 +142,100 @@ impl SessionError {
         }
     }
 }
+
+/// Why [`Session::restore`](crate::Session::restore) refused a
+/// [`SessionState`](crate::SessionState): it was read from a store and is not a state a
+/// session can be in (corrupted, or written under larger limits than the broker now has).
+///
+/// An enum of its own rather than more [`SessionError`] variants: these come from the
+/// broker's own storage, not from a client, and have no reason code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RestoreError {
+    /// The state was written in another layout.
+    #[error("session state version {found}, this build reads version {supported}")]
+    UnsupportedVersion {
+        /// The state's version.
+        found: u32,
+        /// [`SESSION_STATE_VERSION`](crate::state::SESSION_STATE_VERSION).
+        supported: u32,
+    },
+    /// A packet identifier appears twice in one list.
+    #[error("packet identifier {packet_id} appears twice among the {list}")]
+    DuplicatePacketId {
+        /// Which list.
+        list: PacketIdList,
+        /// The identifier.
+        packet_id: u16,
+    },
+    /// More deliveries in flight than `inflight_max` allows.
+    #[error("{len} deliveries in flight, more than inflight_max {max}")]
+    InflightOverLimit {
+        /// In the state.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// More queued messages than the queue's hard bound
+    /// ([`SessionLimits::mqueue_len_hard`](crate::SessionLimits::mqueue_len_hard)).
+    #[error("{len} queued messages, more than the queue's bound {max}")]
+    QueueOverLimit {
+        /// In the state.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// More inbound QoS 2 messages awaiting PUBREL than `receive_max`.
+    #[error("{len} inbound QoS 2 messages awaiting PUBREL, more than receive_max {max}")]
+    InboundQos2OverLimit {
+        /// In the state.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// An in-flight delivery whose QoS is not the one of its phase.
+    #[error("delivery {packet_id} in flight at {qos:?} in phase {phase:?}")]
+    InflightPhaseMismatch {
+        /// Its packet identifier.
+        packet_id: u16,
+        /// Its QoS.
+        qos: QoS,
+        /// Its phase.
+        phase: crate::state::InflightPhase,
+    },
+    /// Two subscriptions to one filter.
+    #[error("two subscriptions to {filter}")]
+    DuplicateSubscription {
+        /// The filter.
+        filter: String,
+    },
+    /// A Subscription Identifier outside 1..=268,435,455 (MQTT 5 §3.8.2.1.2).
+    #[error("subscription identifier {id} outside 1..=268435455")]
+    SubscriptionIdInvalid {
+        /// The identifier.
+        id: u32,
+    },
+}
+
+/// The lists of a [`SessionState`](crate::SessionState) keyed by packet identifier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PacketIdList {
+    /// Outbound deliveries in flight.
+    Inflight,
+    /// Inbound QoS 2 messages awaiting PUBREL.
+    InboundQos2,
+    /// Unanswered SUBSCRIBEs.
+    PendingSubscribes,
+    /// Unanswered UNSUBSCRIBEs.
+    PendingUnsubscribes,
+}
+
+impl std::fmt::Display for PacketIdList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PacketIdList::Inflight => "deliveries in flight",
+            PacketIdList::InboundQos2 => "inbound QoS 2 messages",
+            PacketIdList::PendingSubscribes => "unanswered SUBSCRIBEs",
+            PacketIdList::PendingUnsubscribes => "unanswered UNSUBSCRIBEs",
+        })
+    }
+}

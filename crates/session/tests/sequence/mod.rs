@@ -9,6 +9,9 @@
 //! Each step is chosen by a byte; its arguments are the bytes that follow. Besides
 //! well-formed packets built from a few bytes (so that acknowledgements name real packet
 //! ids), raw byte runs go through the codec as the broker's decoder would.
+//!
+//! `tests/restore_sequences.rs` drives two of these side by side to compare a session that
+//! is saved and restored along the way with one that is not.
 
 use std::num::NonZeroU16;
 use std::sync::Arc;
@@ -49,10 +52,10 @@ impl Gate for DenyGate {
 }
 
 /// The input bytes, read front to back; `None` once they run out.
-struct Input<'a>(&'a [u8]);
+pub struct Input<'a>(pub &'a [u8]);
 
 impl Input<'_> {
-    fn byte(&mut self) -> Option<u8> {
+    pub fn byte(&mut self) -> Option<u8> {
         let (&b, rest) = self.0.split_first()?;
         self.0 = rest;
         Some(b)
@@ -86,10 +89,12 @@ struct Conn {
 }
 
 /// The session under test and the client's view of it.
-struct Driver {
-    s: Session,
-    limits: SessionLimits,
-    now: Instant,
+pub struct Driver {
+    pub s: Session,
+    pub limits: SessionLimits,
+    pub now: Instant,
+    /// Every effect drained, in order, when `Some`.
+    pub log: Option<Vec<Effect>>,
     conn: Option<Conn>,
     /// Packet ids of the server's QoS 1/2 PUBLISHes and PUBRELs the client saw, newest
     /// last (duplicates kept: what a client may answer).
@@ -100,9 +105,10 @@ struct Driver {
 }
 
 /// Runs the sequence `data` describes; panics if an invariant breaks.
+#[allow(dead_code)] // by packet_sequences and the fuzz target; restore_sequences steps itself
 pub fn run(data: &[u8]) {
     let mut input = Input(data);
-    let Some(mut d) = Driver::new(&mut input) else {
+    let Some(mut d) = Driver::new(&mut input, base_instant()) else {
         return;
     };
     if d.attach(&mut input).is_none() {
@@ -117,7 +123,8 @@ pub fn run(data: &[u8]) {
 }
 
 impl Driver {
-    fn new(input: &mut Input) -> Option<Self> {
+    /// A driver whose time starts at `base`, with limits read from the input.
+    pub fn new(input: &mut Input, base: Instant) -> Option<Self> {
         let b = input.byte()?;
         let limits = SessionLimits {
             inflight_max: 1 + u16::from(b % 4),
@@ -141,7 +148,8 @@ impl Driver {
         Some(Self {
             s: Session::new(Arc::from("c"), limits.clone()),
             limits,
-            now: base_instant(),
+            now: base,
+            log: None,
             conn: None,
             outstanding: Vec::new(),
             released: Vec::new(),
@@ -151,7 +159,7 @@ impl Driver {
     }
 
     /// One input; `None` when the bytes ran out in the middle of it.
-    fn step(&mut self, op: u8, input: &mut Input) -> Option<()> {
+    pub fn step(&mut self, op: u8, input: &mut Input) -> Option<()> {
         // Most inputs need a connection: while there is none, half of them connect instead.
         let op = if self.conn.is_none() && op & 0x10 == 0 {
             0
@@ -201,7 +209,7 @@ impl Driver {
         Some(())
     }
 
-    fn attach(&mut self, input: &mut Input) -> Option<()> {
+    pub fn attach(&mut self, input: &mut Input) -> Option<()> {
         let b = input.byte()?;
         let protocol = [Protocol::V3_1, Protocol::V3_1_1, Protocol::V5][usize::from(b % 3)];
         let v5 = protocol.is_v5();
@@ -501,7 +509,7 @@ impl Driver {
     }
 
     /// Drains the effects, checking each against the connection's state.
-    fn drain(&mut self) -> Vec<Effect> {
+    pub fn drain(&mut self) -> Vec<Effect> {
         let effects: Vec<Effect> = std::iter::from_fn(|| self.s.poll_effect()).collect();
         for e in &effects {
             match e {
@@ -579,10 +587,13 @@ impl Driver {
                 Effect::SessionEnded { .. } | Effect::Dropped { .. } => {}
             }
         }
+        if let Some(log) = &mut self.log {
+            log.extend(effects.iter().cloned());
+        }
         effects
     }
 
-    fn check_state(&self) {
+    pub fn check_state(&self) {
         assert!(self.s.inflight_len() <= usize::from(self.limits.inflight_max));
         assert!(self.s.queue_len() <= self.limits.mqueue_len_hard());
         assert_eq!(self.s.is_attached(), self.conn.is_some());
@@ -596,6 +607,6 @@ impl Driver {
 
 /// Where a test's time starts: any instant will do, the test moves time itself.
 #[allow(clippy::disallowed_methods)] // no clock is read again: time only advances by hand
-fn base_instant() -> std::time::Instant {
+pub fn base_instant() -> std::time::Instant {
     std::time::Instant::now()
 }
