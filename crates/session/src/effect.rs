@@ -112,9 +112,10 @@ impl SubscribeRequest {
     /// Whether to send matching retained messages after this subscribe, given
     /// whether the router found it `new` (no subscription to the same filter
     /// existed): Retain Handling 0 always, 1 only if new, 2 never (MQTT 5
-    /// §3.8.3.1); never for a shared subscription (MQTT 5 §4.8.2).
+    /// §3.8.3.1); never for a shared subscription (MQTT 5 §4.8.2), `$queue/` included.
     pub fn wants_retained(&self, new: bool) -> bool {
-        if self.filter.starts_with("$share/") {
+        // `$queue/{filter}` is a shared subscription too (the group `$queue`).
+        if self.filter.starts_with("$share/") || self.filter.starts_with("$queue/") {
             return false;
         }
         match self.options.retain_handling {

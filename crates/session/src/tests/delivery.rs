@@ -118,6 +118,7 @@ fn retain_handling_decides_retained_sends() {
     assert!(!req(SendIfNewSubscription, "a").wants_retained(false));
     assert!(!req(DoNotSend, "a").wants_retained(true));
     assert!(!req(SendAtSubscribe, "$share/g/a").wants_retained(true));
+    assert!(!req(SendAtSubscribe, "$queue/a").wants_retained(true));
 }
 
 // ----- subscribe / unsubscribe -----
