@@ -47,3 +47,7 @@ bench:
 # Knobs as environment variables, e.g. `REPS=1 DURATION=3 just bench-compare` (see the script's header).
 bench-compare:
     scripts/bench-compare.sh
+
+# Topic shards against one router, unpinned: fan-in at `[router] shards = 1` and `= 2`.
+bench-shards:
+    scripts/bench-shards.sh

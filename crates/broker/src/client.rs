@@ -212,8 +212,13 @@ impl Client {
 
     async fn presence(&mut self, online: bool) {
         let may_hold = self.may_hold();
+        let Some(r) = self.flow.as_ref().and_then(|f| f.reporter.as_ref()) else {
+            // Never subscribed: no shard knows it.
+            return;
+        };
+        let known = r.known().to_vec();
         self.shards
-            .presence(self.client_id(), online, may_hold)
+            .presence(self.client_id(), online, may_hold, &known)
             .await;
     }
 
@@ -318,18 +323,35 @@ impl Client {
                 let _ = shard.send(RouterMsg::Publish(m, from)).await;
             }
             Wait::Ended(filters) => {
-                self.shards
-                    .session_ended(self.client_id(), ctx.id(), filters)
-                    .await;
+                let known = self
+                    .flow
+                    .as_ref()
+                    .and_then(|f| f.reporter.as_ref())
+                    .map_or_else(Vec::new, |r| r.known().to_vec());
+                if !filters.is_empty() || known.contains(&true) {
+                    self.shards
+                        .session_ended(self.client_id(), ctx.id(), filters, &known)
+                        .await;
+                }
             }
             Wait::Subscribe(packet_id, filters) => {
                 let client_id = self.client_id();
                 let me = ctx.weak_addr();
                 let shards = self.shards.count();
                 let rules = StallRules::new(&self.shared.config.mqtt, &self.shared.limits);
+                let reach: Vec<_> = filters
+                    .iter()
+                    .map(|f| self.shards.reach(&f.filter))
+                    .collect();
                 let f = self.flow_mut(ctx);
-                f.reporter
+                let r = f
+                    .reporter
                     .get_or_insert_with(|| Reporter::new(shards, &rules));
+                for reach in reach {
+                    (0..shards)
+                        .filter(|&s| reach.includes(s))
+                        .for_each(|s| r.met(s));
+                }
                 let may_hold = self.may_hold();
                 let r = self
                     .shards

@@ -317,6 +317,9 @@ pub(crate) struct Reporter {
     watched: Vec<bool>,
     /// Shards that found it stalled and have not seen it drain since.
     stuck: Vec<bool>,
+    /// Shards it sent a subscription to: the ones that know it, to tell of its presence
+    /// and its end.
+    known: Vec<bool>,
     queued: usize,
     saturated: bool,
     progressed: bool,
@@ -342,6 +345,7 @@ impl Reporter {
             reported: vec![0; shards],
             watched: vec![false; shards],
             stuck: vec![false; shards],
+            known: vec![false; shards],
             queued: 0,
             saturated: false,
             progressed: false,
@@ -358,6 +362,18 @@ impl Reporter {
         if let Some(t) = self.taken.get_mut(shard) {
             *t += n as u64;
         }
+    }
+
+    /// It sent a subscription to `shard`.
+    pub(crate) fn met(&mut self, shard: usize) {
+        if let Some(k) = self.known.get_mut(shard) {
+            *k = true;
+        }
+    }
+
+    /// The shards that know it (see [`Reporter::met`]).
+    pub(crate) fn known(&self) -> &[bool] {
+        &self.known
     }
 
     pub(crate) fn progressed(&mut self) {

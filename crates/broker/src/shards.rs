@@ -51,7 +51,7 @@ impl Shards {
         &self.0.addrs[self.0.map.of_publish(topic)]
     }
 
-    fn reach(&self, filter: &str) -> Reach {
+    pub(crate) fn reach(&self, filter: &str) -> Reach {
         self.0.map.reach(filter, &self.0.limits)
     }
 
@@ -189,12 +189,14 @@ impl Shards {
         codes
     }
 
-    /// A session ended: every shard forgets its subscriptions and its address.
+    /// A session ended: every shard that knows it (`known`, or holds one of its
+    /// `filters`) forgets its subscriptions and its address.
     pub(crate) async fn session_ended(
         &self,
         client_id: Arc<str>,
         actor: ActorId,
         filters: Vec<String>,
+        known: &[bool],
     ) {
         let mut per: Vec<Vec<String>> = vec![Vec::new(); self.count()];
         for f in filters {
@@ -205,7 +207,10 @@ impl Shards {
                 }
             }
         }
-        for (addr, filters) in self.0.addrs.iter().zip(per) {
+        for (s, (addr, filters)) in self.0.addrs.iter().zip(per).enumerate() {
+            if filters.is_empty() && !known.get(s).copied().unwrap_or(true) {
+                continue;
+            }
             let _ = addr
                 .send(RouterMsg::SessionEnded {
                     client_id: client_id.clone(),
@@ -216,10 +221,20 @@ impl Shards {
         }
     }
 
-    /// A client attached or detached: every shard that delivers to it prefers it or not
-    /// in shared groups.
-    pub(crate) async fn presence(&self, client_id: Arc<str>, online: bool, may_hold: bool) {
-        for addr in &self.0.addrs {
+    /// A client attached or detached: the shards that know it (`known`, one flag per
+    /// shard) prefer it or not in shared groups, and hold no one back for it while it is
+    /// offline. A client that never subscribed costs no message.
+    pub(crate) async fn presence(
+        &self,
+        client_id: Arc<str>,
+        online: bool,
+        may_hold: bool,
+        known: &[bool],
+    ) {
+        for (s, addr) in self.0.addrs.iter().enumerate() {
+            if !known.get(s).copied().unwrap_or(false) {
+                continue;
+            }
             let _ = addr
                 .send(RouterMsg::Presence {
                     client_id: client_id.clone(),
