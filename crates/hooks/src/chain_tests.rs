@@ -221,7 +221,7 @@ fn events_reach_only_the_providers_that_want_their_kind() {
         ))
         .observe_with(Log(EventMask::ALL, all.clone()))
         .build(true);
-    assert!(Hooks::new().build(true).wants(EventKind::MessagePublish) == false);
+    assert!(!Hooks::new().build(true).wants(EventKind::MessagePublish));
     assert!(chain.wants(EventKind::MessagePublish));
     let who = Subject {
         node: Arc::from("n"),
