@@ -110,7 +110,9 @@ fn no_authorizer_means_the_default_at_once() {
     assert!(!chain.has_authorizers());
     assert!(!now(chain.authorize(&publish("x"))));
     assert!(chain.may_deny_reads(&publish("x").client));
-    assert!(!Hooks::new().build(true).may_deny_reads(&publish("x").client));
+    assert!(!Hooks::new()
+        .build(true)
+        .may_deny_reads(&publish("x").client));
 }
 
 #[test]
@@ -125,7 +127,11 @@ fn a_later_answer_that_ignores_goes_on_with_the_rest_of_the_chain() {
     let Verdict::Later(v) = chain.authorize(&publish("b/x")) else {
         panic!("a later provider first makes a later verdict");
     };
-    assert_eq!(next_calls.load(Ordering::Relaxed), 0, "asked only after the first");
+    assert_eq!(
+        next_calls.load(Ordering::Relaxed),
+        0,
+        "asked only after the first"
+    );
     assert!(!block_on(v));
     assert_eq!(next_calls.load(Ordering::Relaxed), 1);
     assert!(block_on(chain.authorize(&publish("a/x")).resolve()));
