@@ -415,7 +415,10 @@ fn login_limits_are_checked() {
     assert_eq!(c.auth.verify_threads, Some(2));
     assert_eq!(Config::default().auth.verify_queue, 32);
     let (c, _) = ok("[auth]\ntimeout_verdict = \"allow\"\nverdict_timeout_ms = 250\n");
-    assert_eq!(c.auth.timeout_verdict, starling_config::TimeoutVerdict::Allow);
+    assert_eq!(
+        c.auth.timeout_verdict,
+        starling_config::TimeoutVerdict::Allow
+    );
     assert_eq!(c.auth.verdict_timeout_ms, 250);
     assert_eq!(
         Config::default().auth.timeout_verdict,
