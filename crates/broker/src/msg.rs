@@ -67,8 +67,25 @@ pub(crate) enum ClientMsg {
     Stalled {
         shard: u16,
     },
+    /// A later authorization verdict on `topic` (see `gate`), `None` past
+    /// `auth.verdict_timeout_ms`. `seq` is the wait's: a verdict for a wait that a new
+    /// connection cancelled is only remembered.
+    Verdict {
+        seq: u32,
+        kind: AuthzKind,
+        topic: Arc<str>,
+        verdict: Option<bool>,
+    },
     /// The broker is stopping.
     Shutdown(Reply<()>),
+}
+
+/// What an authorization verdict is remembered for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum AuthzKind {
+    Publish,
+    Subscribe,
+    Read,
 }
 
 // --- to the registry ------------------------------------------------------------------
