@@ -19,8 +19,13 @@
 //!   retry; a full pending list applies the queue drop policy and counts). Publishers `send`
 //!   to it and so meet back-pressure.
 //! - **Sys**: `$SYS/brokers/{node}/...` statistics every `sys_interval_secs` (listener
-//!   counters under `.../listeners/{kind}/{port}/...`); client actors publish
-//!   `.../clients/{id}/connected|disconnected` events.
+//!   counters under `.../listeners/{kind}/{port}/...`); the built-in event provider
+//!   publishes `.../clients/{id}/connected|disconnected` events.
+//!
+//! Authentication, authorization and lifecycle events go through one hook chain
+//! ([`hooks`], the `starling-hooks` crate), fixed at start-up: the built-in providers (the
+//! password file, the ACL, the `$SYS` client events), then an embedder's
+//! ([`Broker::start_with`]).
 //!
 //! Certificates of tls, wss and quic listeners are re-read from their files by
 //! [`Broker::reload_tls`] (the `starling` binary calls it on SIGHUP); connections already

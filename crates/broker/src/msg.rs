@@ -68,9 +68,10 @@ pub(crate) enum ClientMsg {
         shard: u16,
     },
     /// A later authorization verdict on `topic` (see `gate`), `None` past
-    /// `auth.verdict_timeout_ms`. `seq` is the wait's: a verdict for a wait that a new
-    /// connection cancelled is only remembered.
+    /// `auth.verdict_timeout_ms`. `attach` is the connection it was asked for (a verdict
+    /// for an earlier connection, whose address may differ, is dropped); `seq` the wait's.
     Verdict {
+        attach: u32,
         seq: u32,
         kind: AuthzKind,
         topic: Arc<str>,

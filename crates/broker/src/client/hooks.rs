@@ -165,8 +165,10 @@ impl Client {
             verdict,
         } = asked;
         let deadline = self.verdict_timeout();
+        let attach = self.attaches;
         ctx.spawn_then(time::timeout(deadline, verdict), move |verdict| {
             ClientMsg::Verdict {
+                attach,
                 seq,
                 kind,
                 topic,
@@ -186,7 +188,8 @@ impl Client {
     ) {
         let current = kind != AuthzKind::Read && self.waiting && seq == self.wait_seq;
         if current || verdict.is_some() || kind == AuthzKind::Read {
-            // A stale verdict is still worth remembering; a stale timeout is not.
+            // A verdict for a wait of this connection that is over is still worth
+            // remembering; its timeout is not (it would decide the next packet).
             self.gate.verdict(kind, topic, verdict);
         }
         if current {

@@ -665,11 +665,16 @@ impl Client {
                 self.run_effects(ctx).await;
             }
             ClientMsg::Verdict {
+                attach,
                 seq,
                 kind,
                 topic,
                 verdict,
-            } => self.on_verdict(seq, kind, topic, verdict),
+            } => {
+                if attach == self.attaches {
+                    self.on_verdict(seq, kind, topic, verdict);
+                }
+            }
             ClientMsg::Shutdown(reply) => {
                 self.closing = Some(DisconnectReason::Server(ReasonCode::ServerShuttingDown));
                 self.session
