@@ -172,10 +172,22 @@ impl Acl {
     /// pattern that covers every topic the requested filter could match
     /// ([`filter_is_subset`]). `eq` patterns compare literally.
     pub fn check(&self, client: &ClientInfo<'_>, action: Action, topic: &str) -> Decision {
+        self.rule_decision(client, action, topic)
+            .unwrap_or(self.default)
+    }
+
+    /// As [`Acl::check`], but `None` where no rule matches (the default is not applied):
+    /// for a chain of deciders in which the next one decides what no rule does.
+    pub fn rule_decision(
+        &self,
+        client: &ClientInfo<'_>,
+        action: Action,
+        topic: &str,
+    ) -> Option<Decision> {
         self.rules
             .iter()
             .find(|rule| rule.matches(client, action, topic))
-            .map_or(self.default, |rule| rule.permission)
+            .map(|rule| rule.permission)
     }
 }
 
@@ -187,7 +199,23 @@ impl Acl {
     /// over `private/alice/#` makes a subscription to `#` [`Scope::Partial`]: granted, and
     /// alice's topics are withheld at delivery.
     pub fn subscribe_scope(&self, client: &ClientInfo<'_>, filter: &str) -> Scope {
+        self.scope(client, filter).1
+    }
+
+    /// As [`Acl::subscribe_scope`], but `None` where no rule covers or overlaps any part of
+    /// `filter` (the default alone would decide). What rules leave uncovered of a filter
+    /// they partly decide still falls to the default.
+    pub fn subscribe_rule_scope(&self, client: &ClientInfo<'_>, filter: &str) -> Option<Scope> {
+        match self.scope(client, filter) {
+            (false, _) => None,
+            (true, scope) => Some(scope),
+        }
+    }
+
+    /// Whether some rule touched `filter`, and its scope.
+    fn scope(&self, client: &ClientInfo<'_>, filter: &str) -> (bool, Scope) {
         let (mut allow, mut deny) = (false, false);
+        let mut touched = false;
         let mut mark = |d: Decision| match d {
             Decision::Allow => allow = true,
             Decision::Deny => deny = true,
@@ -220,27 +248,36 @@ impl Acl {
                 if covers {
                     mark(rule.permission);
                     covered = true;
+                    touched = true;
                     break 'rules;
                 }
                 if overlaps {
                     mark(rule.permission);
+                    touched = true;
                 }
             }
         }
         if !covered {
             mark(self.default);
         }
-        match (allow, deny) {
+        let scope = match (allow, deny) {
             (true, false) => Scope::All,
             (true, true) => Scope::Partial,
             _ => Scope::Nothing,
-        }
+        };
+        (touched, scope)
     }
 
     /// Whether `client` may receive a message published to the topic name `topic`: the
     /// first rule for subscribe (or all) whose pattern matches the topic decides, else the
     /// default. Checked at delivery for subscriptions of [`Scope::Partial`].
     pub fn check_read(&self, client: &ClientInfo<'_>, topic: &str) -> Decision {
+        self.read_rule_decision(client, topic)
+            .unwrap_or(self.default)
+    }
+
+    /// As [`Acl::check_read`], but `None` where no rule matches.
+    pub fn read_rule_decision(&self, client: &ClientInfo<'_>, topic: &str) -> Option<Decision> {
         self.rules
             .iter()
             .filter(|r| r.applies(client, Action::Subscribe))
@@ -251,7 +288,7 @@ impl Acl {
                     None => false,
                 })
             })
-            .map_or(self.default, |r| r.permission)
+            .map(|r| r.permission)
     }
 
     /// Whether some topic could be denied to `client` at delivery: the default denies, or

@@ -426,3 +426,35 @@ fn load_errors_name_the_file() {
     assert!(matches!(missing, AuthError::Io { .. }));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn rule_only_decisions_leave_what_no_rule_touches_undecided() {
+    let acl = acl(r##"
+        [[rules]]
+        permission = "deny"
+        action = "all"
+        topics = ["private/#"]
+    "##)
+    .with_default(Decision::Allow);
+    let a = alice();
+    assert_eq!(
+        acl.rule_decision(&a, Action::Publish, "private/x"),
+        Some(Decision::Deny)
+    );
+    assert_eq!(acl.rule_decision(&a, Action::Publish, "public/x"), None);
+    assert_eq!(
+        acl.read_rule_decision(&a, "private/x"),
+        Some(Decision::Deny)
+    );
+    assert_eq!(acl.read_rule_decision(&a, "public/x"), None);
+    use starling_auth::Scope;
+    assert_eq!(acl.subscribe_rule_scope(&a, "public/#"), None);
+    assert_eq!(
+        acl.subscribe_rule_scope(&a, "private/#"),
+        Some(Scope::Nothing)
+    );
+    // Touched in part: the rest falls to the default, as in `subscribe_scope`.
+    assert_eq!(acl.subscribe_rule_scope(&a, "#"), Some(Scope::Partial));
+    assert_eq!(acl.subscribe_scope(&a, "#"), Scope::Partial);
+    assert_eq!(acl.subscribe_scope(&a, "public/#"), Scope::All);
+}

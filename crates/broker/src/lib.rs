@@ -19,13 +19,19 @@
 //!   retry; a full pending list applies the queue drop policy and counts). Publishers `send`
 //!   to it and so meet back-pressure.
 //! - **Sys**: `$SYS/brokers/{node}/...` statistics every `sys_interval_secs` (listener
-//!   counters under `.../listeners/{kind}/{port}/...`); client actors publish
-//!   `.../clients/{id}/connected|disconnected` events.
+//!   counters under `.../listeners/{kind}/{port}/...`); the built-in event provider
+//!   publishes `.../clients/{id}/connected|disconnected` events.
+//!
+//! Authentication, authorization and lifecycle events go through one hook chain
+//! ([`hooks`], the `starling-hooks` crate), fixed at start-up: the built-in providers (the
+//! password file, the ACL, the `$SYS` client events), then an embedder's
+//! ([`Broker::start_with`]).
 //!
 //! Certificates of tls, wss and quic listeners are re-read from their files by
 //! [`Broker::reload_tls`] (the `starling` binary calls it on SIGHUP); connections already
 //! up keep the certificate they were accepted with.
 
+mod builtin;
 mod client;
 mod conn;
 mod destination;
@@ -58,14 +64,18 @@ use starling_rt::{start_with, Addr, Options};
 pub use conn::Io;
 pub use error::BrokerError;
 pub use metrics::MetricsSnapshot;
+/// The hook seam, for embedders: providers to start the broker with
+/// ([`Broker::start_with`]).
+pub use starling_hooks as hooks;
 
-use listener::{ListenerActor, ListenerCtx, ListenerMsg, Logins};
+use listener::{ListenerActor, ListenerCtx, ListenerMsg};
 use msg::RegistryMsg;
 use registry::Registry;
 use routing::RouterActor;
 use settings::Shared;
 use shards::Shards;
-use sys::{SysActor, SysMsg};
+use starling_hooks::{Chain, Hooks};
+use sys::{SysActor, SysEvents, SysMsg};
 
 /// Mailbox of the router: deep enough to absorb a burst from many publishers; a full one
 /// makes publishers wait (back-pressure), never grows.
@@ -119,8 +129,8 @@ pub struct Broker {
     registry: Addr<RegistryMsg>,
     _router: Shards,
     sys: Addr<SysMsg>,
-    /// Password verification for [`Broker::serve_stream`] (listeners hold their own handle).
-    logins: Logins,
+    /// The hook chain, for [`Broker::serve_stream`] (listeners hold their own handle).
+    chain: Arc<Chain>,
 }
 
 impl Broker {
@@ -130,14 +140,31 @@ impl Broker {
     /// [`BrokerError::Listener`] when a listener cannot bind or its TLS material does not
     /// load; [`BrokerError::Auth`] when the password or ACL file does not load.
     pub async fn start(config: Config) -> Result<Broker, BrokerError> {
+        Broker::start_with(config, Hooks::new()).await
+    }
+
+    /// As [`Broker::start`], with an embedder's providers in the hook chain: the seam for
+    /// plugins and tests. The chain is fixed from here on: the built-in providers the
+    /// configuration asks for first (the password file, the ACL file, the `$SYS` client
+    /// events), then `hooks`' in the order they were added. An operation every
+    /// authorizer ignores gets `auth.acl_default`; a CONNECT every authenticator ignores,
+    /// the listener's `allow_anonymous`.
+    ///
+    /// # Errors
+    /// As [`Broker::start`].
+    pub async fn start_with(config: Config, hooks: Hooks) -> Result<Broker, BrokerError> {
         let shared = Shared::new(config)?;
         let router = start_shards(&shared);
+        let default_allow = shared.config.auth.acl_default == starling_config::AclDefault::Allow;
+        let chain = builtin::builtin(&shared)
+            .observe_with(SysEvents::new(shared.clone(), router.clone()))
+            .then(hooks)
+            .build(default_allow);
         let registry = start_with(
-            Registry::new(shared.clone(), router.clone()),
+            Registry::new(shared.clone(), router.clone(), chain.clone()),
             Options::named("registry").capacity(1024),
         );
         warn_volatile_state(&shared.config);
-        let logins = Logins::start(&shared);
         let mut listeners = Vec::new();
         for lc in &shared.config.listeners {
             let bound = bind(lc, shared.config.mqtt.max_packet_size).await?;
@@ -149,7 +176,7 @@ impl Broker {
                 registry.clone(),
                 lc,
                 counters.clone(),
-                logins.clone(),
+                chain.clone(),
             );
             let actor = start_with(ListenerActor::new(bound, lctx), Options::named("listener"));
             tracing::info!(kind = %lc.kind, %addr, "listening");
@@ -175,7 +202,7 @@ impl Broker {
             registry,
             _router: router,
             sys,
-            logins,
+            chain,
         })
     }
 
@@ -268,7 +295,7 @@ impl Broker {
             self.registry.clone(),
             &lc,
             Arc::new(ListenerCounters::default()),
-            self.logins.clone(),
+            self.chain.clone(),
         ));
         let deadline = starling_rt::time::now() + lctx.connect_timeout;
         let info = starling_net::ConnInfo {

@@ -7,23 +7,23 @@
 //! the connection threads, and bans of addresses that keep failing), and log lines (one per
 //! [`LOG_EVERY`] per listener and kind of event).
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use rand::RngCore;
-use starling_auth::{Admission, AuthResult, Authenticator, FailureLimits, LoginGuard, Recorded};
 use starling_codec::{
     decode_connect, peek_protocol, Connect, Error as CodecError, Protocol, ReasonCode,
 };
 use starling_config::ListenerConfig;
+use starling_hooks::{
+    AuthnPolicy, Chain, ConnectRequest, Event, EventKind, Identity, Refusal, Subject, What,
+};
 use starling_net::{
     CapRelease, ConnInfo, ListenerCounters, MqttListener, NetError, PendingConnection,
 };
-use starling_rt::blocking::BlockingPool;
 use starling_rt::throttle::Throttle;
-use starling_rt::{rng, time, Actor, Addr, Ctx, Reply};
+use starling_rt::{rng, time, Actor, Addr, Ctx};
 use starling_session::{check_connect, ClientIdentity};
 use tokio::io::AsyncReadExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -43,15 +43,14 @@ pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
 /// declaring more reserves its size from the listener's read budget before it is buffered.
 const FIRST_READ: usize = 256;
 
-/// Sources the login guard tracks at most (about 100 bytes each).
-const GUARD_SOURCES_MAX: usize = 65_536;
-
 /// What every connection of one listener needs.
 pub(crate) struct ListenerCtx {
     pub shared: Arc<Shared>,
     pub registry: Addr<RegistryMsg>,
-    /// Shared with the verification jobs, which run on the pool's threads.
-    pub auth: Arc<Authenticator>,
+    /// The hook chain: authentication, and the connect/connack events.
+    pub chain: Arc<Chain>,
+    /// What decides a CONNECT every authenticator ignores.
+    pub policy: AuthnPolicy,
     /// Seconds from accept to a complete CONNECT.
     pub connect_timeout: Duration,
     /// max_connections: one permit per open connection.
@@ -64,8 +63,6 @@ pub(crate) struct ListenerCtx {
     pub connect_budget: Arc<Semaphore>,
     /// The listener's transport counters (CONNECT timeouts are counted here too).
     pub counters: Arc<ListenerCounters>,
-    /// Password verification, broker-wide.
-    pub logins: Logins,
     /// Rate limits of the info lines peers can cause on this listener.
     pub log_refused: Throttle,
     pub log_logins: Throttle,
@@ -78,7 +75,7 @@ impl ListenerCtx {
         registry: Addr<RegistryMsg>,
         lc: &ListenerConfig,
         counters: Arc<ListenerCounters>,
-        logins: Logins,
+        chain: Arc<Chain>,
     ) -> Self {
         let max_connect = lc
             .max_connect_packet_size
@@ -89,10 +86,10 @@ impl ListenerCtx {
         Self {
             shared: shared.clone(),
             registry,
-            auth: Arc::new(Authenticator::new(
-                lc.allow_anonymous,
-                shared.passwords.clone(),
-            )),
+            chain,
+            policy: AuthnPolicy {
+                allow_anonymous: lc.allow_anonymous,
+            },
             connect_timeout: Duration::from_secs(u64::from(lc.handshake_timeout_secs.max(1))),
             connections: Arc::new(Semaphore::new(
                 (lc.max_connections as usize).clamp(1, Semaphore::MAX_PERMITS),
@@ -101,97 +98,8 @@ impl ListenerCtx {
             max_connect,
             connect_budget: Arc::new(Semaphore::new(budget)),
             counters,
-            logins,
             log_refused: Throttle::new(LOG_EVERY),
             log_logins: Throttle::new(LOG_EVERY),
-        }
-    }
-}
-
-/// Password verification shared by every listener: the pool that runs it off the
-/// connection threads, and the guard actor that bans addresses that keep failing.
-#[derive(Clone)]
-pub(crate) struct Logins {
-    pool: BlockingPool,
-    guard: Addr<GuardMsg>,
-}
-
-impl Logins {
-    /// Starts the guard and the verification pool as `[auth]` says.
-    pub(crate) fn start(shared: &Shared) -> Self {
-        let a = &shared.config.auth;
-        let threads = a
-            .verify_threads
-            .map_or_else(BlockingPool::default_threads, |t| t as usize);
-        let pool = BlockingPool::new("starling-verify", threads, a.verify_queue as usize);
-        let limits = FailureLimits {
-            failures_max: a.failed_logins_max.max(1),
-            window: Duration::from_secs(u64::from(a.failed_logins_window_secs.max(1))),
-            ban: Duration::from_secs(u64::from(a.failed_login_ban_secs.max(1))),
-            sources_max: GUARD_SOURCES_MAX,
-        };
-        let guard = starling_rt::start_with(
-            GuardActor {
-                guard: LoginGuard::new(limits),
-                started_at: time::now(),
-                log_bans: Throttle::new(LOG_EVERY),
-                prune_every: limits.window,
-            },
-            starling_rt::Options::named("login-guard").capacity(1024),
-        );
-        Logins { pool, guard }
-    }
-}
-
-pub(crate) enum GuardMsg {
-    /// May credentials from this address be verified now?
-    Check(IpAddr, Reply<Admission>),
-    /// A verification from this address failed.
-    Failed(IpAddr),
-    Prune,
-}
-
-/// Owns the failed-login counts and bans (a sans-IO [`LoginGuard`]), so that every
-/// connection task of every listener sees the same bans.
-struct GuardActor {
-    guard: LoginGuard,
-    started_at: time::Instant,
-    log_bans: Throttle,
-    prune_every: Duration,
-}
-
-impl GuardActor {
-    fn now(&self) -> Duration {
-        time::now().saturating_duration_since(self.started_at)
-    }
-}
-
-impl Actor for GuardActor {
-    type Msg = GuardMsg;
-
-    async fn started(&mut self, ctx: &mut Ctx<Self>) {
-        ctx.every(self.prune_every, || GuardMsg::Prune);
-    }
-
-    async fn handle(&mut self, msg: GuardMsg, _ctx: &mut Ctx<Self>) {
-        match msg {
-            GuardMsg::Check(ip, reply) => {
-                let _ = reply.send(self.guard.check(self.now(), ip));
-            }
-            GuardMsg::Failed(ip) => {
-                let now = self.now();
-                if let Recorded::BanStarted { until } = self.guard.record_failure(now, ip) {
-                    if let Some(suppressed) = self.log_bans.admit() {
-                        info!(
-                            %ip,
-                            ban_secs = until.saturating_sub(now).as_secs(),
-                            suppressed,
-                            "address banned after repeated failed logins"
-                        );
-                    }
-                }
-            }
-            GuardMsg::Prune => self.guard.prune(self.now()),
         }
     }
 }
@@ -343,32 +251,34 @@ pub(crate) async fn serve(
             return;
         }
     };
-    let username = if lctx.cn_as_username {
-        info.tls_client_cn.clone().or(connect.username.clone())
-    } else {
-        connect.username.clone()
-    };
+    connect_event(&lctx, &connect, &info, None);
     let password = connect.password.take();
     let verdict = if lctx.cn_as_username && info.tls_client_cn.is_some() {
-        // The verified certificate is the credential.
-        Ok(())
+        // The verified certificate is the credential, and its CN the username.
+        Ok(Identity::new(info.tls_client_cn.clone()))
     } else {
-        authenticate(&lctx, &info, connect.username.as_deref(), password).await
+        let left = deadline.saturating_duration_since(time::now());
+        authenticate(&lctx, &info, &connect, password.as_ref(), left).await
     };
     // The CONNECT is decoded and authenticated: its bytes no longer count as unauthenticated.
     drop(budget);
-    if let Err(code) = verdict {
-        add(&shared.metrics.connections_refused, 1);
-        debug!(?code, "CONNECT refused by authentication");
-        refuse(&mut io, connect.protocol, code).await;
-        return;
-    }
+    let username = match verdict {
+        Ok(id) => id.username,
+        Err(code) => {
+            add(&shared.metrics.connections_refused, 1);
+            debug!(?code, "CONNECT refused by authentication");
+            connect_event(&lctx, &connect, &info, Some(code));
+            refuse(&mut io, connect.protocol, code).await;
+            return;
+        }
+    };
     let client_id: Arc<str> = match check_connect(&connect, &shared.limits) {
         Ok(ClientIdentity::Given) => Arc::from(connect.client_id.as_str()),
         Ok(ClientIdentity::MustAssign) => Arc::from(assign_client_id()),
         Err(code) => {
             add(&shared.metrics.connections_refused, 1);
             debug!(?code, "CONNECT refused");
+            connect_event(&lctx, &connect, &info, Some(code));
             refuse(&mut io, connect.protocol, code).await;
             return;
         }
@@ -394,73 +304,85 @@ pub(crate) async fn serve(
         .await;
 }
 
-/// Decides a CONNECT's credentials: `Err` is the CONNACK code to refuse with. Password
-/// verification runs on the pool, after the address's ban check; a full pool, a ban or a
-/// lost job refuse with Server unavailable (MQTT 5 §3.2.2.2 0x88; 3.x return code 3), which
-/// tells the client to retry later and says nothing about the password.
+/// Decides a CONNECT's credentials through the hook chain: `Err` is the CONNACK code to
+/// refuse with. A verdict that is not ready (the password file's verification, on its
+/// pool) is awaited here, in the connection's own task, until the handshake deadline
+/// (`left`); one that misses it is refused with Server unavailable (MQTT 5 §3.2.2.2 0x88;
+/// 3.x return code 3), which tells the client to retry later.
 async fn authenticate(
     lctx: &ListenerCtx,
     info: &ConnInfo,
-    username: Option<&str>,
-    password: Option<bytes::Bytes>,
-) -> Result<(), ReasonCode> {
-    let metrics = &lctx.shared.metrics;
-    let ip = info.peer.ip();
-    let result = if lctx.auth.needs_verification(username, password.as_deref()) {
-        let logins = &lctx.logins;
-        let admission = logins
-            .guard
-            .ask(|r| GuardMsg::Check(ip, r))
-            .await
-            .unwrap_or(Admission::Verify);
-        if let Admission::Banned { .. } = admission {
-            add(&metrics.login_banned, 1);
-            log_login(lctx, info, username, "address banned after failed logins");
-            return Err(ReasonCode::ServerUnavailable);
-        }
-        let auth = lctx.auth.clone();
-        let user = username.map(str::to_owned);
-        let verify = move || auth.authenticate(user.as_deref(), password.as_deref());
-        // An address that failed recently waits in the pool's second lane, behind every
-        // other: a storm from many addresses fills that lane (and is refused there) while
-        // clients outside it still get the next free verification.
-        let job = match admission {
-            Admission::VerifyLater => logins.pool.try_run_later(verify),
-            _ => logins.pool.try_run(verify),
-        };
-        let job = match job {
-            Ok(job) => job,
-            Err(_) => {
-                add(&metrics.verify_queue_full, 1);
-                log_login(lctx, info, username, "password verification queue full");
-                return Err(ReasonCode::ServerUnavailable);
-            }
-        };
-        let Ok(result) = job.await else {
-            return Err(ReasonCode::ServerUnavailable);
-        };
-        if result == AuthResult::BadCredentials {
-            // Only verified failures count towards a ban: they are what costs the broker.
-            // `try_send`: under a storm a full guard mailbox loses a count, not a thread.
-            let _ = logins.guard.try_send(GuardMsg::Failed(ip));
-        }
-        result
-    } else {
-        lctx.auth.authenticate(username, password.as_deref())
+    connect: &Connect,
+    password: Option<&bytes::Bytes>,
+    left: Duration,
+) -> Result<Identity, ReasonCode> {
+    let req = ConnectRequest {
+        client_id: &connect.client_id,
+        username: connect.username.as_deref(),
+        password,
+        peer: info.peer,
+        protocol: connect.protocol,
+        tls_client_cn: info.tls_client_cn.as_deref(),
     };
-    match result {
-        AuthResult::Allowed => Ok(()),
-        AuthResult::BadCredentials => {
-            add(&metrics.login_failed, 1);
-            log_login(lctx, info, username, "bad user name or password");
-            Err(ReasonCode::BadUserNameOrPassword)
+    let verdict = match lctx.chain.authenticate(&req, lctx.policy) {
+        starling_hooks::Verdict::Now(v) => v,
+        starling_hooks::Verdict::Later(v) => match time::timeout(left, v).await {
+            Some(v) => v,
+            None => {
+                add(&lctx.shared.metrics.verdict_timeouts, 1);
+                Err(Refusal {
+                    code: ReasonCode::ServerUnavailable,
+                    why: "authentication timed out",
+                })
+            }
+        },
+    };
+    verdict.map_err(|r| {
+        if matches!(
+            r.code,
+            ReasonCode::BadUserNameOrPassword | ReasonCode::NotAuthorized
+        ) {
+            add(&lctx.shared.metrics.login_failed, 1);
         }
-        AuthResult::NotAuthorized => {
-            add(&metrics.login_failed, 1);
-            log_login(lctx, info, username, "not authorized");
-            Err(ReasonCode::NotAuthorized)
-        }
+        log_login(lctx, info, connect.username.as_deref(), r.why);
+        r.code
+    })
+}
+
+/// The connect event (CONNECT received, `refused: None`) or a refusal's connack event, if
+/// some provider wants it.
+fn connect_event(
+    lctx: &ListenerCtx,
+    connect: &Connect,
+    info: &ConnInfo,
+    refused: Option<ReasonCode>,
+) {
+    let chain = &lctx.chain;
+    let kind = match refused {
+        None => EventKind::ClientConnect,
+        Some(_) => EventKind::ClientConnack,
+    };
+    if !chain.wants(kind) {
+        return;
     }
+    let what = match refused {
+        None => What::ClientConnect {
+            peer: info.peer,
+            protocol: connect.protocol,
+        },
+        Some(code) => What::ClientConnack {
+            peer: info.peer,
+            code,
+        },
+    };
+    chain.emit(&Event {
+        who: Subject {
+            node: lctx.shared.node.clone(),
+            client_id: Arc::from(connect.client_id.as_str()),
+            username: connect.username.as_deref().map(Arc::from),
+        },
+        what,
+    });
 }
 
 fn log_login(lctx: &ListenerCtx, info: &ConnInfo, username: Option<&str>, reason: &'static str) {

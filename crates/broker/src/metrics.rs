@@ -32,6 +32,8 @@ pub(crate) struct Metrics {
     pub login_failed: AtomicU64,
     pub login_banned: AtomicU64,
     pub verify_queue_full: AtomicU64,
+    // The hook chain (gate.rs, listener.rs).
+    pub verdict_timeouts: AtomicU64,
 }
 
 /// Adds `n` to a counter.
@@ -99,6 +101,10 @@ pub struct MetricsSnapshot {
     pub login_banned: u64,
     /// CONNECTs refused because the password verification queue was full.
     pub verify_queue_full: u64,
+    /// Later verdicts that missed their deadline: authorizations past
+    /// `auth.verdict_timeout_ms` (they got `auth.timeout_verdict`) and authentications past
+    /// the handshake deadline (refused with 0x88).
+    pub verdict_timeouts: u64,
 }
 
 impl Metrics {
@@ -126,6 +132,7 @@ impl Metrics {
             login_failed: get(&self.login_failed),
             login_banned: get(&self.login_banned),
             verify_queue_full: get(&self.verify_queue_full),
+            verdict_timeouts: get(&self.verdict_timeouts),
         }
     }
 }

@@ -67,8 +67,26 @@ pub(crate) enum ClientMsg {
     Stalled {
         shard: u16,
     },
+    /// A later authorization verdict on `topic` (see `gate`), `None` past
+    /// `auth.verdict_timeout_ms`. `attach` is the connection it was asked for (a verdict
+    /// for an earlier connection, whose address may differ, is dropped); `seq` the wait's.
+    Verdict {
+        attach: u32,
+        seq: u32,
+        kind: AuthzKind,
+        topic: Arc<str>,
+        verdict: Option<bool>,
+    },
     /// The broker is stopping.
     Shutdown(Reply<()>),
+}
+
+/// What an authorization verdict is remembered for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum AuthzKind {
+    Publish,
+    Subscribe,
+    Read,
 }
 
 // --- to the registry ------------------------------------------------------------------

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use starling_codec::ReasonCode;
 use starling_config::ClientIdPolicy;
+use starling_hooks::{Chain, Event, EventKind, Subject, What};
 use starling_rt::{start_with, time, Actor, Addr, Ctx, Options, TrySendError};
 use tracing::debug;
 
@@ -32,14 +33,16 @@ struct Entry {
 pub(crate) struct Registry {
     shared: Arc<Shared>,
     shards: Shards,
+    chain: Arc<Chain>,
     clients: HashMap<Arc<str>, Entry>,
 }
 
 impl Registry {
-    pub(crate) fn new(shared: Arc<Shared>, shards: Shards) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, shards: Shards, chain: Arc<Chain>) -> Self {
         Self {
             shared,
             shards,
+            chain,
             clients: HashMap::new(),
         }
     }
@@ -82,6 +85,7 @@ impl Registry {
         let client = Client::new(
             self.shared.clone(),
             self.shards.clone(),
+            self.chain.clone(),
             ctx.weak_addr(),
             client_id.clone(),
             conn,
@@ -108,8 +112,23 @@ impl Registry {
             connect,
             mut io,
             permit,
+            peer,
+            username,
             ..
         } = *conn;
+        if self.chain.wants(EventKind::ClientConnack) {
+            self.chain.emit(&Event {
+                who: Subject {
+                    node: self.shared.node.clone(),
+                    client_id: Arc::from(connect.client_id.as_str()),
+                    username: username.as_deref().map(Arc::from),
+                },
+                what: What::ClientConnack {
+                    peer,
+                    code: ReasonCode::ClientIdentifierNotValid,
+                },
+            });
+        }
         starling_rt::spawn(async move {
             refuse(
                 &mut io,

@@ -22,6 +22,8 @@ pub(crate) struct Shared {
     pub acl: Acl,
     pub passwords: Option<PasswordFile>,
     pub metrics: Metrics,
+    /// `node.name`, for events.
+    pub node: Arc<str>,
     /// `$SYS/brokers/{node}`.
     pub sys_prefix: String,
     /// Mailbox bound of a client actor, in messages: input batches from its socket and
@@ -81,6 +83,7 @@ impl Shared {
             None => None,
         };
         let sys_prefix = format!("$SYS/brokers/{}", config.node.name);
+        let node = Arc::from(config.node.name.as_str());
         // Deliveries come in batches of at most `routing::BATCH_MAX`, so 64 messages hold up
         // to 4096 deliveries: a burst is absorbed while one slow subscriber still holds a
         // bounded number (what does not fit waits in the router, bounded by max_mqueue_len).
@@ -92,6 +95,7 @@ impl Shared {
             acl,
             passwords,
             metrics: Metrics::default(),
+            node,
             sys_prefix,
             client_mailbox,
         }))

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use starling_config::ListenerKind;
+use starling_hooks::{Event, EventKind, EventMask, EventProvider, What};
 use starling_net::ListenerCounters;
-use starling_rt::{time, Actor, Ctx};
+use starling_rt::{time, Actor, Ctx, TrySendError};
 
 use crate::msg::{sys_message, RouterMsg};
 use crate::settings::Shared;
@@ -113,4 +114,84 @@ impl Actor for SysActor {
             SysMsg::Tick => self.tick().await,
         }
     }
+}
+
+/// The built-in event provider: `$SYS/brokers/{node}/clients/{client_id}/connected` and
+/// `.../disconnected`, published (QoS 0, not retained) as JSON in the form Mosquitto and
+/// EMQX use.
+pub(crate) struct SysEvents {
+    shared: Arc<Shared>,
+    shards: Shards,
+}
+
+impl SysEvents {
+    pub(crate) fn new(shared: Arc<Shared>, shards: Shards) -> Self {
+        Self { shared, shards }
+    }
+}
+
+impl EventProvider for SysEvents {
+    fn wants(&self) -> EventMask {
+        EventMask::NONE
+            .with(EventKind::ClientConnected)
+            .with(EventKind::ClientDisconnected)
+    }
+
+    fn on_event(&self, e: &Event) {
+        let id = &e.who.client_id;
+        let what = match e.what {
+            What::ClientConnected { .. } => "connected",
+            _ => "disconnected",
+        };
+        let topic = format!("{}/clients/{}/{}", self.shared.sys_prefix, id, what);
+        let mut payload = format!(
+            "{{\"clientid\":\"{}\",\"ts\":{}",
+            json_escape(id),
+            time::unix_secs()
+        );
+        if let What::ClientConnected {
+            peer,
+            protocol,
+            keep_alive,
+            clean_start,
+        } = &e.what
+        {
+            payload.push_str(&format!(
+                ",\"username\":{},\"ipaddress\":\"{}\",\"proto_ver\":{},\"keepalive\":{},\"clean_start\":{}",
+                e.who
+                    .username
+                    .as_deref()
+                    .map_or("null".to_owned(), |u| format!("\"{}\"", json_escape(u))),
+                peer.ip(),
+                protocol.level(),
+                keep_alive,
+                clean_start
+            ));
+        }
+        payload.push('}');
+        let msg = sys_message(topic, payload, false);
+        // An event provider must not block: a full shard mailbox gets the event from a task
+        // of its own (rare: connects and disconnects, not messages).
+        let shard = self.shards.for_publish(&msg.topic);
+        if let Err(TrySendError::Full(m)) = shard.try_send(RouterMsg::Publish(msg, None)) {
+            let shard = shard.clone();
+            starling_rt::spawn(async move {
+                let _ = shard.send(m).await;
+            });
+        }
+    }
+}
+
+/// Escapes a string for a JSON string literal.
+fn json_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
 }

@@ -19,7 +19,7 @@ pub use error::{ConfigError, Warning};
 pub use model::{
     AclDefault, AuthConfig, BackpressureHolders, ClientIdPolicy, Config, DropPolicy,
     ListenerConfig, ListenerKind, LogConfig, MqttConfig, NodeConfig, QuicConfig, RouterSettings,
-    ShardCount, SharedStrategy, StuckPolicy, TlsConfig, WsConfig,
+    ShardCount, SharedStrategy, StuckPolicy, TimeoutVerdict, TlsConfig, WsConfig,
 };
 
 /// Every key the file format accepts, as dotted paths with `listeners[]` for the array

@@ -473,6 +473,23 @@ pub struct AuthConfig {
     /// How long a banned address has its CONNECTs with credentials refused without
     /// verification (CONNACK 0x88 / 3). 1..=86400, default 60.
     pub failed_login_ban_secs: u32,
+    /// How long a client's PUBLISH or SUBSCRIBE waits for an authorizer that answers later
+    /// (its input is held back meanwhile, in order). 1..=60000, default 5000.
+    pub verdict_timeout_ms: u32,
+    /// The verdict a PUBLISH or SUBSCRIBE gets when its authorizer misses
+    /// `verdict_timeout_ms` (never remembered). Default `deny`.
+    pub timeout_verdict: TimeoutVerdict,
+}
+
+/// What an authorization that missed its deadline decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimeoutVerdict {
+    /// Refuse (MQTT 5 PUBACK/SUBACK 0x87 Not authorized).
+    #[default]
+    Deny,
+    /// Permit.
+    Allow,
 }
 
 impl Default for AuthConfig {
@@ -487,6 +504,8 @@ impl Default for AuthConfig {
             failed_logins_max: 10,
             failed_logins_window_secs: 60,
             failed_login_ban_secs: 60,
+            verdict_timeout_ms: 5000,
+            timeout_verdict: TimeoutVerdict::default(),
         }
     }
 }

@@ -94,6 +94,8 @@ fn validate(raw: RawConfig, base: Option<&Path>) -> Result<(Config, Vec<Warning>
         failed_logins_max: raw.auth.failed_logins_max,
         failed_logins_window_secs: raw.auth.failed_logins_window_secs,
         failed_login_ban_secs: raw.auth.failed_login_ban_secs,
+        verdict_timeout_ms: raw.auth.verdict_timeout_ms,
+        timeout_verdict: raw.auth.timeout_verdict,
     };
     validate_auth(&auth)?;
     validate_log(&raw.log)?;
@@ -247,6 +249,8 @@ fn validate_auth(a: &AuthConfig) -> Result<(), ConfigError> {
         range("auth.verify_threads", threads, 1, 256)?;
     }
     range("auth.verify_queue", a.verify_queue, 1, 65535)?;
+    // A client's input waits this long at most: past a minute it is a stuck client.
+    range("auth.verdict_timeout_ms", a.verdict_timeout_ms, 1, 60_000)?;
     range("auth.failed_logins_max", a.failed_logins_max, 1, 1_000_000)?;
     range(
         "auth.failed_logins_window_secs",

@@ -402,6 +402,8 @@ fn login_limits_are_checked() {
         ("failed_logins_max", 0),
         ("failed_logins_window_secs", 0),
         ("failed_login_ban_secs", 86_401),
+        ("verdict_timeout_ms", 0),
+        ("verdict_timeout_ms", 60_001),
     ] {
         let m = msg(&format!("[auth]\n{key} = {bad}\n"));
         assert!(
@@ -412,6 +414,16 @@ fn login_limits_are_checked() {
     let (c, _) = ok("[auth]\nverify_threads = 2\n");
     assert_eq!(c.auth.verify_threads, Some(2));
     assert_eq!(Config::default().auth.verify_queue, 32);
+    let (c, _) = ok("[auth]\ntimeout_verdict = \"allow\"\nverdict_timeout_ms = 250\n");
+    assert_eq!(
+        c.auth.timeout_verdict,
+        starling_config::TimeoutVerdict::Allow
+    );
+    assert_eq!(c.auth.verdict_timeout_ms, 250);
+    assert_eq!(
+        Config::default().auth.timeout_verdict,
+        starling_config::TimeoutVerdict::Deny
+    );
 }
 
 #[test]

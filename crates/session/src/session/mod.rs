@@ -300,6 +300,29 @@ impl Session {
         self.inflight.len()
     }
 
+    /// The message in flight to the client under `packet_id`, with the QoS it was sent
+    /// with: what a PUBACK or PUBCOMP for it acknowledges (a query; nothing changes).
+    pub fn inflight_message(&self, packet_id: PacketId) -> Option<(&Arc<Message>, QoS)> {
+        self.inflight
+            .get(&packet_id)
+            .map(|f| (&f.out.msg, f.out.qos))
+    }
+
+    /// The topic a PUBLISH from the client is for, a topic alias resolved as
+    /// [`Session::handle_packet`] would resolve it now (MQTT 5 §3.3.2.3.4); `None` when
+    /// it names an alias this connection has not set (the session will refuse it) or no
+    /// connection is attached. Lets the broker decide on the topic before it hands the
+    /// packet over.
+    pub fn publish_topic<'a>(&'a self, p: &'a starling_codec::Publish) -> Option<&'a str> {
+        let Phase::Attached(conn) = &self.phase else {
+            return None;
+        };
+        match p.properties.topic_alias.filter(|_| conn.protocol.is_v5()) {
+            Some(alias) if p.topic.is_empty() => conn.aliases_in.get(&alias).map(|t| &**t),
+            _ => Some(&p.topic),
+        }
+    }
+
     /// Messages queued for the window or for the client's return.
     pub fn queue_len(&self) -> usize {
         self.queue.len()

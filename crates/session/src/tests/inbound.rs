@@ -134,8 +134,18 @@ fn topic_alias_inbound_resolves_later_publishes() {
         p.properties.topic_alias = Some(alias);
         Packet::Publish(p)
     };
-    h.packet(with_alias("long/topic", 1)).unwrap();
-    h.packet(with_alias("", 1)).unwrap();
+    let Packet::Publish(first) = with_alias("long/topic", 1) else {
+        unreachable!()
+    };
+    let Packet::Publish(alias_only) = with_alias("", 1) else {
+        unreachable!()
+    };
+    // The broker's look-ahead sees what the session will resolve.
+    assert_eq!(h.s.publish_topic(&first), Some("long/topic"));
+    assert_eq!(h.s.publish_topic(&alias_only), None, "not set yet");
+    h.packet(Packet::Publish(first)).unwrap();
+    assert_eq!(h.s.publish_topic(&alias_only), Some("long/topic"));
+    h.packet(Packet::Publish(alias_only)).unwrap();
     let e = h.drain();
     let topics: Vec<&str> = routed(&e).iter().map(|m| &*m.topic).collect();
     assert_eq!(topics, ["long/topic", "long/topic"]);

@@ -76,9 +76,13 @@ fn qos2_outbound_pubrec_pubrel_pubcomp() {
     h.packet(Packet::Pubrec(PubAck::new(id))).unwrap();
     assert_eq!(sent(&h.drain()), vec![&Packet::Pubrel(PubAck::new(id))]);
     assert_eq!(h.s.inflight_len(), 1);
+    // What the PUBCOMP will acknowledge, for the broker's acked event.
+    let (m, qos) = h.s.inflight_message(id).expect("in flight");
+    assert_eq!((&*m.topic, qos), ("t", QoS::ExactlyOnce));
     h.packet(Packet::Pubcomp(PubAck::new(id))).unwrap();
     assert!(h.drain().is_empty());
     assert_eq!(h.s.inflight_len(), 0);
+    assert!(h.s.inflight_message(id).is_none());
 }
 
 #[test]
