@@ -1,0 +1,784 @@
+//! [`ClientCore`]: one MQTT client connection's protocol state, driven by
+//! its caller.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::num::NonZeroU16;
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use starling_codec::{
+    decode, encode, encode_publish_header, Connack, Connect, Disconnect, Packet, PacketId,
+    PacketType, Properties, Protocol, PubAck, Publish, PublishHeader, QoS, ReasonCode, Subscribe,
+    SubscribeFilter, Unsubscribe, PACKET_SIZE_MAX,
+};
+
+use crate::ids::Ring;
+use crate::{Error, Event};
+
+/// Who acknowledges what the broker sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Acks {
+    /// The core answers every PUBLISH (PUBACK, or PUBREC then PUBCOMP on
+    /// PUBREL), delivers a QoS 2 message once however often the broker
+    /// repeats it (MQTT 5 §4.3.3), and refuses acknowledgements for packet
+    /// identifiers it is not waiting on.
+    #[default]
+    Auto,
+    /// The caller answers PUBLISH and PUBREL (with [`ClientCore::acknowledge`]
+    /// or [`ClientCore::send_packet`]); the core still completes the flows
+    /// of what it published itself. Acknowledgements it is not waiting for
+    /// reach the caller as [`Event::Ack`], and nothing is deduplicated:
+    /// for tests that own the protocol state they check.
+    Manual,
+}
+
+/// How a [`ClientCore`] behaves; the CONNECT it sends is part of it.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// The CONNECT sent by every [`ClientCore::connect`]: protocol version,
+    /// client id, Clean Start, keep alive, will, credentials, properties.
+    pub connect: Connect,
+    /// QoS 1/2 PUBLISHes awaiting acknowledgement, at most. The broker's
+    /// Receive Maximum (MQTT 5 §3.2.2.3.3) lowers it for a connection.
+    pub inflight_max: NonZeroU16,
+    /// Who acknowledges incoming messages.
+    pub acks: Acks,
+    /// The largest packet accepted from the broker, fixed header included.
+    /// Advertise it yourself in `connect.properties.maximum_packet_size`
+    /// (5.0) if the broker should know.
+    pub packet_size_max: u32,
+    /// Keep each QoS 1/2 PUBLISH made with [`ClientCore::publish`] until its
+    /// acknowledgement, and resend it (DUP set) or its PUBREL when a later
+    /// connection resumes the session (MQTT 5 §4.4). Costs one allocation
+    /// per message; off, unacknowledged messages are abandoned on reconnect.
+    pub resend_on_reconnect: bool,
+}
+
+impl ClientOptions {
+    /// Automatic acknowledgements, a window of 65,535, any packet size, no
+    /// resending.
+    pub fn new(connect: Connect) -> Self {
+        ClientOptions {
+            connect,
+            inflight_max: NonZeroU16::MAX,
+            acks: Acks::Auto,
+            packet_size_max: PACKET_SIZE_MAX,
+            resend_on_reconnect: false,
+        }
+    }
+}
+
+/// Where a connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// No connection: before the first [`ClientCore::connect`] or after
+    /// [`ClientCore::connection_lost`].
+    Idle,
+    /// CONNECT queued, CONNACK not yet received.
+    Connecting,
+    /// CONNACK accepted the connection.
+    Connected,
+    /// Ended: by a DISCONNECT either way, a refusing CONNACK, or a protocol
+    /// error. Input is ignored; close the transport.
+    Closed,
+}
+
+/// A packet identifier's outstanding exchange.
+#[derive(Debug)]
+enum Pending {
+    /// QoS 1 PUBLISH sent; the message if kept for resending.
+    Puback(Option<Box<Publish>>),
+    /// QoS 2 PUBLISH sent.
+    Pubrec(Option<Box<Publish>>),
+    /// PUBREL sent.
+    Pubcomp,
+    Suback,
+    Unsuback,
+}
+
+/// One MQTT client connection's protocol state, sans I/O.
+///
+/// Call order: [`connect`](Self::connect), then write out
+/// [`poll_transmit`](Self::poll_transmit); feed what the broker sends to
+/// [`handle_buf`](Self::handle_buf) (or `handle_bytes`, `handle_packet`);
+/// after each input or command, drain [`poll_transmit`](Self::poll_transmit)
+/// and [`poll_event`](Self::poll_event); sleep until
+/// [`poll_timeout`](Self::poll_timeout) and then call
+/// [`handle_timeout`](Self::handle_timeout). `now` is always the caller's.
+#[derive(Debug)]
+pub struct ClientCore {
+    options: ClientOptions,
+    state: State,
+    /// Received bytes not yet a whole packet, for [`Self::handle_bytes`].
+    rbuf: BytesMut,
+    /// Encoded packets not yet taken by [`Self::poll_transmit`].
+    out: BytesMut,
+    events: VecDeque<Event>,
+    ids: Ring<Pending>,
+    /// PUBLISHes among `ids`, which the window bounds.
+    inflight: usize,
+    window: u16,
+    /// The broker's Maximum Packet Size (MQTT 5 §3.2.2.3.6).
+    peer_packet_size_max: u32,
+    keep_alive: Option<Duration>,
+    last_sent: Option<Instant>,
+    ping_sent: Option<Instant>,
+    /// QoS 2 messages delivered and PUBREC'd, awaiting PUBREL (Acks::Auto).
+    received_qos2: BTreeSet<PacketId>,
+}
+
+impl ClientCore {
+    /// A core that has not connected yet.
+    pub fn new(options: ClientOptions) -> Self {
+        let window = options.inflight_max.get();
+        ClientCore {
+            options,
+            state: State::Idle,
+            rbuf: BytesMut::new(),
+            out: BytesMut::new(),
+            events: VecDeque::new(),
+            ids: Ring::new(),
+            inflight: 0,
+            window,
+            peer_packet_size_max: PACKET_SIZE_MAX,
+            keep_alive: None,
+            last_sent: None,
+            ping_sent: None,
+            received_qos2: BTreeSet::new(),
+        }
+    }
+
+    /// The options; change `connect` (e.g. Clean Start) before a reconnect.
+    pub fn options_mut(&mut self) -> &mut ClientOptions {
+        &mut self.options
+    }
+
+    /// The protocol version of every connection.
+    pub fn protocol(&self) -> Protocol {
+        self.options.connect.protocol
+    }
+
+    /// Where the connection is.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// QoS 1/2 PUBLISHes awaiting acknowledgement.
+    pub fn inflight(&self) -> usize {
+        self.inflight
+    }
+
+    /// The in-flight window of this connection: `inflight_max`, lowered by
+    /// the broker's Receive Maximum.
+    pub fn window(&self) -> u16 {
+        self.window
+    }
+
+    /// Whether a QoS 1/2 PUBLISH would fit the window now.
+    pub fn can_publish(&self) -> bool {
+        self.state == State::Connected && self.inflight < usize::from(self.window)
+    }
+
+    /// Bytes queued for [`Self::poll_transmit`].
+    pub fn transmit_len(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Starts a connection on a new transport: queues the CONNECT of the
+    /// options. Unsent output and partial input of an earlier connection are
+    /// dropped with it, and so are its pending SUBSCRIBE/UNSUBSCRIBE; the
+    /// session's messages wait for the CONNACK, which resumes or abandons them.
+    pub fn connect(&mut self, now: Instant) -> Result<(), Error> {
+        self.rbuf.clear();
+        self.out.clear();
+        let stale: Vec<PacketId> = self
+            .ids
+            .iter()
+            .filter(|(_, p)| matches!(p, Pending::Suback | Pending::Unsuback))
+            .map(|(id, _)| id)
+            .collect();
+        for id in stale {
+            self.ids.remove(id);
+        }
+        self.peer_packet_size_max = PACKET_SIZE_MAX;
+        self.ping_sent = None;
+        self.keep_alive = None;
+        let connect = Packet::Connect(Box::new(self.options.connect.clone()));
+        self.queue(now, &connect)?;
+        self.state = State::Connecting;
+        Ok(())
+    }
+
+    /// The transport is gone (closed, reset, timed out). Timers stop; the
+    /// session stays for the next [`Self::connect`].
+    pub fn connection_lost(&mut self) {
+        self.state = State::Idle;
+        self.ping_sent = None;
+    }
+
+    /// Copies `bytes` from the broker into the core's own buffer and handles
+    /// every whole packet in it.
+    pub fn handle_bytes(&mut self, now: Instant, bytes: &[u8]) -> Result<(), Error> {
+        let mut buf = std::mem::take(&mut self.rbuf);
+        buf.extend_from_slice(bytes);
+        let result = self.handle_buf(now, &mut buf);
+        self.rbuf = buf;
+        result
+    }
+
+    /// Decodes and handles every whole packet in the caller's read buffer,
+    /// leaving a partial one there for the next read. Payloads are slices of
+    /// `buf`, not copies.
+    ///
+    /// # Errors
+    /// The broker broke the protocol; the connection is [`State::Closed`].
+    pub fn handle_buf(&mut self, now: Instant, buf: &mut BytesMut) -> Result<(), Error> {
+        let protocol = self.protocol();
+        loop {
+            let packet = match decode(buf, protocol, self.options.packet_size_max) {
+                Ok(Some(packet)) => packet,
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(self.fail(Error::Decode(e))),
+            };
+            self.handle_packet(now, packet)?;
+        }
+    }
+
+    /// Handles one packet from the broker, decoded by the caller.
+    pub fn handle_packet(&mut self, now: Instant, packet: Packet) -> Result<(), Error> {
+        let result = match self.state {
+            State::Closed => return Ok(()),
+            State::Idle => Err(unexpected(&packet, "not connected")),
+            State::Connecting => match packet {
+                Packet::Connack(connack) => self.on_connack(now, connack),
+                // MQTT 5 §4.12: enhanced authentication precedes the CONNACK.
+                Packet::Auth(auth) => {
+                    self.events.push_back(Event::Auth(auth));
+                    Ok(())
+                }
+                other => Err(unexpected(&other, "awaiting CONNACK")),
+            },
+            State::Connected => self.on_packet(now, packet),
+        };
+        result.map_err(|e| self.fail(e))
+    }
+
+    /// Publishes `payload`, which is copied once, into the output. QoS 0
+    /// returns `None`; QoS 1/2 the packet identifier that a later
+    /// [`Event::Published`] reports.
+    ///
+    /// # Errors
+    /// [`Error::NotConnected`], [`Error::WindowFull`] (see
+    /// [`Self::can_publish`]), [`Error::PacketIdsExhausted`], or
+    /// [`Error::Encode`] (bad topic, too large for the broker).
+    pub fn publish(
+        &mut self,
+        now: Instant,
+        topic: &str,
+        payload: Bytes,
+        qos: QoS,
+        retain: bool,
+        properties: Properties,
+    ) -> Result<Option<PacketId>, Error> {
+        let packet_id = self.reserve(qos)?;
+        let header = PublishHeader {
+            dup: false,
+            qos,
+            retain,
+            topic,
+            packet_id,
+            properties: &properties,
+        };
+        let max = self.peer_packet_size_max;
+        encode_publish_header(&header, payload.len(), self.protocol(), max, &mut self.out)
+            .map_err(encode_error(PacketType::Publish))?;
+        self.out.put_slice(&payload);
+        self.last_sent = Some(now);
+        if let Some(id) = packet_id {
+            let message = self.options.resend_on_reconnect.then(|| {
+                Box::new(Publish {
+                    dup: false,
+                    qos,
+                    retain,
+                    topic: topic.to_owned(),
+                    packet_id,
+                    properties,
+                    payload,
+                })
+            });
+            self.track(id, qos, message);
+        }
+        Ok(packet_id)
+    }
+
+    /// Publishes a payload that `fill` writes straight into the caller's
+    /// output buffer `out` after the header: no payload buffer at all, for
+    /// load generation. Output queued in the core goes into `out` first, so
+    /// the order on the wire is kept. Such a message is never kept for
+    /// resending; a resumed session reports it [`Event::Abandoned`].
+    ///
+    /// Errors as [`Self::publish`].
+    ///
+    /// # Panics
+    /// If `fill` does not append exactly `payload_len` bytes: the header
+    /// already announced that many.
+    #[allow(clippy::too_many_arguments)] // a PUBLISH has this many parts
+    pub fn publish_with(
+        &mut self,
+        now: Instant,
+        topic: &str,
+        qos: QoS,
+        retain: bool,
+        properties: &Properties,
+        payload_len: usize,
+        out: &mut BytesMut,
+        fill: impl FnOnce(&mut BytesMut),
+    ) -> Result<Option<PacketId>, Error> {
+        let packet_id = self.reserve(qos)?;
+        self.poll_transmit(out);
+        let header = PublishHeader {
+            dup: false,
+            qos,
+            retain,
+            topic,
+            packet_id,
+            properties,
+        };
+        let max = self.peer_packet_size_max;
+        encode_publish_header(&header, payload_len, self.protocol(), max, out)
+            .map_err(encode_error(PacketType::Publish))?;
+        let start = out.len();
+        fill(out);
+        assert_eq!(
+            out.len() - start,
+            payload_len,
+            "fill wrote the declared payload"
+        );
+        self.last_sent = Some(now);
+        if let Some(id) = packet_id {
+            self.track(id, qos, None);
+        }
+        Ok(packet_id)
+    }
+
+    /// Subscribes to `filters`; [`Event::Subscribed`] carries the SUBACK.
+    pub fn subscribe(
+        &mut self,
+        now: Instant,
+        filters: Vec<SubscribeFilter>,
+        properties: Properties,
+    ) -> Result<PacketId, Error> {
+        self.request(now, Pending::Suback, |packet_id| {
+            Packet::Subscribe(Subscribe {
+                packet_id,
+                filters,
+                properties,
+            })
+        })
+    }
+
+    /// Unsubscribes from `filters`; [`Event::Unsubscribed`] carries the UNSUBACK.
+    pub fn unsubscribe(
+        &mut self,
+        now: Instant,
+        filters: Vec<String>,
+        properties: Properties,
+    ) -> Result<PacketId, Error> {
+        self.request(now, Pending::Unsuback, |packet_id| {
+            Packet::Unsubscribe(Unsubscribe {
+                packet_id,
+                filters,
+                properties,
+            })
+        })
+    }
+
+    /// Sends a PINGREQ now; [`Event::Pong`] follows. Keep-alive pings need
+    /// no call: [`Self::handle_timeout`] sends them.
+    pub fn ping(&mut self, now: Instant) -> Result<(), Error> {
+        self.connected()?;
+        self.queue(now, &Packet::Pingreq)?;
+        self.ping_sent.get_or_insert(now);
+        Ok(())
+    }
+
+    /// With [`Acks::Manual`]: answers a PUBLISH of `qos` (PUBACK for 1,
+    /// PUBREC for 2) or, for `None`, a PUBREL (PUBCOMP).
+    pub fn acknowledge(
+        &mut self,
+        now: Instant,
+        packet_id: PacketId,
+        qos: Option<QoS>,
+    ) -> Result<(), Error> {
+        self.connected()?;
+        let ack = PubAck::new(packet_id);
+        match qos {
+            Some(QoS::AtMostOnce) => Ok(()),
+            Some(QoS::AtLeastOnce) => self.queue(now, &Packet::Puback(ack)),
+            Some(QoS::ExactlyOnce) => self.queue(now, &Packet::Pubrec(ack)),
+            None => self.queue(now, &Packet::Pubcomp(ack)),
+        }
+    }
+
+    /// Ends the connection with `disconnect` (MQTT 5 §3.14); the core is
+    /// [`State::Closed`] and the caller closes the transport after writing.
+    pub fn disconnect(&mut self, now: Instant, disconnect: Disconnect) -> Result<(), Error> {
+        if !matches!(self.state, State::Connecting | State::Connected) {
+            return Err(Error::NotConnected);
+        }
+        self.queue(now, &Packet::Disconnect(disconnect))?;
+        self.state = State::Closed;
+        Ok(())
+    }
+
+    /// Queues `packet` as given, outside the core's bookkeeping and the
+    /// broker's Maximum Packet Size: for tests that send what a client must
+    /// not, or own a flow themselves. The codec's rules still apply.
+    pub fn send_packet(&mut self, packet: &Packet) -> Result<(), Error> {
+        encode(packet, self.protocol(), PACKET_SIZE_MAX, &mut self.out)
+            .map(|_| ())
+            .map_err(encode_error(packet.packet_type()))
+    }
+
+    /// Moves everything queued for the broker into `out` (without a copy
+    /// when `out` is empty) and returns how many bytes that was.
+    pub fn poll_transmit(&mut self, out: &mut BytesMut) -> usize {
+        let n = self.out.len();
+        if out.is_empty() {
+            std::mem::swap(out, &mut self.out);
+        } else if n > 0 {
+            out.extend_from_slice(&self.out);
+            self.out.clear();
+        }
+        n
+    }
+
+    /// The next event, in the order of the input that caused it.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Self::handle_timeout`] has work: the next keep-alive PINGREQ,
+    /// or the end of the wait for a PINGRESP.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let keep_alive = self.keep_alive.filter(|_| self.state == State::Connected)?;
+        match self.ping_sent {
+            Some(sent) => Some(sent + keep_alive),
+            // MQTT 5 §3.1.2.10: something must be sent within the keep-alive
+            // interval; pinging after half of it leaves the other half for
+            // a slow network.
+            None => self.last_sent.map(|at| at + keep_alive / 2),
+        }
+    }
+
+    /// Sends a keep-alive PINGREQ when one is due.
+    ///
+    /// # Errors
+    /// [`Error::KeepAliveTimeout`] when a PINGREQ went unanswered for the
+    /// keep-alive interval; the connection is [`State::Closed`].
+    pub fn handle_timeout(&mut self, now: Instant) -> Result<(), Error> {
+        let Some(at) = self.poll_timeout() else {
+            return Ok(());
+        };
+        if now < at {
+            return Ok(());
+        }
+        if self.ping_sent.is_some() {
+            let keep_alive_secs = self.keep_alive.map_or(0, |d| d.as_secs() as u16);
+            return Err(self.fail(Error::KeepAliveTimeout { keep_alive_secs }));
+        }
+        self.ping(now)
+    }
+
+    fn on_connack(&mut self, now: Instant, connack: Connack) -> Result<(), Error> {
+        if connack.reason_code.is_error() {
+            self.state = State::Closed;
+            self.events.push_back(Event::Connected(connack));
+            return Ok(());
+        }
+        self.state = State::Connected;
+        let props = &connack.properties;
+        let v5 = self.protocol().is_v5();
+        let receive_maximum = props.receive_maximum.filter(|_| v5).unwrap_or(u16::MAX);
+        self.window = self.options.inflight_max.get().min(receive_maximum);
+        self.peer_packet_size_max = props.maximum_packet_size.unwrap_or(PACKET_SIZE_MAX);
+        // MQTT 5 §3.2.2.3.14: the broker's Server Keep Alive replaces ours.
+        let keep_alive = props
+            .server_keep_alive
+            .filter(|_| v5)
+            .unwrap_or(self.options.connect.keep_alive);
+        self.keep_alive = (keep_alive > 0).then(|| Duration::from_secs(u64::from(keep_alive)));
+        let resume = connack.session_present && self.options.resend_on_reconnect;
+        if !connack.session_present {
+            // MQTT 5 §3.2.2.1.1: without a session on the broker, ours goes too.
+            self.received_qos2.clear();
+        }
+        self.events.push_back(Event::Connected(connack));
+        self.resume_or_abandon(now, resume)
+    }
+
+    /// MQTT 5 §4.4: on a resumed session, resend unacknowledged PUBLISHes
+    /// with DUP set and PUBRELs, in their original order and identifiers.
+    fn resume_or_abandon(&mut self, now: Instant, resume: bool) -> Result<(), Error> {
+        if !resume {
+            for (id, _) in self.ids.drain() {
+                self.events.push_back(Event::Abandoned(id));
+            }
+            self.inflight = 0;
+            return Ok(());
+        }
+        let mut abandoned = Vec::new();
+        let mut resend = Vec::new();
+        for (id, pending) in self.ids.iter() {
+            match pending {
+                Pending::Puback(Some(m)) | Pending::Pubrec(Some(m)) => {
+                    let mut m = Publish::clone(m);
+                    m.dup = true;
+                    resend.push(Packet::Publish(m));
+                }
+                Pending::Pubcomp => resend.push(Packet::Pubrel(PubAck::new(id))),
+                _ => abandoned.push(id),
+            }
+        }
+        for id in abandoned {
+            self.ids.remove(id);
+            self.inflight -= 1;
+            self.events.push_back(Event::Abandoned(id));
+        }
+        for packet in &resend {
+            self.queue(now, packet)?;
+        }
+        Ok(())
+    }
+
+    fn on_packet(&mut self, now: Instant, packet: Packet) -> Result<(), Error> {
+        let manual = self.options.acks == Acks::Manual;
+        match packet {
+            Packet::Publish(publish) => self.on_publish(now, publish),
+            Packet::Puback(ack) => match self.ids.get_mut(ack.packet_id) {
+                Some(Pending::Puback(_)) => {
+                    self.complete(ack);
+                    Ok(())
+                }
+                _ => self.stray(manual, Packet::Puback(ack)),
+            },
+            Packet::Pubrec(ack) => match self.ids.get_mut(ack.packet_id) {
+                // MQTT 5 §4.3.3: a failing PUBREC ends the exchange, no PUBREL.
+                Some(Pending::Pubrec(_)) if ack.reason_code.is_error() => {
+                    self.complete(ack);
+                    Ok(())
+                }
+                // A repeated PUBREC (after our DUP resend) is answered again.
+                Some(slot @ (Pending::Pubrec(_) | Pending::Pubcomp)) => {
+                    // The message is not resent after PUBREC, only the PUBREL.
+                    *slot = Pending::Pubcomp;
+                    self.queue(now, &Packet::Pubrel(PubAck::new(ack.packet_id)))
+                }
+                _ => self.stray(manual, Packet::Pubrec(ack)),
+            },
+            Packet::Pubcomp(ack) => match self.ids.get_mut(ack.packet_id) {
+                Some(Pending::Pubcomp) => {
+                    self.complete(ack);
+                    Ok(())
+                }
+                _ => self.stray(manual, Packet::Pubcomp(ack)),
+            },
+            Packet::Pubrel(rel) if manual => {
+                self.events.push_back(Event::Ack(Packet::Pubrel(rel)));
+                Ok(())
+            }
+            Packet::Pubrel(rel) => {
+                let mut comp = PubAck::new(rel.packet_id);
+                if !self.received_qos2.remove(&rel.packet_id) && self.protocol().is_v5() {
+                    // MQTT 5 §3.7.2.1: still answered, with this reason.
+                    comp.reason_code = ReasonCode::PacketIdentifierNotFound;
+                }
+                self.queue(now, &Packet::Pubcomp(comp))
+            }
+            Packet::Suback(suback) => {
+                if !self.answered(suback.packet_id, |p| matches!(p, Pending::Suback)) && !manual {
+                    return Err(unknown_id(PacketType::Suback, suback.packet_id));
+                }
+                self.events.push_back(Event::Subscribed(suback));
+                Ok(())
+            }
+            Packet::Unsuback(unsuback) => {
+                let id = unsuback.packet_id;
+                if !self.answered(id, |p| matches!(p, Pending::Unsuback)) && !manual {
+                    return Err(unknown_id(PacketType::Unsuback, id));
+                }
+                self.events.push_back(Event::Unsubscribed(unsuback));
+                Ok(())
+            }
+            Packet::Pingresp => {
+                self.ping_sent = None;
+                self.events.push_back(Event::Pong);
+                Ok(())
+            }
+            Packet::Disconnect(disconnect) => {
+                self.state = State::Closed;
+                self.events.push_back(Event::Disconnected(disconnect));
+                Ok(())
+            }
+            Packet::Auth(auth) => {
+                self.events.push_back(Event::Auth(auth));
+                Ok(())
+            }
+            other @ (Packet::Connect(_)
+            | Packet::Connack(_)
+            | Packet::Subscribe(_)
+            | Packet::Unsubscribe(_)
+            | Packet::Pingreq) => Err(unexpected(&other, "connected")),
+        }
+    }
+
+    fn on_publish(&mut self, now: Instant, publish: Publish) -> Result<(), Error> {
+        if self.options.acks == Acks::Auto {
+            // Present exactly for QoS 1/2: the codec checks MQTT 5 §2.2.1.
+            if let Some(id) = publish.packet_id {
+                match publish.qos {
+                    QoS::AtMostOnce => {}
+                    QoS::AtLeastOnce => self.queue(now, &Packet::Puback(PubAck::new(id)))?,
+                    QoS::ExactlyOnce => {
+                        self.queue(now, &Packet::Pubrec(PubAck::new(id)))?;
+                        // MQTT 5 §4.3.3: until PUBREL, a repeat is the same message.
+                        if !self.received_qos2.insert(id) {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
+        self.events.push_back(Event::Message(publish));
+        Ok(())
+    }
+
+    /// An acknowledgement for no exchange of ours: the caller's in manual
+    /// mode, a protocol error otherwise.
+    fn stray(&mut self, manual: bool, packet: Packet) -> Result<(), Error> {
+        if manual {
+            self.events.push_back(Event::Ack(packet));
+            return Ok(());
+        }
+        let packet_id = match &packet {
+            Packet::Puback(a) | Packet::Pubrec(a) | Packet::Pubcomp(a) => a.packet_id,
+            // Only acknowledgements come here.
+            _ => unreachable!("stray is called with PUBACK, PUBREC or PUBCOMP"),
+        };
+        Err(unknown_id(packet.packet_type(), packet_id))
+    }
+
+    /// Ends a PUBLISH exchange with its final acknowledgement.
+    fn complete(&mut self, ack: PubAck) {
+        self.ids.remove(ack.packet_id);
+        self.inflight -= 1;
+        self.events.push_back(Event::Published {
+            packet_id: ack.packet_id,
+            reason_code: ack.reason_code,
+        });
+    }
+
+    /// Releases `id` if it awaits what `is` accepts.
+    fn answered(&mut self, id: PacketId, is: impl Fn(&Pending) -> bool) -> bool {
+        let awaited = self.ids.get_mut(id).is_some_and(|p| is(p));
+        if awaited {
+            self.ids.remove(id);
+        }
+        awaited
+    }
+
+    /// Checks a PUBLISH of `qos` may go now and picks its identifier.
+    fn reserve(&mut self, qos: QoS) -> Result<Option<PacketId>, Error> {
+        self.connected()?;
+        if qos == QoS::AtMostOnce {
+            return Ok(None);
+        }
+        if self.inflight >= usize::from(self.window) {
+            return Err(Error::WindowFull {
+                window: self.window,
+            });
+        }
+        self.ids
+            .next_id()
+            .map(Some)
+            .ok_or(Error::PacketIdsExhausted)
+    }
+
+    fn track(&mut self, id: PacketId, qos: QoS, message: Option<Box<Publish>>) {
+        let pending = match qos {
+            QoS::ExactlyOnce => Pending::Pubrec(message),
+            _ => Pending::Puback(message),
+        };
+        let pushed = self.ids.push(pending);
+        // `reserve` read this identifier just before, with no change between.
+        assert_eq!(pushed, Some(id), "the reserved identifier");
+        self.inflight += 1;
+        assert!(
+            self.inflight <= usize::from(self.window),
+            "within the window"
+        );
+        assert!(
+            self.inflight <= self.ids.len(),
+            "every PUBLISH in flight holds an identifier"
+        );
+    }
+
+    fn request(
+        &mut self,
+        now: Instant,
+        pending: Pending,
+        packet: impl FnOnce(PacketId) -> Packet,
+    ) -> Result<PacketId, Error> {
+        self.connected()?;
+        let id = self.ids.next_id().ok_or(Error::PacketIdsExhausted)?;
+        self.queue(now, &packet(id))?;
+        let pushed = self.ids.push(pending);
+        assert_eq!(pushed, Some(id), "the identifier read just before");
+        Ok(id)
+    }
+
+    fn connected(&self) -> Result<(), Error> {
+        match self.state {
+            State::Connected => Ok(()),
+            _ => Err(Error::NotConnected),
+        }
+    }
+
+    fn queue(&mut self, now: Instant, packet: &Packet) -> Result<(), Error> {
+        encode(
+            packet,
+            self.protocol(),
+            self.peer_packet_size_max,
+            &mut self.out,
+        )
+        .map_err(encode_error(packet.packet_type()))?;
+        self.last_sent = Some(now);
+        Ok(())
+    }
+
+    fn fail(&mut self, e: Error) -> Error {
+        self.state = State::Closed;
+        e
+    }
+}
+
+fn unexpected(packet: &Packet, state: &'static str) -> Error {
+    Error::Unexpected {
+        packet_type: packet.packet_type(),
+        state,
+    }
+}
+
+fn unknown_id(packet_type: PacketType, packet_id: PacketId) -> Error {
+    Error::UnknownPacketId {
+        packet_type,
+        packet_id,
+    }
+}
+
+fn encode_error(packet_type: PacketType) -> impl FnOnce(starling_codec::Error) -> Error {
+    move |source| Error::Encode {
+        packet_type,
+        source,
+    }
+}
