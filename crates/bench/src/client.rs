@@ -307,7 +307,8 @@ where
     result?;
     // MQTT 5 §3.14: a normal DISCONNECT, so the broker drops no will and logs no error.
     let closing = async {
-        conn.core.disconnect(Instant::now(), Disconnect::default())?;
+        conn.core
+            .disconnect(Instant::now(), Disconnect::default())?;
         flush(&mut wr, &mut conn.core, &mut conn.out).await?;
         wr.shutdown().await.map_err(|source| ClientError::Io {
             op: "shutdown",
@@ -405,11 +406,12 @@ impl Conn<'_> {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            if wake != armed {
-                if let Some(at) = wake {
-                    timer.as_mut().reset(at.into());
-                }
-                armed = wake;
+            // Re-armed only to wake earlier: the keep-alive deadline moves with every
+            // packet queued, and resetting a tokio timer per packet costs more than
+            // waking once early to find nothing due.
+            if let Some(at) = wake.filter(|at| armed.is_none_or(|armed| *at < armed)) {
+                timer.as_mut().reset(at.into());
+                armed = Some(at);
             }
 
             // Not `biased`: reading (which frees window slots) and writing must
