@@ -2,86 +2,18 @@
 //! its caller.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::num::NonZeroU16;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use starling_codec::{
-    decode, encode, encode_publish_header, Connack, Connect, Disconnect, Packet, PacketId,
-    PacketType, Properties, Protocol, PubAck, Publish, PublishHeader, QoS, ReasonCode, Subscribe,
+    decode, encode, encode_publish_header, Connack, Disconnect, Packet, PacketId, PacketType,
+    Properties, Protocol, PubAck, Publish, PublishHeader, QoS, ReasonCode, Subscribe,
     SubscribeFilter, Unsubscribe, PACKET_SIZE_MAX,
 };
 
 use crate::ids::Ring;
+use crate::options::{Acks, ClientOptions, State};
 use crate::{Error, Event};
-
-/// Who acknowledges what the broker sends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Acks {
-    /// The core answers every PUBLISH (PUBACK, or PUBREC then PUBCOMP on
-    /// PUBREL), delivers a QoS 2 message once however often the broker
-    /// repeats it (MQTT 5 §4.3.3), and refuses acknowledgements for packet
-    /// identifiers it is not waiting on.
-    #[default]
-    Auto,
-    /// The caller answers PUBLISH and PUBREL (with [`ClientCore::acknowledge`]
-    /// or [`ClientCore::send_packet`]); the core still completes the flows
-    /// of what it published itself. Acknowledgements it is not waiting for
-    /// reach the caller as [`Event::Ack`], and nothing is deduplicated:
-    /// for tests that own the protocol state they check.
-    Manual,
-}
-
-/// How a [`ClientCore`] behaves; the CONNECT it sends is part of it.
-#[derive(Debug, Clone)]
-pub struct ClientOptions {
-    /// The CONNECT sent by every [`ClientCore::connect`]: protocol version,
-    /// client id, Clean Start, keep alive, will, credentials, properties.
-    pub connect: Connect,
-    /// QoS 1/2 PUBLISHes awaiting acknowledgement, at most. The broker's
-    /// Receive Maximum (MQTT 5 §3.2.2.3.3) lowers it for a connection.
-    pub inflight_max: NonZeroU16,
-    /// Who acknowledges incoming messages.
-    pub acks: Acks,
-    /// The largest packet accepted from the broker, fixed header included.
-    /// Advertise it yourself in `connect.properties.maximum_packet_size`
-    /// (5.0) if the broker should know.
-    pub packet_size_max: u32,
-    /// Keep each QoS 1/2 PUBLISH made with [`ClientCore::publish`] until its
-    /// acknowledgement, and resend it (DUP set) or its PUBREL when a later
-    /// connection resumes the session (MQTT 5 §4.4). Costs one allocation
-    /// per message; off, unacknowledged messages are abandoned on reconnect.
-    pub resend_on_reconnect: bool,
-}
-
-impl ClientOptions {
-    /// Automatic acknowledgements, a window of 65,535, any packet size, no
-    /// resending.
-    pub fn new(connect: Connect) -> Self {
-        ClientOptions {
-            connect,
-            inflight_max: NonZeroU16::MAX,
-            acks: Acks::Auto,
-            packet_size_max: PACKET_SIZE_MAX,
-            resend_on_reconnect: false,
-        }
-    }
-}
-
-/// Where a connection is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
-    /// No connection: before the first [`ClientCore::connect`] or after
-    /// [`ClientCore::connection_lost`].
-    Idle,
-    /// CONNECT queued, CONNACK not yet received.
-    Connecting,
-    /// CONNACK accepted the connection.
-    Connected,
-    /// Ended: by a DISCONNECT either way, a refusing CONNACK, or a protocol
-    /// error. Input is ignored; close the transport.
-    Closed,
-}
 
 /// A packet identifier's outstanding exchange.
 #[derive(Debug)]

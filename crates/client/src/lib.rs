@@ -48,9 +48,11 @@ mod core;
 mod error;
 mod event;
 mod ids;
+mod options;
 #[cfg(test)]
 mod tests;
 
-pub use crate::core::{Acks, ClientCore, ClientOptions, State};
+pub use crate::core::ClientCore;
 pub use error::Error;
 pub use event::Event;
+pub use options::{Acks, ClientOptions, State};
