@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BytesMut};
 use starling_client::{ClientCore, ClientOptions, Event};
 use starling_codec::{
-    Connect, Disconnect, PacketType, Properties, Protocol, QoS, SubscribeFilter,
-    SubscriptionOptions,
+    decode, Connect, Disconnect, Packet, PacketType, Properties, Protocol, PubAck, Publish, QoS,
+    SubscribeFilter, SubscriptionOptions, PACKET_SIZE_MAX,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -491,34 +491,59 @@ impl Conn<'_> {
         Ok(due)
     }
 
-    /// Hands every whole packet in the read buffer to the core, then reacts
-    /// to what it made of them.
+    /// Decodes every whole packet in the read buffer. PUBLISHes are checked
+    /// here and acknowledged by the core ([`ClientCore::acknowledge_publish`]),
+    /// acknowledgements of ours go to [`ClientCore::handle_ack`], the rest to
+    /// [`ClientCore::handle_packet`]. Decoding stays here, and the hot
+    /// packets skip the core's event queue, because a `Packet` and an `Event`
+    /// are 400 bytes each: moving every message through them cost a third
+    /// more CPU per message received or acknowledged.
     fn handle_input(&mut self) -> Result<(), ClientError> {
-        self.core.handle_buf(Instant::now(), &mut self.rbuf)?;
+        let now = Instant::now();
+        let received_before = self.outcome.received;
+        let acked_before = self.outcome.acked;
+        let protocol = self.core.protocol();
+        while let Some(packet) =
+            decode(&mut self.rbuf, protocol, PACKET_SIZE_MAX).map_err(ClientError::Decode)?
+        {
+            match packet {
+                Packet::Publish(publish) => {
+                    if self.core.acknowledge_publish(now, &publish)? {
+                        self.record(&publish);
+                    }
+                }
+                Packet::Puback(ack) => self.ack(now, PacketType::Puback, &ack)?,
+                Packet::Pubrec(ack) => self.ack(now, PacketType::Pubrec, &ack)?,
+                Packet::Pubcomp(ack) => self.ack(now, PacketType::Pubcomp, &ack)?,
+                other => self.core.handle_packet(now, other)?,
+            }
+        }
+        self.count_received(received_before);
+        self.count_acked(acked_before);
         self.handle_events()
     }
 
-    /// Counts and checks deliveries and acknowledgements.
+    fn ack(
+        &mut self,
+        now: Instant,
+        packet_type: PacketType,
+        ack: &PubAck,
+    ) -> Result<(), ClientError> {
+        // Some: the exchange ended (PUBACK, PUBCOMP or a failing PUBREC).
+        if self.core.handle_ack(now, packet_type, ack)?.is_some() {
+            self.outcome.acked += 1;
+        }
+        Ok(())
+    }
+
+    /// Takes the core's events: acknowledgements of our PUBLISHes, and
+    /// messages it decoded itself (those that came with the SUBACK).
     fn handle_events(&mut self) -> Result<(), ClientError> {
         let received_before = self.outcome.received;
         let acked_before = self.outcome.acked;
         while let Some(event) = self.core.poll_event() {
             match event {
-                Event::Message(publish) => {
-                    self.outcome.received += 1;
-                    match Stamp::read(&publish.payload) {
-                        Some(stamp) => {
-                            let now = self.shared.clock.now_ns();
-                            self.latencies.push(now.saturating_sub(stamp.sent_ns));
-                            self.outcome
-                                .streams
-                                .entry(stamp.publisher)
-                                .or_default()
-                                .record(stamp.seq);
-                        }
-                        None => self.outcome.foreign += 1,
-                    }
-                }
+                Event::Message(publish) => self.record(&publish),
                 // The exchange ended (PUBACK, PUBCOMP or a failing PUBREC),
                 // so the drain phase stops waiting for it.
                 Event::Published { .. } => self.outcome.acked += 1,
@@ -531,7 +556,37 @@ impl Conn<'_> {
                 other => return Err(unexpected(&other, "run")),
             }
         }
-        let received = self.outcome.received - received_before;
+        self.count_received(received_before);
+        self.count_acked(acked_before);
+        Ok(())
+    }
+
+    fn count_acked(&mut self, before: u64) {
+        let acked = self.outcome.acked - before;
+        if acked > 0 {
+            self.shared.live.acked.fetch_add(acked, Relaxed);
+        }
+    }
+
+    /// Checks one delivery's stamp.
+    fn record(&mut self, publish: &Publish) {
+        self.outcome.received += 1;
+        match Stamp::read(&publish.payload) {
+            Some(stamp) => {
+                let now = self.shared.clock.now_ns();
+                self.latencies.push(now.saturating_sub(stamp.sent_ns));
+                self.outcome
+                    .streams
+                    .entry(stamp.publisher)
+                    .or_default()
+                    .record(stamp.seq);
+            }
+            None => self.outcome.foreign += 1,
+        }
+    }
+
+    fn count_received(&mut self, before: u64) {
+        let received = self.outcome.received - before;
         if received > 0 {
             let live = &self.shared.live;
             live.received.fetch_add(received, Relaxed);
@@ -541,11 +596,6 @@ impl Conn<'_> {
                 self.flush_latencies();
             }
         }
-        let acked = self.outcome.acked - acked_before;
-        if acked > 0 {
-            self.shared.live.acked.fetch_add(acked, Relaxed);
-        }
-        Ok(())
     }
 
     fn flush_latencies(&mut self) {

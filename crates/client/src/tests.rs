@@ -396,6 +396,62 @@ fn packets_split_across_reads_are_handled_when_whole() {
 }
 
 #[test]
+fn a_publish_decoded_by_the_caller_is_acknowledged_without_an_event() {
+    let mut peer = Peer::v5();
+    let Packet::Publish(p) = message(QoS::ExactlyOnce, Some(8)) else {
+        unreachable!()
+    };
+    assert_eq!(peer.client.acknowledge_publish(peer.now, &p), Ok(true));
+    assert_eq!(
+        peer.client.acknowledge_publish(peer.now, &p),
+        Ok(false),
+        "a repeat"
+    );
+    assert_eq!(
+        peer.sent(),
+        [
+            Packet::Pubrec(PubAck::new(id(8))),
+            Packet::Pubrec(PubAck::new(id(8)))
+        ]
+    );
+    assert!(peer.events().is_empty());
+    let mut before = Peer::new(ClientOptions::new(connect_packet(Protocol::V5)));
+    assert!(before.client.acknowledge_publish(before.now, &p).is_err());
+}
+
+#[test]
+fn acks_decoded_by_the_caller_end_exchanges_without_an_event() {
+    use starling_codec::PacketType::{Puback, Pubcomp, Pubrec};
+    let mut peer = Peer::v5();
+    let q1 = peer.publish(QoS::AtLeastOnce).unwrap().unwrap();
+    let q2 = peer.publish(QoS::ExactlyOnce).unwrap().unwrap();
+    peer.sent();
+    let now = peer.now;
+    let c = &mut peer.client;
+    assert_eq!(
+        c.handle_ack(now, Puback, &PubAck::new(q1)),
+        Ok(Some(ReasonCode::Success))
+    );
+    assert_eq!(
+        c.handle_ack(now, Pubrec, &PubAck::new(q2)),
+        Ok(None),
+        "goes on"
+    );
+    assert_eq!(
+        c.handle_ack(now, Pubcomp, &PubAck::new(q2)),
+        Ok(Some(ReasonCode::Success))
+    );
+    assert_eq!(c.inflight(), 0);
+    assert_eq!(peer.sent(), [Packet::Pubrel(PubAck::new(q2))]);
+    assert!(peer.events().is_empty());
+    let err = peer
+        .client
+        .handle_ack(now, Puback, &PubAck::new(q1))
+        .unwrap_err();
+    assert!(matches!(err, Error::UnknownPacketId { .. }), "{err:?}");
+}
+
+#[test]
 fn publish_with_writes_the_payload_in_place_after_queued_output() {
     let mut peer = Peer::v5();
     peer.feed(&message(QoS::AtLeastOnce, Some(2))).unwrap(); // queues a PUBACK
