@@ -1,17 +1,21 @@
-//! A minimal MQTT client for simulations, on our codec over the transport seam: connect,
-//! send a packet, receive a packet. Protocol state (acks, resends, QoS 2 receipt) is the
-//! scenario's, so that the test owns exactly what it checks.
+//! A minimal MQTT client for simulations: a thin async shell over the client core
+//! (`starling_client`) and the transport seam: connect, send a packet, receive a packet.
+//! Protocol state (acks, resends, QoS 2 receipt) is the scenario's, so that the test owns
+//! exactly what it checks: the core runs with manual acknowledgements, hands over every
+//! packet the broker sends, and `send` puts packets on the wire past its bookkeeping.
 
 use std::io;
 use std::net::SocketAddr;
 use std::num::NonZeroU16;
 
 use bytes::BytesMut;
+use starling_client::{Acks, ClientCore, ClientOptions};
 use starling_codec::{
-    decode, encode, Connack, Connect, Disconnect, LastWill, Packet, Properties, Protocol, QoS,
-    ReasonCode, Subscribe, SubscribeFilter, SubscriptionOptions,
+    Connack, Connect, Disconnect, LastWill, Packet, Properties, Protocol, QoS, ReasonCode,
+    Subscribe, SubscribeFilter, SubscriptionOptions,
 };
 use starling_net::Stream;
+use starling_rt::time::now;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Packets larger than this are a test failure, not a real-world limit.
@@ -20,6 +24,8 @@ const PACKET_MAX: u32 = 1 << 20;
 pub struct MqttClient {
     stream: Stream,
     buf: BytesMut,
+    out: BytesMut,
+    core: ClientCore,
     pub protocol: Protocol,
 }
 
@@ -38,17 +44,16 @@ fn err(msg: impl Into<String>) -> io::Error {
     io::Error::other(msg.into())
 }
 
+fn core_err(e: starling_client::Error) -> io::Error {
+    err(e.to_string())
+}
+
 impl MqttClient {
     /// Connects and waits for the CONNACK; fails unless it is a success.
     pub async fn connect(addr: SocketAddr, o: &ConnectOpts) -> io::Result<(MqttClient, Connack)> {
         let stream = starling_net::connect(addr)
             .await
             .map_err(|e| err(e.to_string()))?;
-        let mut c = MqttClient {
-            stream,
-            buf: BytesMut::new(),
-            protocol: o.protocol,
-        };
         let mut properties = Properties::default();
         if o.protocol == Protocol::V5 && o.session_expiry > 0 {
             properties.session_expiry_interval = Some(o.session_expiry);
@@ -63,17 +68,38 @@ impl MqttClient {
             password: None,
             properties,
         };
-        c.send(&Packet::Connect(Box::new(connect))).await?;
+        let mut options = ClientOptions::new(connect);
+        options.acks = Acks::Manual;
+        options.packet_size_max = PACKET_MAX;
+        let mut c = MqttClient {
+            stream,
+            buf: BytesMut::new(),
+            out: BytesMut::new(),
+            core: ClientCore::new(options),
+            protocol: o.protocol,
+        };
+        c.core.connect(now()).map_err(core_err)?;
+        c.flush().await?;
         match c.recv().await? {
             Packet::Connack(ack) if ack.reason_code == ReasonCode::Success => Ok((c, ack)),
             other => Err(err(format!("connect refused: {other:?}"))),
         }
     }
 
+    /// Sends `p` as given, past the core's bookkeeping.
     pub async fn send(&mut self, p: &Packet) -> io::Result<()> {
-        let mut out = BytesMut::new();
-        encode(p, self.protocol, PACKET_MAX, &mut out).map_err(|e| err(e.to_string()))?;
-        self.stream.write_all(&out).await?;
+        self.core.send_packet(p).map_err(core_err)?;
+        self.flush().await
+    }
+
+    /// Writes what the core queued.
+    async fn flush(&mut self) -> io::Result<()> {
+        self.core.poll_transmit(&mut self.out);
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        self.stream.write_all(&self.out).await?;
+        self.out.clear();
         // Simulated TCP sends only on flush.
         self.stream.flush().await
     }
@@ -94,12 +120,20 @@ impl MqttClient {
         .await
     }
 
-    /// The next packet from the broker; an error when the connection ends.
+    /// The next packet from the broker; an error when the connection ends or the broker
+    /// breaks the protocol.
     pub async fn recv(&mut self) -> io::Result<Packet> {
         loop {
-            if let Some(p) =
-                decode(&mut self.buf, self.protocol, PACKET_MAX).map_err(|e| err(e.to_string()))?
-            {
+            while let Some(event) = self.core.poll_event() {
+                // Every event of a manual-ack core that sends nothing of its own is a packet.
+                if let Some(p) = event.into_packet() {
+                    return Ok(p);
+                }
+            }
+            self.core
+                .handle_buf(now(), &mut self.buf)
+                .map_err(core_err)?;
+            if let Some(p) = self.core.poll_event().and_then(|e| e.into_packet()) {
                 return Ok(p);
             }
             self.buf.reserve(4096);
@@ -111,12 +145,15 @@ impl MqttClient {
 
     /// A graceful goodbye: DISCONNECT (reason 0, no will) then close.
     pub async fn disconnect(mut self) {
-        let _ = self
-            .send(&Packet::Disconnect(Disconnect {
-                reason_code: ReasonCode::Success,
-                properties: Properties::default(),
-            }))
-            .await;
+        let goodbye = Disconnect {
+            reason_code: ReasonCode::Success,
+            properties: Properties::default(),
+        };
+        if self.core.disconnect(now(), goodbye.clone()).is_err() {
+            // No connection in the core's eyes (the broker said DISCONNECT): say it anyway.
+            let _ = self.core.send_packet(&Packet::Disconnect(goodbye));
+        }
+        let _ = self.flush().await;
         let _ = self.stream.shutdown().await;
     }
 }

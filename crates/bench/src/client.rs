@@ -2,10 +2,13 @@
 //! optionally subscribes, publishes at a pace within an in-flight window,
 //! acknowledges what it receives, and stamps and checks every payload.
 //!
-//! Reads and writes share one task and one `select!`: acknowledgements are
-//! encoded straight into the output buffer, and every write sends all that
-//! accumulated since the last one, so under load one syscall carries many
-//! packets.
+//! The MQTT protocol state (handshake, window, acknowledgements, keep-alive)
+//! is a [`starling_client::ClientCore`]; this module is its tokio shell and
+//! the load: pacing, stamping, counting. Reads and writes share one task and
+//! one `select!`: PUBLISHes are encoded straight into the output buffer with
+//! their stamp written in place, the core's acknowledgements join them, and
+//! every write sends all that accumulated since the last one, so under load
+//! one syscall carries many packets.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -15,10 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
+use starling_client::{ClientCore, ClientOptions, Event};
 use starling_codec::{
-    decode, encode, encode_publish_header, Connect, Disconnect, Packet, PacketId, PacketType,
-    Properties, Protocol, PubAck, PublishHeader, QoS, Subscribe, SubscribeFilter,
-    SubscriptionOptions, PACKET_SIZE_MAX,
+    decode, Connect, Disconnect, Packet, PacketType, Properties, Protocol, PubAck, Publish, QoS,
+    SubscribeFilter, SubscriptionOptions, PACKET_SIZE_MAX,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -241,30 +244,29 @@ where
 {
     let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
     let mut out = BytesMut::with_capacity(OUT_HIGH_WATER);
-    let protocol = spec.protocol;
+    let mut options = ClientOptions::new(Connect {
+        protocol: spec.protocol,
+        clean_start: true,
+        keep_alive: spec.keep_alive_secs,
+        client_id: spec.client_id.clone(),
+        will: None,
+        username: None,
+        password: None,
+        properties: Properties::default(),
+    });
+    if let Some(p) = &spec.publish {
+        // The broker's Receive Maximum lowers it further (MQTT 5 §3.2.2.3.3).
+        options.inflight_max = NonZeroU16::new(p.inflight).unwrap_or(NonZeroU16::MIN);
+    }
+    let mut core = ClientCore::new(options);
 
     let setup = async {
-        let connect = Packet::Connect(Box::new(Connect {
-            protocol,
-            clean_start: true,
-            keep_alive: spec.keep_alive_secs,
-            client_id: spec.client_id.clone(),
-            will: None,
-            username: None,
-            password: None,
-            properties: Properties::default(),
-        }));
-        put(&connect, protocol, PACKET_SIZE_MAX, &mut out)?;
         let sent_at = Instant::now();
-        flush(&mut wr, &mut out).await?;
-        let connack = match read_packet(&mut rd, &mut rbuf, protocol, "connect").await? {
-            Packet::Connack(c) => c,
-            other => {
-                return Err(ClientError::Unexpected {
-                    packet_type: other.packet_type(),
-                    during: "connect",
-                })
-            }
+        core.connect(sent_at)?;
+        flush(&mut wr, &mut core, &mut out).await?;
+        let connack = match next_event(&mut rd, &mut rbuf, &mut core, "connect").await? {
+            Event::Connected(c) => c,
+            other => return Err(unexpected(&other, "connect")),
         };
         outcome.connack_latency = Some(sent_at.elapsed());
         if connack.reason_code.is_error() {
@@ -274,11 +276,11 @@ where
         }
         shared.live.connected.fetch_add(1, Relaxed);
         if let Some(sub) = &spec.subscribe {
-            subscribe(sub, protocol, &mut rd, &mut wr, &mut rbuf, &mut out).await?;
+            subscribe(sub, &mut rd, &mut wr, &mut rbuf, &mut core, &mut out).await?;
         }
-        Ok(connack.properties)
+        Ok(())
     };
-    let props = tokio::time::timeout(spec.connect_timeout, setup)
+    tokio::time::timeout(spec.connect_timeout, setup)
         .await
         .map_err(|_| ClientError::Timeout {
             what: "CONNACK/SUBACK",
@@ -287,35 +289,27 @@ where
     outcome.ready_at = Some(Instant::now());
     shared.live.ready.fetch_add(1, Relaxed);
 
-    let limits = Limits {
-        // MQTT 5 §3.2.2.3.3/§3.2.2.3.6: the broker's Receive Maximum bounds
-        // our unacknowledged QoS 1/2 PUBLISHes; its Maximum Packet Size ours.
-        receive_maximum: props.receive_maximum.unwrap_or(u16::MAX),
-        max_packet_size: props.maximum_packet_size.unwrap_or(PACKET_SIZE_MAX),
-    };
     let mut conn = Conn {
         spec,
         shared,
-        limits,
+        core,
         rbuf,
         out,
         outcome,
         latencies: Vec::new(),
-        inflight: 0,
-        next_packet_id: 1,
     };
-    let result = conn.drive(phase, &mut rd, &mut wr).await;
+    // What came with the SUBACK (retained messages) is already decoded.
+    let result = match conn.handle_events() {
+        Ok(()) => conn.drive(phase, &mut rd, &mut wr).await,
+        Err(e) => Err(e),
+    };
     conn.flush_latencies();
     result?;
     // MQTT 5 §3.14: a normal DISCONNECT, so the broker drops no will and logs no error.
     let closing = async {
-        put(
-            &Packet::Disconnect(Disconnect::default()),
-            protocol,
-            limits.max_packet_size,
-            &mut conn.out,
-        )?;
-        flush(&mut wr, &mut conn.out).await?;
+        conn.core
+            .disconnect(Instant::now(), Disconnect::default())?;
+        flush(&mut wr, &mut conn.core, &mut conn.out).await?;
         wr.shutdown().await.map_err(|source| ClientError::Io {
             op: "shutdown",
             source,
@@ -328,32 +322,27 @@ where
 
 async fn subscribe<R, W>(
     sub: &SubSpec,
-    protocol: Protocol,
     rd: &mut R,
     wr: &mut W,
     rbuf: &mut BytesMut,
+    core: &mut ClientCore,
     out: &mut BytesMut,
 ) -> Result<(), ClientError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let packet_id = PacketId::MIN;
-    let subscribe = Packet::Subscribe(Subscribe {
-        packet_id,
-        filters: vec![SubscribeFilter {
-            filter: sub.filter.clone(),
-            options: SubscriptionOptions {
-                qos: sub.qos,
-                ..SubscriptionOptions::default()
-            },
-        }],
-        properties: Properties::default(),
-    });
-    put(&subscribe, protocol, PACKET_SIZE_MAX, out)?;
-    flush(wr, out).await?;
-    match read_packet(rd, rbuf, protocol, "subscribe").await? {
-        Packet::Suback(s) if s.packet_id == packet_id => match s.reason_codes.first() {
+    let filter = SubscribeFilter {
+        filter: sub.filter.clone(),
+        options: SubscriptionOptions {
+            qos: sub.qos,
+            ..SubscriptionOptions::default()
+        },
+    };
+    core.subscribe(Instant::now(), vec![filter], Properties::default())?;
+    flush(wr, core, out).await?;
+    match next_event(rd, rbuf, core, "subscribe").await? {
+        Event::Subscribed(s) => match s.reason_codes.first() {
             Some(code) if !code.is_error() => Ok(()),
             code => Err(ClientError::SubscribeRefused {
                 filter: sub.filter.clone(),
@@ -362,32 +351,20 @@ where
                     .unwrap_or(starling_codec::ReasonCode::UnspecifiedError),
             }),
         },
-        other => Err(ClientError::Unexpected {
-            packet_type: other.packet_type(),
-            during: "subscribe",
-        }),
+        other => Err(unexpected(&other, "subscribe")),
     }
 }
 
-/// The peer's limits learnt from CONNACK.
-#[derive(Debug, Clone, Copy)]
-struct Limits {
-    receive_maximum: u16,
-    max_packet_size: u32,
-}
-
-/// A connected client's state during the main loop.
+/// A connected client's state during the main loop: the protocol state is
+/// the core's, the load and its measurements are ours.
 struct Conn<'a> {
     spec: &'a ClientSpec,
     shared: &'a Shared,
-    limits: Limits,
+    core: ClientCore,
     rbuf: BytesMut,
     out: BytesMut,
     outcome: &'a mut ClientOutcome,
     latencies: Vec<u64>,
-    /// QoS 1/2 PUBLISHes not yet acknowledged.
-    inflight: u32,
-    next_packet_id: u16,
 }
 
 impl Conn<'_> {
@@ -406,9 +383,6 @@ impl Conn<'_> {
         let mut phase = *phase_rx.borrow_and_update();
         let mut run_start: Option<Instant> = None;
         let mut publishing_done = spec.publish.is_none();
-        let ping_every = (spec.keep_alive_secs > 0)
-            .then(|| Duration::from_millis(u64::from(spec.keep_alive_secs) * 500));
-        let mut last_write = Instant::now();
         let timer = tokio::time::sleep(Duration::from_secs(3600));
         tokio::pin!(timer);
         let mut armed: Option<Instant> = None;
@@ -423,18 +397,21 @@ impl Conn<'_> {
                     self.shared.live.publishers_done.fetch_add(1, Relaxed);
                 }
             }
+            // Acknowledgements the core queued go out with the next write.
+            self.core.poll_transmit(&mut self.out);
 
-            // One timer serves the rate schedule and the keep-alive ping.
-            let ping_at = ping_every.map(|every| last_write + every);
+            // One timer serves the rate schedule and the core's keep-alive.
+            let ping_at = self.core.poll_timeout();
             let wake = match (wait_rate, ping_at) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            if wake != armed {
-                if let Some(at) = wake {
-                    timer.as_mut().reset(at.into());
-                }
-                armed = wake;
+            // Re-armed only to wake earlier: the keep-alive deadline moves with every
+            // packet queued, and resetting a tokio timer per packet costs more than
+            // waking once early to find nothing due.
+            if let Some(at) = wake.filter(|at| armed.is_none_or(|armed| *at < armed)) {
+                timer.as_mut().reset(at.into());
+                armed = Some(at);
             }
 
             // Not `biased`: reading (which frees window slots) and writing must
@@ -454,15 +431,10 @@ impl Conn<'_> {
                         return Err(ClientError::Closed { during: "write" });
                     }
                     self.out.advance(n);
-                    last_write = Instant::now();
                 }
                 () = &mut timer, if armed.is_some() => {
                     armed = None;
-                    if ping_at.is_some_and(|at| at <= Instant::now()) && self.out.is_empty() {
-                        put(&Packet::Pingreq, spec.protocol, self.limits.max_packet_size, &mut self.out)?;
-                        // Counts as written for the next ping's schedule.
-                        last_write = Instant::now();
-                    }
+                    self.core.handle_timeout(Instant::now())?;
                 }
                 changed = phase_rx.changed() => {
                     phase = if changed.is_ok() { *phase_rx.borrow_and_update() } else { Phase::Stop };
@@ -476,17 +448,16 @@ impl Conn<'_> {
     }
 
     /// Encodes as many PUBLISHes as the count, the window, the rate and the
-    /// output high-water mark allow. Returns when the next one is due if the
-    /// rate is what stopped it.
+    /// output high-water mark allow, each stamped in place in the output.
+    /// Returns when the next one is due if the rate is what stopped it.
     fn produce(&mut self, p: &PubSpec, start: Instant) -> Result<Option<Instant>, ClientError> {
-        let window = u32::from(p.inflight.min(self.limits.receive_maximum));
         let now = Instant::now();
         let before = self.outcome.sent;
         let properties = Properties::default();
         let mut due = None;
         while self.outcome.sent < p.count
             && self.out.len() < OUT_HIGH_WATER
-            && (p.qos == QoS::AtMostOnce || self.inflight < window)
+            && (p.qos == QoS::AtMostOnce || self.core.can_publish())
         {
             if let Some(rate) = p.rate {
                 let at = start
@@ -496,36 +467,22 @@ impl Conn<'_> {
                     break;
                 }
             }
-            let packet_id = (p.qos != QoS::AtMostOnce).then(|| self.take_packet_id());
-            let header = PublishHeader {
-                dup: false,
-                qos: p.qos,
-                retain: false,
-                topic: &p.topic,
-                packet_id,
-                properties: &properties,
-            };
-            encode_publish_header(
-                &header,
-                p.payload_size,
-                self.spec.protocol,
-                self.limits.max_packet_size,
-                &mut self.out,
-            )
-            .map_err(|source| ClientError::Encode {
-                packet_type: PacketType::Publish,
-                source,
-            })?;
-            Stamp {
+            let stamp = Stamp {
                 sent_ns: self.shared.clock.now_ns(),
                 publisher: p.publisher,
                 seq: self.outcome.sent,
-            }
-            .put(p.payload_size, &mut self.out);
+            };
+            self.core.publish_with(
+                now,
+                &p.topic,
+                p.qos,
+                false,
+                &properties,
+                p.payload_size,
+                &mut self.out,
+                |out| stamp.put(p.payload_size, out),
+            )?;
             self.outcome.sent += 1;
-            if packet_id.is_some() {
-                self.inflight += 1;
-            }
         }
         let n = self.outcome.sent - before;
         if n > 0 {
@@ -534,104 +491,102 @@ impl Conn<'_> {
         Ok(due)
     }
 
-    /// Packet identifiers cycle through 1..=65535. The window is at most
-    /// 65,535 and brokers acknowledge in order, so an identifier comes round
-    /// again only long after its acknowledgement.
-    fn take_packet_id(&mut self) -> PacketId {
-        let id = NonZeroU16::new(self.next_packet_id).expect("next_packet_id skips 0");
-        self.next_packet_id = self.next_packet_id.checked_add(1).unwrap_or(1);
-        id
-    }
-
-    /// Decodes every whole packet in the read buffer and reacts to each.
+    /// Decodes every whole packet in the read buffer. PUBLISHes are checked
+    /// here and acknowledged by the core ([`ClientCore::acknowledge_publish`]),
+    /// acknowledgements of ours go to [`ClientCore::handle_ack`], the rest to
+    /// [`ClientCore::handle_packet`]. Decoding stays here, and the hot
+    /// packets skip the core's event queue, because a `Packet` and an `Event`
+    /// are 400 bytes each: moving every message through them cost a third
+    /// more CPU per message received or acknowledged.
     fn handle_input(&mut self) -> Result<(), ClientError> {
-        let protocol = self.spec.protocol;
-        let max = self.limits.max_packet_size;
+        let now = Instant::now();
         let received_before = self.outcome.received;
         let acked_before = self.outcome.acked;
+        let protocol = self.core.protocol();
         while let Some(packet) =
             decode(&mut self.rbuf, protocol, PACKET_SIZE_MAX).map_err(ClientError::Decode)?
         {
             match packet {
                 Packet::Publish(publish) => {
-                    self.outcome.received += 1;
-                    match Stamp::read(&publish.payload) {
-                        Some(stamp) => {
-                            let now = self.shared.clock.now_ns();
-                            self.latencies.push(now.saturating_sub(stamp.sent_ns));
-                            self.outcome
-                                .streams
-                                .entry(stamp.publisher)
-                                .or_default()
-                                .record(stamp.seq);
-                        }
-                        None => self.outcome.foreign += 1,
-                    }
-                    // MQTT 5 §4.3.2, §4.3.3: PUBACK for QoS 1, PUBREC for QoS 2.
-                    match (publish.qos, publish.packet_id) {
-                        (QoS::AtLeastOnce, Some(id)) => {
-                            put(
-                                &Packet::Puback(PubAck::new(id)),
-                                protocol,
-                                max,
-                                &mut self.out,
-                            )?;
-                        }
-                        (QoS::ExactlyOnce, Some(id)) => {
-                            put(
-                                &Packet::Pubrec(PubAck::new(id)),
-                                protocol,
-                                max,
-                                &mut self.out,
-                            )?;
-                        }
-                        _ => {}
+                    if self.core.acknowledge_publish(now, &publish)? {
+                        self.record(&publish);
                     }
                 }
-                Packet::Pubrel(rel) => {
-                    put(
-                        &Packet::Pubcomp(PubAck::new(rel.packet_id)),
-                        protocol,
-                        max,
-                        &mut self.out,
-                    )?;
-                }
-                Packet::Puback(_) => {
-                    self.release_slot(PacketType::Puback)?;
-                    self.outcome.acked += 1;
-                }
-                Packet::Pubcomp(_) => {
-                    self.release_slot(PacketType::Pubcomp)?;
-                    self.outcome.acked += 1;
-                }
-                Packet::Pubrec(rec) => {
-                    if rec.reason_code.is_error() {
-                        // MQTT 5 §4.3.3: a failed PUBREC ends the exchange; no PUBREL.
-                        self.release_slot(PacketType::Pubrec)?;
-                    } else {
-                        put(
-                            &Packet::Pubrel(PubAck::new(rec.packet_id)),
-                            protocol,
-                            max,
-                            &mut self.out,
-                        )?;
-                    }
-                }
-                Packet::Pingresp => {}
-                Packet::Disconnect(d) => {
+                Packet::Puback(ack) => self.ack(now, PacketType::Puback, &ack)?,
+                Packet::Pubrec(ack) => self.ack(now, PacketType::Pubrec, &ack)?,
+                Packet::Pubcomp(ack) => self.ack(now, PacketType::Pubcomp, &ack)?,
+                other => self.core.handle_packet(now, other)?,
+            }
+        }
+        self.count_received(received_before);
+        self.count_acked(acked_before);
+        self.handle_events()
+    }
+
+    fn ack(
+        &mut self,
+        now: Instant,
+        packet_type: PacketType,
+        ack: &PubAck,
+    ) -> Result<(), ClientError> {
+        // Some: the exchange ended (PUBACK, PUBCOMP or a failing PUBREC).
+        if self.core.handle_ack(now, packet_type, ack)?.is_some() {
+            self.outcome.acked += 1;
+        }
+        Ok(())
+    }
+
+    /// Takes the core's events: acknowledgements of our PUBLISHes, and
+    /// messages it decoded itself (those that came with the SUBACK).
+    fn handle_events(&mut self) -> Result<(), ClientError> {
+        let received_before = self.outcome.received;
+        let acked_before = self.outcome.acked;
+        while let Some(event) = self.core.poll_event() {
+            match event {
+                Event::Message(publish) => self.record(&publish),
+                // The exchange ended (PUBACK, PUBCOMP or a failing PUBREC),
+                // so the drain phase stops waiting for it.
+                Event::Published { .. } => self.outcome.acked += 1,
+                Event::Pong => {}
+                Event::Disconnected(d) => {
                     return Err(ClientError::Disconnected {
                         reason: d.reason_code,
                     })
                 }
-                other => {
-                    return Err(ClientError::Unexpected {
-                        packet_type: other.packet_type(),
-                        during: "run",
-                    })
-                }
+                other => return Err(unexpected(&other, "run")),
             }
         }
-        let received = self.outcome.received - received_before;
+        self.count_received(received_before);
+        self.count_acked(acked_before);
+        Ok(())
+    }
+
+    fn count_acked(&mut self, before: u64) {
+        let acked = self.outcome.acked - before;
+        if acked > 0 {
+            self.shared.live.acked.fetch_add(acked, Relaxed);
+        }
+    }
+
+    /// Checks one delivery's stamp.
+    fn record(&mut self, publish: &Publish) {
+        self.outcome.received += 1;
+        match Stamp::read(&publish.payload) {
+            Some(stamp) => {
+                let now = self.shared.clock.now_ns();
+                self.latencies.push(now.saturating_sub(stamp.sent_ns));
+                self.outcome
+                    .streams
+                    .entry(stamp.publisher)
+                    .or_default()
+                    .record(stamp.seq);
+            }
+            None => self.outcome.foreign += 1,
+        }
+    }
+
+    fn count_received(&mut self, before: u64) {
+        let received = self.outcome.received - before;
         if received > 0 {
             let live = &self.shared.live;
             live.received.fetch_add(received, Relaxed);
@@ -641,24 +596,6 @@ impl Conn<'_> {
                 self.flush_latencies();
             }
         }
-        let acked = self.outcome.acked - acked_before;
-        if acked > 0 {
-            self.shared.live.acked.fetch_add(acked, Relaxed);
-        }
-        Ok(())
-    }
-
-    /// Frees one window slot for an acknowledgement; one with nothing in
-    /// flight is a broker bug worth reporting.
-    fn release_slot(&mut self, packet_type: PacketType) -> Result<(), ClientError> {
-        if self.inflight == 0 {
-            return Err(ClientError::Unexpected {
-                packet_type,
-                during: "run (nothing in flight)",
-            });
-        }
-        self.inflight -= 1;
-        Ok(())
     }
 
     fn flush_latencies(&mut self) {
@@ -671,22 +608,29 @@ impl Conn<'_> {
     }
 }
 
-/// Encodes our own packet; a failure is a bug or an absurd broker limit.
-fn put(
-    packet: &Packet,
-    protocol: Protocol,
-    max: u32,
-    out: &mut BytesMut,
-) -> Result<(), ClientError> {
-    encode(packet, protocol, max, out)
-        .map(|_| ())
-        .map_err(|source| ClientError::Encode {
-            packet_type: packet.packet_type(),
-            source,
-        })
+/// An event with no place at this point of the exchange.
+fn unexpected(event: &Event, during: &'static str) -> ClientError {
+    let packet_type = match event {
+        Event::Published { .. } | Event::Abandoned(_) => PacketType::Puback,
+        other => other
+            .clone()
+            .into_packet()
+            .map_or(PacketType::Puback, |p| p.packet_type()),
+    };
+    ClientError::Unexpected {
+        packet_type,
+        during,
+    }
 }
 
-async fn flush<W: AsyncWrite + Unpin>(wr: &mut W, out: &mut BytesMut) -> Result<(), ClientError> {
+/// Writes everything the core queued (through `out`, the connection's
+/// output buffer) during the handshake.
+async fn flush<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    core: &mut ClientCore,
+    out: &mut BytesMut,
+) -> Result<(), ClientError> {
+    core.poll_transmit(out);
     wr.write_all(out).await.map_err(|source| ClientError::Io {
         op: "write",
         source,
@@ -695,19 +639,18 @@ async fn flush<W: AsyncWrite + Unpin>(wr: &mut W, out: &mut BytesMut) -> Result<
     Ok(())
 }
 
-/// Reads until one whole packet is decoded (handshake only; the main loop
-/// decodes in batches).
-async fn read_packet<R: AsyncRead + Unpin>(
+/// Reads until the core has an event (handshake only; the main loop reads
+/// in batches).
+async fn next_event<R: AsyncRead + Unpin>(
     rd: &mut R,
     rbuf: &mut BytesMut,
-    protocol: Protocol,
+    core: &mut ClientCore,
     during: &'static str,
-) -> Result<Packet, ClientError> {
+) -> Result<Event, ClientError> {
     loop {
-        if let Some(packet) =
-            decode(rbuf, protocol, PACKET_SIZE_MAX).map_err(ClientError::Decode)?
-        {
-            return Ok(packet);
+        core.handle_buf(Instant::now(), rbuf)?;
+        if let Some(event) = core.poll_event() {
+            return Ok(event);
         }
         rbuf.reserve(READ_CHUNK);
         match rd.read_buf(rbuf).await {

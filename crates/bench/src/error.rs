@@ -148,6 +148,37 @@ pub enum ClientError {
         /// Its reason (Success in 3.x).
         reason: ReasonCode,
     },
+    /// The client core refused what the broker did or what we asked
+    /// (keep-alive timeout, a full window): see [`starling_client::Error`].
+    #[error("protocol: {0}")]
+    Protocol(starling_client::Error),
+}
+
+impl From<starling_client::Error> for ClientError {
+    /// Keeps the kinds the report counted before the core existed.
+    fn from(e: starling_client::Error) -> Self {
+        use starling_client::Error as E;
+        match e {
+            E::Decode(e) => ClientError::Decode(e),
+            E::Encode {
+                packet_type,
+                source,
+            } => ClientError::Encode {
+                packet_type,
+                source,
+            },
+            E::Unexpected { packet_type, state } => ClientError::Unexpected {
+                packet_type,
+                during: state,
+            },
+            E::UnknownPacketId { packet_type, .. } => ClientError::Unexpected {
+                packet_type,
+                during: "run (packet id not in flight)",
+            },
+            E::KeepAliveTimeout { .. } => ClientError::Timeout { what: "PINGRESP" },
+            other => ClientError::Protocol(other),
+        }
+    }
 }
 
 impl ClientError {
@@ -168,6 +199,7 @@ impl ClientError {
             ClientError::SubscribeRefused { .. } => "subscribe_refused",
             ClientError::Unexpected { .. } => "unexpected_packet",
             ClientError::Disconnected { .. } => "disconnected",
+            ClientError::Protocol(_) => "protocol",
         }
     }
 }

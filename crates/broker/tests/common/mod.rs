@@ -1,4 +1,4 @@
-//! A small MQTT test client on our codec, and a broker on an ephemeral port.
+//! A small MQTT test client on the client core, and a broker on an ephemeral port.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -8,11 +8,13 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use starling_broker::Broker;
+use starling_client::{Acks, ClientCore, ClientOptions, Event};
 use starling_codec::{
-    decode, encode, Connack, Connect, LastWill, Packet, Properties, Protocol, PubAck, Publish, QoS,
+    encode, Connack, Connect, Disconnect, LastWill, Packet, Properties, Protocol, Publish, QoS,
     Suback, Subscribe, SubscribeFilter, SubscriptionOptions,
 };
 use starling_config::{Config, ListenerKind};
+use starling_rt::time::now;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -85,9 +87,15 @@ pub fn will(topic: &str, payload: &str) -> LastWill {
     }
 }
 
+/// A test client: the MQTT state is a [`ClientCore`] in manual-ack mode, so that a test
+/// sees every packet the broker sends and answers (or not) as it means to; `send` and
+/// `send_raw` put packets and bytes on the wire past the core, for tests of what a client
+/// must not do.
 pub struct Client {
     stream: Box<dyn ByteStream>,
     buf: BytesMut,
+    out: BytesMut,
+    core: ClientCore,
     pub protocol: Protocol,
 }
 
@@ -101,12 +109,18 @@ impl Client {
     /// Sends `connect` on an open stream of any transport; returns the client and the
     /// CONNACK.
     pub async fn open_on(stream: Box<dyn ByteStream>, connect: Connect) -> (Client, Connack) {
+        let protocol = connect.protocol;
+        let mut options = ClientOptions::new(connect);
+        options.acks = Acks::Manual;
         let mut c = Client {
             stream,
             buf: BytesMut::new(),
-            protocol: connect.protocol,
+            out: BytesMut::new(),
+            core: ClientCore::new(options),
+            protocol,
         };
-        c.send(Packet::Connect(Box::new(connect))).await;
+        c.core.connect(now()).expect("CONNECT encodes");
+        c.flush().await;
         match c.recv().await {
             Some(Packet::Connack(ack)) => (c, ack),
             other => panic!("expected CONNACK, got {other:?}"),
@@ -120,13 +134,27 @@ impl Client {
         c
     }
 
+    /// Sends `p` as given, past the core's bookkeeping.
     pub async fn send(&mut self, p: Packet) {
-        let mut out = BytesMut::new();
-        encode(&p, self.protocol, u32::MAX, &mut out).expect("encodable");
-        self.send_raw(&out).await;
+        self.core.send_packet(&p).expect("encodable");
+        self.flush().await;
     }
 
     pub async fn send_raw(&mut self, bytes: &[u8]) {
+        self.flush().await;
+        self.write(bytes).await;
+    }
+
+    /// Writes what the core queued.
+    async fn flush(&mut self) {
+        self.core.poll_transmit(&mut self.out);
+        if !self.out.is_empty() {
+            let out = std::mem::take(&mut self.out);
+            self.write(&out).await;
+        }
+    }
+
+    async fn write(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).await.expect("write");
         // WebSocket and QUIC streams send gathered bytes on flush.
         self.stream.flush().await.expect("flush");
@@ -150,10 +178,27 @@ impl Client {
 
     async fn read_packet(&mut self) -> Option<Packet> {
         loop {
-            match decode(&mut self.buf, self.protocol, u32::MAX) {
-                Ok(Some(p)) => return Some(p),
-                Ok(None) => {}
-                Err(e) => panic!("broker sent a malformed packet: {e}"),
+            // `Published` ends one of the core's own exchanges and mirrors no packet:
+            // `publish` waits for those.
+            if let Some(p) = self.next_event().await?.into_packet() {
+                return Some(p);
+            }
+        }
+    }
+
+    /// The core's next event, reading as needed; `None` when the connection ends.
+    async fn next_event(&mut self) -> Option<Event> {
+        loop {
+            if let Some(e) = self.core.poll_event() {
+                return Some(e);
+            }
+            if let Err(e) = self.core.handle_buf(now(), &mut self.buf) {
+                panic!("broker sent a malformed packet: {e}");
+            }
+            // Only the core's own flows queue anything here (a PUBREL in `publish`).
+            self.flush().await;
+            if let Some(e) = self.core.poll_event() {
+                return Some(e);
             }
             self.buf.reserve(4096);
             match self.stream.read_buf(&mut self.buf).await {
@@ -168,20 +213,12 @@ impl Client {
         loop {
             match self.recv().await {
                 Some(Packet::Publish(p)) => {
-                    match (p.qos, p.packet_id) {
-                        (QoS::AtLeastOnce, Some(id)) => {
-                            self.send(Packet::Puback(PubAck::new(id))).await
-                        }
-                        (QoS::ExactlyOnce, Some(id)) => {
-                            self.send(Packet::Pubrec(PubAck::new(id))).await
-                        }
-                        _ => {}
+                    if let Some(id) = p.packet_id {
+                        self.acknowledge(id, Some(p.qos)).await;
                     }
                     return p;
                 }
-                Some(Packet::Pubrel(r)) => {
-                    self.send(Packet::Pubcomp(PubAck::new(r.packet_id))).await
-                }
+                Some(Packet::Pubrel(r)) => self.acknowledge(r.packet_id, None).await,
                 Some(Packet::Pingresp) => {}
                 other => panic!("expected PUBLISH, got {other:?}"),
             }
@@ -193,12 +230,18 @@ impl Client {
         loop {
             match self.recv_within(d).await {
                 Err(()) => return,
-                Ok(Some(Packet::Pubrel(r))) => {
-                    self.send(Packet::Pubcomp(PubAck::new(r.packet_id))).await
-                }
+                Ok(Some(Packet::Pubrel(r))) => self.acknowledge(r.packet_id, None).await,
                 Ok(other) => panic!("expected nothing, got {other:?}"),
             }
         }
+    }
+
+    /// PUBACK/PUBREC for a PUBLISH of `qos`, PUBCOMP for a PUBREL (`None`).
+    async fn acknowledge(&mut self, id: NonZeroU16, qos: Option<QoS>) {
+        self.core
+            .acknowledge(now(), id, qos)
+            .expect("connected, encodable");
+        self.flush().await;
     }
 
     pub async fn subscribe(&mut self, id: u16, filter: &str, qos: QoS) -> Suback {
@@ -213,6 +256,8 @@ impl Client {
         .await
     }
 
+    /// Subscribes with packet id `id`, which the test picks (and may reuse on purpose),
+    /// so the SUBSCRIBE goes past the core.
     pub async fn subscribe_with(
         &mut self,
         id: u16,
@@ -235,41 +280,42 @@ impl Client {
         }
     }
 
-    /// Publishes and completes the QoS flow.
+    /// Publishes and completes the QoS flow (the core sends the PUBREL of QoS 2); panics
+    /// unless the broker's acknowledgements are the next packets and succeed.
     pub async fn publish(&mut self, topic: &str, payload: &[u8], qos: QoS, retain: bool) {
-        let packet_id = (qos != QoS::AtMostOnce).then(|| pid(77));
-        self.send(Packet::Publish(Publish {
-            dup: false,
-            qos,
-            retain,
-            topic: topic.to_owned(),
-            packet_id,
-            properties: Properties::default(),
-            payload: Bytes::copy_from_slice(payload),
-        }))
-        .await;
-        match qos {
-            QoS::AtMostOnce => {}
-            QoS::AtLeastOnce => match self.recv().await {
-                Some(Packet::Puback(a)) => assert!(!a.reason_code.is_error(), "{a:?}"),
-                other => panic!("expected PUBACK, got {other:?}"),
-            },
-            QoS::ExactlyOnce => {
-                match self.recv().await {
-                    Some(Packet::Pubrec(a)) => assert!(!a.reason_code.is_error(), "{a:?}"),
-                    other => panic!("expected PUBREC, got {other:?}"),
-                }
-                self.send(Packet::Pubrel(PubAck::new(pid(77)))).await;
-                match self.recv().await {
-                    Some(Packet::Pubcomp(_)) => {}
-                    other => panic!("expected PUBCOMP, got {other:?}"),
-                }
+        let payload = Bytes::copy_from_slice(payload);
+        let props = Properties::default();
+        let id = self
+            .core
+            .publish(now(), topic, payload, qos, retain, props)
+            .expect("connected, within the window, encodable");
+        self.flush().await;
+        let Some(id) = id else { return };
+        let what = if qos == QoS::ExactlyOnce {
+            "PUBREC/PUBCOMP"
+        } else {
+            "PUBACK"
+        };
+        match tokio::time::timeout(WAIT, self.next_event()).await {
+            Ok(Some(Event::Published {
+                packet_id,
+                reason_code,
+            })) if packet_id == id => {
+                assert!(!reason_code.is_error(), "{what} failed: {reason_code:?}")
             }
+            Ok(other) => panic!("expected {what}, got {other:?}"),
+            Err(_) => panic!("no {what} within {WAIT:?}"),
         }
     }
 
     pub async fn disconnect(mut self) {
-        self.send(Packet::Disconnect(Default::default())).await;
+        // Past the core when it has no connection (a refused CONNACK), as before the core.
+        if self.core.disconnect(now(), Disconnect::default()).is_err() {
+            self.core
+                .send_packet(&Packet::Disconnect(Disconnect::default()))
+                .expect("encodable");
+        }
+        self.flush().await;
         let _ = self.stream.shutdown().await;
     }
 
