@@ -513,6 +513,51 @@ fn backlogged_subscriber_holds_back_its_qos1_publisher_and_loses_nothing() {
     })
 }
 
+/// CPU time this process has used (user + system), from /proc/self/stat.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    // USER_HZ is 100 on every Linux this runs on.
+    Duration::from_millis(ticks * 10)
+}
+
+#[test]
+fn a_held_publisher_whose_connection_ends_waits_idle_and_its_messages_still_go() {
+    common::on_actix(async {
+        let (b, addr) = broker("[mqtt]\nmax_inflight = 4\nmax_mqueue_len = 100\n").await;
+        let mut slow = Client::connect(addr, Protocol::V5, "slow", true).await;
+        slow.subscribe(1, "flood", QoS::AtLeastOnce).await;
+        let mut p = Client::connect(addr, Protocol::V5, "fast", true).await;
+        for chunk in 0..6u32 {
+            for i in chunk * 20..(chunk + 1) * 20 {
+                p.send(publish_packet("flood", i)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Held back now, with PUBLISH packets read and waiting; then its connection ends.
+        p.kill();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Its actor waits for the release rather than handing the held packets round again.
+        let before = cpu_time();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let spent = cpu_time() - before;
+        assert!(
+            spent < Duration::from_millis(500),
+            "{spent:?} of CPU in 1 s while held"
+        );
+        // Once the subscriber drains, what the publisher sent before it went is routed.
+        for i in 0..120u32 {
+            let m = slow.recv_publish().await;
+            assert_eq!(&m.payload[..], &i.to_be_bytes(), "message {i}");
+        }
+        let m = b.metrics();
+        assert_eq!(m.dropped_queue_full + m.dropped_mailbox_full, 0, "{m:?}");
+    })
+}
+
 #[test]
 fn a_subscriber_that_stops_acknowledging_holds_its_publisher_back_only_so_long() {
     common::on_actix(async {

@@ -51,9 +51,11 @@ impl Actor for Client {
         let holding = self.waiting || self.flow.as_ref().is_some_and(|f| f.holds.is_held());
         loop {
             if c.input_ended {
-                if self.waiting {
-                    // What it sent before waits for its verdict (bounded by its deadline),
-                    // rather than going round the hold again.
+                if holding {
+                    // What it sent before waits for its verdict (bounded by its deadline) or
+                    // for its release (bounded by the stall rules: a Release message wakes
+                    // the actor), rather than going round the hold again: handed over now,
+                    // the turn would hold it again and this would spin.
                     return Poll::Pending;
                 }
                 // The peer is gone or broke the protocol: what it sent before goes now.
