@@ -68,7 +68,7 @@ impl StallRules {
 }
 
 /// A publisher a shard holds back for one subscriber.
-pub(crate) type Holder = (ActorId, WeakAddr<ClientMsg>);
+pub(crate) type Holder = (ActorId, WeakAddr<ClientMsg>, u32);
 
 /// What a shard does after its [`Backlog`] changed.
 #[derive(Debug, Default)]
@@ -153,30 +153,41 @@ impl Backlog {
         now: impl FnOnce() -> Instant,
         pending: usize,
         rules: &StallRules,
-    ) -> (bool, Outcome) {
-        let mut out = Outcome::default();
+    ) -> (bool, Option<Outcome>) {
         if !self.may_hold || self.stuck || !self.online {
-            return (false, out);
+            return (false, None);
         }
+        let mut out = None;
         if !self.backlogged && self.waiting(pending) >= rules.high {
             let now = now();
             self.backlogged = true;
             self.epoch += 1;
             self.since = now;
             self.progress_at = now;
-            out.watch = Some(true);
-            out.check_at = Some(now + rules.stall.min(rules.max));
+            out = Some(Outcome {
+                watch: Some(true),
+                check_at: Some(now + rules.stall.min(rules.max)),
+                ..Outcome::default()
+            });
         }
         (self.backlogged, out)
     }
 
-    /// Records a publisher held for this subscriber; false if it already is.
+    /// Records a publisher held for this subscriber; false if it already is, in the
+    /// publisher's current epoch (a Hold of an earlier epoch was lifted since: it is sent
+    /// again).
     pub(crate) fn hold(&mut self, holder: Holder) -> bool {
-        if self.holding.iter().any(|(id, _)| *id == holder.0) {
-            return false;
+        match self.holding.iter_mut().find(|(id, _, _)| *id == holder.0) {
+            Some(h) if h.2 == holder.2 => false,
+            Some(h) => {
+                h.2 = holder.2;
+                true
+            }
+            None => {
+                self.holding.push(holder);
+                true
+            }
         }
-        self.holding.push(holder);
-        true
     }
 
     /// The subscriber's report.
@@ -289,23 +300,37 @@ impl Backlog {
     }
 }
 
-/// A publisher's side: the (shard, subscriber) pairs it is held back for.
+/// A publisher's side: held back for the subscriber of the latest Hold, until that one
+/// releases it. Holds of other subscribers that came before are forgotten: when released,
+/// its next publish to one still backlogged is held again at once (the publish carries the
+/// epoch, which a release advances, so that subscriber's shard sends a new Hold). Waiting
+/// for every subscriber that ever held it would pace a fan-out publisher by its slowest
+/// subscriber's whole drain while the others sat idle.
 #[derive(Debug, Default)]
-pub(crate) struct Holds(Vec<(u16, ActorId)>);
+pub(crate) struct Holds {
+    by: Option<(u16, ActorId)>,
+    epoch: u32,
+}
 
 impl Holds {
     pub(crate) fn is_held(&self) -> bool {
-        !self.0.is_empty()
+        self.by.is_some()
+    }
+
+    /// The epoch its publishes carry.
+    pub(crate) fn epoch(&self) -> u32 {
+        self.epoch
     }
 
     pub(crate) fn hold(&mut self, shard: u16, subscriber: ActorId) {
-        if !self.0.contains(&(shard, subscriber)) {
-            self.0.push((shard, subscriber));
-        }
+        self.by = Some((shard, subscriber));
     }
 
     pub(crate) fn release(&mut self, shard: u16, subscriber: ActorId) {
-        self.0.retain(|h| *h != (shard, subscriber));
+        if self.by == Some((shard, subscriber)) {
+            self.by = None;
+            self.epoch = self.epoch.wrapping_add(1);
+        }
     }
 }
 

@@ -39,7 +39,7 @@ fn report(taken: u64, queued: usize) -> FlowReport {
 
 fn holder(n: u64) -> Holder {
     let addr = starling_rt::start(Sink);
-    (ActorId(n), addr.downgrade())
+    (ActorId(n), addr.downgrade(), 0)
 }
 
 #[tokio::test]
@@ -52,6 +52,7 @@ async fn a_subscriber_is_backlogged_from_high_until_down_to_low() {
         "40 waiting: under the high mark"
     );
     let (holds, o) = b.judge(|| now, 20, &r);
+    let o = o.expect("a stretch begins");
     assert!(holds, "30 in its mailbox and 20 pending");
     assert_eq!(o.watch, Some(true), "the stretch begins: watch it");
     assert_eq!(o.check_at, Some(now + r.stall));
@@ -87,7 +88,7 @@ async fn a_subscriber_that_takes_nothing_in_stalls_and_releases_its_publishers()
     let mut b = Backlog::new(now, true);
     b.handed(60);
     let (_, o) = b.judge(|| now, 0, &r);
-    let at = o.check_at.unwrap();
+    let at = o.and_then(|o| o.check_at).unwrap();
     b.hold(holder(1));
     b.hold(holder(2));
     // Progress one second in: the check finds it alive and looks again later.
@@ -183,16 +184,32 @@ async fn an_offline_or_excluded_subscriber_never_holds() {
 }
 
 #[test]
-fn a_publisher_is_held_while_any_subscriber_holds_it() {
+fn a_publisher_is_held_by_the_latest_hold_until_that_one_releases_it() {
     let mut h = Holds::default();
     assert!(!h.is_held());
     h.hold(0, ActorId(1));
     h.hold(1, ActorId(2));
-    h.hold(0, ActorId(1));
     h.release(0, ActorId(1));
-    assert!(h.is_held(), "still held on shard 1");
+    assert!(h.is_held(), "an earlier holder's release does not free it");
+    assert_eq!(h.epoch(), 0);
     h.release(1, ActorId(2));
     assert!(!h.is_held());
+    assert_eq!(h.epoch(), 1, "released: its publishes carry a new epoch");
+}
+
+#[tokio::test]
+async fn a_shard_holds_a_released_publisher_again_in_its_new_epoch() {
+    let (r, now) = (rules(), t0());
+    let mut b = Backlog::new(now, true);
+    b.handed(60);
+    assert!(b.judge(|| now, 0, &r).0);
+    let (id, addr, _) = holder(9);
+    assert!(b.hold((id, addr.clone(), 0)));
+    assert!(!b.hold((id, addr.clone(), 0)), "same epoch: held already");
+    assert!(
+        b.hold((id, addr, 1)),
+        "released by another since: hold it again"
+    );
 }
 
 #[test]

@@ -40,7 +40,8 @@ use crate::destination::{is_qos0, Destination, Flushed};
 use crate::flow::{Backlog, Outcome, StallRules};
 use crate::metrics::add;
 use crate::msg::{
-    Admission, ClientMsg, Publisher, RouterMsg, RouterStats, SubscribeResult, BATCH_MAX,
+    Admission, ClientMsg, Publisher, RouterMsg, RouterStats, SubscribeMsg, SubscribeResult,
+    BATCH_MAX,
 };
 use crate::settings::Shared;
 
@@ -184,6 +185,7 @@ impl RouterActor {
         from: Option<&Publisher>,
         ctx: &mut Ctx<Self>,
     ) {
+        // One lookup per delivery: what must be sent or scheduled is carried out after.
         let Some(Destination::Local(client)) = self.destinations.get_mut(&subscriber) else {
             return;
         };
@@ -198,9 +200,12 @@ impl RouterActor {
                 let (holds, o) = client
                     .backlog
                     .judge(time::now, client.pending.len(), &self.rules);
-                outcome = Some(o);
+                outcome = o;
                 if holds {
-                    if client.backlog.hold((from.id, from.addr.clone())) {
+                    if client
+                        .backlog
+                        .hold((from.id, from.addr.clone(), from.epoch))
+                    {
                         hold = Some(from.addr.clone());
                     }
                     // Read and acknowledged before the hold reached its publisher: kept
@@ -209,7 +214,27 @@ impl RouterActor {
                 }
             }
         }
-        let saturated = client.backlog.saturated();
+        let mut first = false;
+        if client.backlog.saturated() && !opts.held_back {
+            // What the session would do with it, without the trip.
+            add(&self.shared.metrics.dropped_queue_full, 1);
+        } else {
+            let was_empty = client.pending.is_empty();
+            let bound = if opts.held_back {
+                self.shared.limits.mqueue_len_hard()
+            } else {
+                self.pending_max
+            };
+            if client
+                .pending
+                .push((msg.clone(), opts), bound, self.shared.limits.mqueue_policy)
+            {
+                first = was_empty;
+            } else {
+                add(&self.shared.metrics.dropped_mailbox_full, 1);
+                debug!(client_id = %subscriber, topic = %msg.topic, "delivery dropped: client behind");
+            }
+        }
         if let Some(addr) = hold {
             add(&self.shared.metrics.backpressure_holds, 1);
             let shard = self.index as u16;
@@ -224,29 +249,7 @@ impl RouterActor {
         if let Some(o) = outcome {
             self.apply(&subscriber, o, ctx);
         }
-        let Some(Destination::Local(client)) = self.destinations.get_mut(&subscriber) else {
-            return;
-        };
-        if saturated && !opts.held_back {
-            // What the session would do with it, without the trip.
-            add(&self.shared.metrics.dropped_queue_full, 1);
-            return;
-        }
-        let was_empty = client.pending.is_empty();
-        let bound = if opts.held_back {
-            self.shared.limits.mqueue_len_hard()
-        } else {
-            self.pending_max
-        };
-        if !client
-            .pending
-            .push((msg.clone(), opts), bound, self.shared.limits.mqueue_policy)
-        {
-            add(&self.shared.metrics.dropped_mailbox_full, 1);
-            debug!(client_id = %subscriber, topic = %msg.topic, "delivery dropped: client behind");
-            return;
-        }
-        if was_empty {
+        if first {
             self.dirty.push(subscriber);
         }
     }
@@ -411,7 +414,7 @@ impl RouterActor {
     /// Lets publishers held for `subscriber` go.
     fn release(&mut self, holders: Vec<crate::flow::Holder>, subscriber: ActorId) {
         let shard = self.index as u16;
-        for (_, addr) in holders {
+        for (_, addr, _) in holders {
             self.control(&addr, ClientMsg::Release { shard, subscriber });
         }
     }
@@ -483,14 +486,15 @@ impl Actor for RouterActor {
                     self.flush(ctx);
                 }
             }
-            RouterMsg::Subscribe {
-                client_id,
-                client,
-                may_hold,
-                filters,
-                admission,
-                reply,
-            } => {
+            RouterMsg::Subscribe(sub) => {
+                let SubscribeMsg {
+                    client_id,
+                    client,
+                    may_hold,
+                    filters,
+                    admission,
+                    reply,
+                } = *sub;
                 let r = self.subscribe(client_id, client, may_hold, filters, admission);
                 let _ = reply.send(r);
             }

@@ -17,7 +17,7 @@ use starling_router::{Reach, ShardMap, TopicLimits};
 use starling_rt::{ActorId, Addr, WeakAddr};
 use starling_session::SubscribeRequest;
 
-use crate::msg::{Admission, ClientMsg, RouterMsg, RouterStats, SubscribeResult};
+use crate::msg::{Admission, ClientMsg, RouterMsg, RouterStats, SubscribeMsg, SubscribeResult};
 
 /// A cheap handle on every shard (one pointer).
 #[derive(Clone)]
@@ -48,7 +48,10 @@ impl Shards {
 
     /// The shard that routes a publish to `topic` (see [`ShardMap::of_publish`]).
     pub(crate) fn for_publish(&self, topic: &str) -> &Addr<RouterMsg> {
-        &self.0.addrs[self.0.map.of_publish(topic)]
+        match &self.0.addrs[..] {
+            [only] => only,
+            all => &all[self.0.map.of_publish(topic)],
+        }
     }
 
     pub(crate) fn reach(&self, filter: &str) -> Reach {
@@ -77,13 +80,15 @@ impl Shards {
             let (client_id, client) = (client_id.clone(), client.clone());
             async move {
                 let r = self.0.addrs[p.shard]
-                    .ask(|reply| RouterMsg::Subscribe {
-                        client_id,
-                        client,
-                        may_hold,
-                        filters: p.filters,
-                        admission: Admission::Decide,
-                        reply,
+                    .ask(|reply| {
+                        RouterMsg::Subscribe(Box::new(SubscribeMsg {
+                            client_id,
+                            client,
+                            may_hold,
+                            filters: p.filters,
+                            admission: Admission::Decide,
+                            reply,
+                        }))
                     })
                     .await
                     .unwrap_or_default();
@@ -121,13 +126,15 @@ impl Shards {
             let new = p.at.iter().map(|&i| out.new[i]).collect();
             async move {
                 self.0.addrs[p.shard]
-                    .ask(|reply| RouterMsg::Subscribe {
-                        client_id,
-                        client,
-                        may_hold,
-                        filters: p.filters,
-                        admission: Admission::Admitted { new },
-                        reply,
+                    .ask(|reply| {
+                        RouterMsg::Subscribe(Box::new(SubscribeMsg {
+                            client_id,
+                            client,
+                            may_hold,
+                            filters: p.filters,
+                            admission: Admission::Admitted { new },
+                            reply,
+                        }))
                     })
                     .await
                     .unwrap_or_default()

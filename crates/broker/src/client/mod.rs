@@ -128,6 +128,7 @@ impl Client {
                 me: Publisher {
                     id: ctx.id(),
                     addr: ctx.weak_addr(),
+                    epoch: 0,
                 },
                 holds: Holds::default(),
                 reporter: None,
@@ -274,7 +275,13 @@ impl Client {
                     // A shard holds a QoS 1/2 publisher that feeds a backlogged
                     // subscriber back (see `crate::flow`).
                     let from = (m.qos != QoS::AtMostOnce && self.shared.config.mqtt.backpressure)
-                        .then(|| self.flow_mut(ctx).me.clone());
+                        .then(|| {
+                            let f = self.flow_mut(ctx);
+                            Publisher {
+                                epoch: f.holds.epoch(),
+                                ..f.me.clone()
+                            }
+                        });
                     // A full router mailbox is waited on: it holds this client's reads back,
                     // which is the back-pressure a fast publisher meets.
                     let shard = self.shards.for_publish(&m.topic);
@@ -631,14 +638,15 @@ impl Client {
             ClientMsg::Deliver(shard, mut batch) => {
                 let shard = usize::from(shard);
                 let now = time::now();
+                let backpressure = self.shared.config.mqtt.backpressure;
+                if let Some(r) = self.flow.as_mut().and_then(|f| f.reporter.as_mut()) {
+                    r.taken(shard, batch.len());
+                }
                 for (m, o) in &mut batch {
-                    if let Some(r) = self.flow.as_mut().and_then(|f| f.reporter.as_mut()) {
-                        r.taken(shard, 1);
-                        if m.qos != QoS::AtMostOnce
-                            && self.shared.config.mqtt.backpressure
-                            && r.absorbs(shard, self.session.queue_len())
-                        {
-                            o.held_back = true;
+                    if backpressure && m.qos != QoS::AtMostOnce {
+                        let queued = self.session.queue_len();
+                        if let Some(r) = self.flow.as_ref().and_then(|f| f.reporter.as_ref()) {
+                            o.held_back |= r.absorbs(shard, queued);
                         }
                     }
                     self.deliver(now, m, o, ctx);
