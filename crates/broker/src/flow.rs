@@ -68,7 +68,11 @@ impl StallRules {
 }
 
 /// A publisher a shard holds back for one subscriber.
-pub(crate) type Holder = (ActorId, WeakAddr<ClientMsg>, u32);
+/// A publisher a shard holds back for one subscriber: its id, address and release epoch, and
+/// whether this subscriber's shard sent it the Hold (a shard sends one per publisher and
+/// epoch, whichever subscriber asks first: the publisher heeds its latest Hold only, so
+/// more would be traffic for nothing; only the one that sent it sends the Release).
+pub(crate) type Holder = (ActorId, WeakAddr<ClientMsg>, u32, bool);
 
 /// What a shard does after its [`Backlog`] changed.
 #[derive(Debug, Default)]
@@ -177,10 +181,10 @@ impl Backlog {
     /// publisher's current epoch (a Hold of an earlier epoch was lifted since: it is sent
     /// again).
     pub(crate) fn hold(&mut self, holder: Holder) -> bool {
-        match self.holding.iter_mut().find(|(id, _, _)| *id == holder.0) {
+        match self.holding.iter_mut().find(|h| h.0 == holder.0) {
             Some(h) if h.2 == holder.2 => false,
             Some(h) => {
-                h.2 = holder.2;
+                *h = holder;
                 true
             }
             None => {
@@ -188,6 +192,11 @@ impl Backlog {
                 true
             }
         }
+    }
+
+    /// Whether it holds publisher `id` in its release epoch `epoch` already.
+    pub(crate) fn is_holding(&self, id: ActorId, epoch: u32) -> bool {
+        self.holding.iter().any(|h| h.0 == id && h.2 == epoch)
     }
 
     /// The subscriber's report.

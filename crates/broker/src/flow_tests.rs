@@ -39,7 +39,7 @@ fn report(taken: u64, queued: usize) -> FlowReport {
 
 fn holder(n: u64) -> Holder {
     let addr = starling_rt::start(Sink);
-    (ActorId(n), addr.downgrade(), 0)
+    (ActorId(n), addr.downgrade(), 0, true)
 }
 
 #[tokio::test]
@@ -203,11 +203,15 @@ async fn a_shard_holds_a_released_publisher_again_in_its_new_epoch() {
     let mut b = Backlog::new(now, true);
     b.handed(60);
     assert!(b.judge(|| now, 0, &r).0);
-    let (id, addr, _) = holder(9);
-    assert!(b.hold((id, addr.clone(), 0)));
-    assert!(!b.hold((id, addr.clone(), 0)), "same epoch: held already");
+    let (id, addr, _, _) = holder(9);
+    assert!(b.hold((id, addr.clone(), 0, true)));
+    assert!(b.is_holding(id, 0));
     assert!(
-        b.hold((id, addr, 1)),
+        !b.hold((id, addr.clone(), 0, true)),
+        "same epoch: held already"
+    );
+    assert!(
+        b.hold((id, addr, 1, true)),
         "released by another since: hold it again"
     );
 }

@@ -94,6 +94,9 @@ pub(crate) struct RouterActor {
     /// Control messages (hold, release, watch) that found no room, oldest first, retried
     /// with the blocked batches: a shard never waits on a client.
     outbox: Vec<(WeakAddr<ClientMsg>, ClientMsg)>,
+    /// Publishers this shard sent a Hold, with the release epoch it was for: one Hold per
+    /// publisher and epoch, however many of its subscribers are backlogged.
+    sent_holds: HashMap<ActorId, u32, FixedState>,
 }
 
 /// `total` split over `n` shards, rounded up: each shard's part of a node-wide cap.
@@ -119,6 +122,7 @@ impl RouterActor {
         Self {
             rules,
             outbox: Vec::new(),
+            sent_holds: HashMap::with_hasher(FixedState::with_seed(rng.next_u64())),
             shared,
             index,
             map,
@@ -201,13 +205,17 @@ impl RouterActor {
                     .backlog
                     .judge(time::now, client.pending.len(), &self.rules);
                 outcome = o;
-                if holds {
-                    if client
+                if holds && !client.backlog.is_holding(from.id, from.epoch) {
+                    let send = self.sent_holds.get(&from.id) != Some(&from.epoch);
+                    client
                         .backlog
-                        .hold((from.id, from.addr.clone(), from.epoch))
-                    {
+                        .hold((from.id, from.addr.clone(), from.epoch, send));
+                    if send {
+                        self.sent_holds.insert(from.id, from.epoch);
                         hold = Some(from.addr.clone());
                     }
+                }
+                if holds {
                     // Read and acknowledged before the hold reached its publisher: kept
                     // past the queue bound (up to the hard bound) rather than dropped.
                     opts.held_back = true;
@@ -414,7 +422,13 @@ impl RouterActor {
     /// Lets publishers held for `subscriber` go.
     fn release(&mut self, holders: Vec<crate::flow::Holder>, subscriber: ActorId) {
         let shard = self.index as u16;
-        for (_, addr, _) in holders {
+        for (id, addr, epoch, sent) in holders {
+            if !sent {
+                continue;
+            }
+            if self.sent_holds.get(&id) == Some(&epoch) {
+                self.sent_holds.remove(&id);
+            }
             self.control(&addr, ClientMsg::Release { shard, subscriber });
         }
     }
