@@ -40,7 +40,7 @@ pub(crate) struct Conn {
     pub(crate) input_ended: bool,
     /// EOF was met and `ClientMsg::InputEnd` is still owed (after the held packets).
     pub(crate) end_owed: bool,
-    /// Decoded while the client's publishes are held back (see [`crate::flow`]): packets
+    /// Decoded while the client's publishes are held back (see the `flow` module): packets
     /// that must not pass a held PUBLISH, in order. Boxed: most connections never hold.
     #[allow(clippy::box_collection)] // 8 bytes on every connection instead of 24
     pub(crate) held: Option<Box<Vec<Packet>>>,

@@ -12,15 +12,16 @@
 //!   backlogged, until it is down to [`SessionLimits::backlog_low`].
 //! - The subscriber's actor reports to each shard ([`Reporter`], `RouterMsg::Flow`): every
 //!   [`Reporter::quantum`] deliveries taken, on every turn that changed something while
-//!   that shard watches it (told by `ClientMsg::Watch`), and whenever its session starts
-//!   or stops refusing new messages.
+//!   that shard watches it (told by `ClientMsg::Watch`), and to every shard whenever its
+//!   session starts or stops refusing new messages or its queue crosses the high or low mark.
 //! - A QoS 1/2 publish routed to a backlogged subscriber makes the shard send its publisher
-//!   `ClientMsg::Hold` (once per publisher and stretch); the publisher's actor ([`Holds`])
-//!   then stops taking PUBLISH (and everything ordered after one) from its socket, while
-//!   acknowledgements of its own deliveries still pass, so two clients feeding each other
-//!   cannot deadlock. When the subscriber drains, goes offline or ends, the shard sends
-//!   each held publisher `ClientMsg::Release`. A shard never waits on a client: a Hold that
-//!   finds no room is not made, a Release that finds no room is retried.
+//!   `ClientMsg::Hold` (once per publisher and release epoch, see [`Holds`]); the
+//!   publisher's actor then stops taking PUBLISH (and everything ordered after one) from
+//!   its socket, while acknowledgements of its own deliveries still pass, so two clients
+//!   feeding each other cannot deadlock. When the subscriber that sent the Hold drains,
+//!   goes offline or ends, the shard sends the publisher `ClientMsg::Release`. A shard
+//!   never waits on a client: a control message that finds no room waits in the shard's
+//!   outbox, in order, and is retried.
 //! - Stalls are judged by the shard, whose actor runs whatever the subscriber's does: a
 //!   subscriber that takes nothing in for `backpressure_stall_secs` while holding, or stays
 //!   backlogged for `backpressure_max_secs` without draining, is stuck: it releases its

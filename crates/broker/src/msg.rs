@@ -129,7 +129,7 @@ pub(crate) struct RouterStats {
     pub delayed: usize,
 }
 
-/// How a shard takes a subscription (see [`crate::shards`]).
+/// How a shard takes a subscription (see the `shards` module).
 #[derive(Debug)]
 pub(crate) enum Admission {
     /// It decides: the filter's only or home shard.
