@@ -30,6 +30,9 @@ pub(crate) fn is_qos0(m: &Message, o: &DeliveryOptions) -> bool {
 pub(crate) struct Pending {
     items: VecDeque<Delivery>,
     qos0: usize,
+    /// The size of the last batch taken: the room a new list starts with, so that a steady
+    /// stream does not regrow it by doubling every batch.
+    last_batch: u16,
 }
 
 impl Pending {
@@ -57,6 +60,9 @@ impl Pending {
             }
         }
         self.qos0 += usize::from(is_qos0(&d.0, &d.1));
+        if self.items.capacity() == 0 {
+            self.items.reserve(usize::from(self.last_batch).max(1));
+        }
         self.items.push_back(d);
         debug_assert_eq!(
             self.qos0,
@@ -74,6 +80,7 @@ impl Pending {
             self.items.drain(..max).collect()
         };
         self.qos0 -= batch.iter().filter(|(m, o)| is_qos0(m, o)).count();
+        self.last_batch = u16::try_from(batch.len().min(BATCH_MAX)).unwrap_or(u16::MAX);
         batch
     }
 

@@ -73,6 +73,21 @@ pub trait Actor: Send + Sized + 'static {
         let _ = cx;
         Poll::Pending
     }
+
+    /// A deadline the actor keeps itself, beside its [`Ctx`] timers: asked before every
+    /// wait, and once it has passed, [`Actor::on_deadline`] gives the message to handle.
+    /// For a deadline that moves on most turns (a connection's keep alive): a timer would be
+    /// cancelled and set again each time, and an idle actor would keep a timer entry on the
+    /// heap for it.
+    fn deadline(&self) -> Option<Instant> {
+        None
+    }
+
+    /// The message for a passed [`Actor::deadline`]. Handling it must move the deadline
+    /// on (or clear it), or the actor is asked again at once.
+    fn on_deadline(&mut self) -> Option<Self::Msg> {
+        None
+    }
 }
 
 /// How to start an actor.
@@ -300,14 +315,20 @@ pub struct TimerId(u64);
 /// few timers an actor holds. The storage is released when the last timer goes.
 struct Timers<M> {
     next: u64,
-    queue: VecDeque<(Instant, u64, Timer<M>)>,
+    /// Boxed, and dropped when empty: most actors (every connection's) have no timer, and an
+    /// idle one should carry no queue header.
+    #[allow(clippy::box_collection)]
+    queue: Option<Box<TimerQueue<M>>>,
 }
+
+/// Due time, id (ties in order of setting), timer.
+type TimerQueue<M> = VecDeque<(Instant, u64, Timer<M>)>;
 
 impl<M> Timers<M> {
     fn new() -> Self {
         Timers {
             next: 0,
-            queue: VecDeque::new(),
+            queue: None,
         }
     }
 
@@ -319,18 +340,21 @@ impl<M> Timers<M> {
     }
 
     fn put(&mut self, at: Instant, id: u64, t: Timer<M>) {
-        if self.queue.is_empty() {
-            // One slot: the common single timer costs no more than itself.
-            self.queue.reserve_exact(1);
-        }
-        let i = self.queue.partition_point(|(a, i, _)| (*a, *i) < (at, id));
-        self.queue.insert(i, (at, id, t));
+        // One slot at first: the common single timer costs no more than itself.
+        let q = self
+            .queue
+            .get_or_insert_with(|| Box::new(VecDeque::with_capacity(1)));
+        let i = q.partition_point(|(a, i, _)| (*a, *i) < (at, id));
+        q.insert(i, (at, id, t));
     }
 
     fn cancel(&mut self, id: TimerId) -> bool {
-        match self.queue.iter().position(|(_, i, _)| *i == id.0) {
+        let Some(q) = self.queue.as_mut() else {
+            return false;
+        };
+        match q.iter().position(|(_, i, _)| *i == id.0) {
             Some(i) => {
-                self.queue.remove(i);
+                q.remove(i);
                 self.release_if_empty();
                 true
             }
@@ -339,20 +363,21 @@ impl<M> Timers<M> {
     }
 
     fn release_if_empty(&mut self) {
-        if self.queue.is_empty() {
-            self.queue = VecDeque::new();
+        if self.queue.as_ref().is_some_and(|q| q.is_empty()) {
+            self.queue = None;
         }
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        self.queue.front().map(|(at, _, _)| *at)
+        self.queue.as_ref()?.front().map(|(at, _, _)| *at)
     }
 
     fn pop_due(&mut self, now: Instant) -> Option<M> {
-        if self.queue.front()?.0 > now {
+        let q = self.queue.as_mut()?;
+        if q.front()?.0 > now {
             return None;
         }
-        let (at, id, timer) = self.queue.pop_front()?;
+        let (at, id, timer) = q.pop_front()?;
         match timer {
             Timer::Once(m) => {
                 self.release_if_empty();
@@ -384,7 +409,8 @@ pub struct Ctx<A: Actor> {
     me: WeakSender<A::Msg>,
     stopping: bool,
     timers: Timers<A::Msg>,
-    input: Option<Input<A::Msg>>,
+    /// Boxed: most actors (every connection's, which polls its socket itself) have none.
+    input: Option<Box<Input<A::Msg>>>,
     /// Boxed: most actors (every connection's) have no children.
     children: Option<Box<Children>>,
 }
@@ -463,10 +489,10 @@ impl<A: Actor> Ctx<A> {
     where
         S: Stream<Item = A::Msg> + Send + 'static,
     {
-        self.input = Some(Input {
+        self.input = Some(Box::new(Input {
             stream: Box::pin(stream),
             on_end,
-        });
+        }));
     }
 
     /// Runs `fut` as its own task and delivers `to_msg(output)` to this actor, unless it
@@ -600,29 +626,61 @@ async fn guarded<F: Future<Output = ()>>(f: F) -> Result<(), String> {
         .map_err(panic_message)
 }
 
-async fn next_event<A: Actor>(
-    actor: &mut A,
-    rx: &Receiver<A::Msg>,
-    mut input: Option<&mut Input<A::Msg>>,
+pin_project_lite::pin_project! {
+    /// The wait between turns on the mailbox, the input and the next deadline: what an idle
+    /// actor's task holds for its whole life, so it is a plain struct rather than an `async
+    /// fn` around `poll_fn` (which kept its arguments twice, once as the function's and once
+    /// as the closure's).
+    struct NextEvent<'a, A: Actor, T> {
+        actor: &'a mut A,
+        rx: &'a Receiver<A::Msg>,
+        input: Option<&'a mut Input<A::Msg>>,
+        #[pin]
+        timer: Option<T>,
+        watch_mailbox: bool,
+        input_first: bool,
+    }
+}
+
+/// Polled by hand rather than with `select!` over three futures: the macro keeps each
+/// future twice (the local and its own copy). Polling in a fixed order keeps the simulation
+/// deterministic; alternating which of mailbox and input goes first keeps it fair, so
+/// neither a flood of mail nor a flood of input starves the other.
+fn next_event<'a, A: Actor>(
+    actor: &'a mut A,
+    rx: &'a Receiver<A::Msg>,
+    input: Option<&'a mut Input<A::Msg>>,
     deadline: Option<Instant>,
     watch_mailbox: bool,
     input_first: bool,
-) -> Event<A::Msg> {
-    // Polled by hand rather than with `select!` over three futures: the macro keeps each
-    // future twice (the local and its own copy), and this wait is what an idle actor's task
-    // holds for its whole life. Polling in a fixed order keeps the simulation deterministic;
-    // alternating which of mailbox and input goes first keeps it fair, so neither a flood of
-    // mail nor a flood of input starves the other.
-    let mut timer = std::pin::pin!(deadline.map(time::sleep_until));
-    std::future::poll_fn(move |cx| {
-        let mail = |cx: &mut std::task::Context<'_>| {
+) -> NextEvent<'a, A, impl Future<Output = ()>> {
+    NextEvent {
+        actor,
+        rx,
+        input,
+        timer: deadline.map(time::sleep_until),
+        watch_mailbox,
+        input_first,
+    }
+}
+
+impl<A: Actor, T: Future<Output = ()>> Future for NextEvent<'_, A, T> {
+    type Output = Event<A::Msg>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Event<A::Msg>> {
+        let this = self.project();
+        let watch_mailbox = *this.watch_mailbox;
+        let rx = &**this.rx;
+        let mail = |cx: &mut Context<'_>| {
             if watch_mailbox {
                 rx.poll_recv(Some(cx.waker())).map(Event::Mail)
             } else {
                 None
             }
         };
-        let mut inp = |cx: &mut std::task::Context<'_>| {
+        let input = this.input;
+        let actor = &mut **this.actor;
+        let mut inp = |cx: &mut Context<'_>| {
             if let Some(i) = input.as_mut() {
                 if let Poll::Ready(m) = i.stream.poll_next_unpin(cx) {
                     return Some(Event::Input(m));
@@ -633,22 +691,21 @@ async fn next_event<A: Actor>(
                 Poll::Pending => None,
             }
         };
-        let first = if input_first {
+        let first = if *this.input_first {
             inp(cx).or_else(|| mail(cx))
         } else {
             mail(cx).or_else(|| inp(cx))
         };
         if let Some(ev) = first {
-            return std::task::Poll::Ready(ev);
+            return Poll::Ready(ev);
         }
-        if let Some(t) = timer.as_mut().as_pin_mut() {
+        if let Some(t) = this.timer.as_pin_mut() {
             if t.poll(cx).is_ready() {
-                return std::task::Poll::Ready(Event::Timer);
+                return Poll::Ready(Event::Timer);
             }
         }
-        std::task::Poll::Pending
-    })
-    .await
+        Poll::Pending
+    }
 }
 
 /// An actor and its context, on the heap once for the actor's life.
@@ -671,43 +728,60 @@ async fn run<A: Actor>(mut cell: Box<Cell<A>>, rx: Receiver<A::Msg>) -> Exit {
         if ctx.stopping {
             break Exit::Stopped;
         }
-        // Due timers first: a busy mailbox must not starve them.
-        let msg = if let Some(m) = ctx.timers.pop_due(time::now()) {
-            m
-        } else {
-            let deadline = ctx.timers.next_deadline();
-            turn = turn.wrapping_add(1);
-            let ev = next_event(
-                &mut *actor,
-                &rx,
-                ctx.input.as_mut(),
-                deadline,
-                watch_mailbox,
-                turn % 2 == 0,
-            )
-            .await;
-            match ev {
-                Event::Timer => continue,
-                Event::Mail(Recv::Msg(m)) => m,
-                Event::Mail(Recv::Stop) => break Exit::Stopped,
-                Event::Mail(Recv::Idle) => {
-                    if ctx.input.is_none() {
-                        break Exit::Idle;
+        // Due timers first: a busy mailbox must not starve them. Scoped, so that `now` and
+        // the actor's own deadline do not stay in this future across the wait.
+        let ready = {
+            let now = time::now();
+            let own = actor.deadline();
+            if let Some(m) = ctx.timers.pop_due(now) {
+                Ok(m)
+            } else if let Some(m) = own.filter(|d| *d <= now).and_then(|_| actor.on_deadline()) {
+                Ok(m)
+            } else {
+                Err(
+                    match (ctx.timers.next_deadline(), own.filter(|d| *d > now)) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    },
+                )
+            }
+        };
+        let msg = match ready {
+            Ok(m) => m,
+            Err(deadline) => {
+                turn = turn.wrapping_add(1);
+                let ev = next_event(
+                    &mut *actor,
+                    &rx,
+                    ctx.input.as_deref_mut(),
+                    deadline,
+                    watch_mailbox,
+                    turn % 2 == 0,
+                )
+                .await;
+                match ev {
+                    Event::Timer => continue,
+                    Event::Mail(Recv::Msg(m)) => m,
+                    Event::Mail(Recv::Stop) => break Exit::Stopped,
+                    Event::Mail(Recv::Idle) => {
+                        if ctx.input.is_none() {
+                            break Exit::Idle;
+                        }
+                        watch_mailbox = false;
+                        continue;
                     }
-                    watch_mailbox = false;
-                    continue;
-                }
-                Event::Input(Some(m)) | Event::Own(m) => {
-                    // The handler may hand out a new address; look again afterwards.
-                    watch_mailbox = true;
-                    m
-                }
-                Event::Input(None) => {
-                    let end = ctx.input.take().and_then(|i| i.on_end);
-                    watch_mailbox = true;
-                    match end {
-                        Some(f) => f(),
-                        None => continue,
+                    Event::Input(Some(m)) | Event::Own(m) => {
+                        // The handler may hand out a new address; look again afterwards.
+                        watch_mailbox = true;
+                        m
+                    }
+                    Event::Input(None) => {
+                        let end = ctx.input.take().and_then(|i| i.on_end);
+                        watch_mailbox = true;
+                        match end {
+                            Some(f) => f(),
+                            None => continue,
+                        }
                     }
                 }
             }

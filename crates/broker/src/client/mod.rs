@@ -14,8 +14,8 @@ use bytes::BytesMut;
 use starling_codec::{encode, Disconnect, Packet, Properties, QoS, ReasonCode, PACKET_SIZE_MAX};
 use starling_config::{BackpressureHolders, MqttConfig, StuckPolicy};
 use starling_hooks::{Chain, DisconnectReason, EventKind, What};
-use starling_rt::{time, Ctx, TimerId, TrySendError, WeakAddr};
-use starling_session::{DetachReason, DropReason, Effect, Instant, Message, Session};
+use starling_rt::{time, Ctx, TrySendError, WeakAddr};
+use starling_session::{DetachReason, DropReason, Effect, Message, Session};
 use tracing::{debug, Instrument};
 
 use crate::conn::{linger, write_out, Conn, WRITE_BATCH_MAX};
@@ -62,7 +62,6 @@ pub(crate) struct Client {
     gate: AuthGate,
     conn: Option<Conn>,
     first: Option<Box<NewConn>>,
-    timer: Option<(Instant, TimerId)>,
     /// Its back-pressure state (see [`crate::flow`]), made at the first subscription or
     /// QoS 1/2 publish: whom it is held back by, and what it reports to the shards.
     flow: Option<Box<ClientFlow>>,
@@ -111,7 +110,6 @@ impl Client {
             gate,
             conn: None,
             first: Some(first),
-            timer: None,
             flow: None,
             attaches: 0,
             retiring: false,
@@ -524,7 +522,6 @@ impl Client {
                 self.session.release_buffers();
             }
         }
-        self.rearm(ctx);
         self.report_flow(ctx).await;
         if self.conn.is_none() && self.session.is_ended() && !self.retiring {
             self.retiring = true;
@@ -556,20 +553,6 @@ impl Client {
         let later = std::mem::replace(&mut **h, held);
         h.extend(later);
         *packets = pass.into_iter();
-    }
-
-    fn rearm(&mut self, ctx: &mut Ctx<Self>) {
-        let next = self.session.poll_timeout();
-        if self.timer.map(|t| t.0) == next {
-            return;
-        }
-        if let Some((_, id)) = self.timer.take() {
-            ctx.cancel(id);
-        }
-        if let Some(at) = next {
-            let delay = at.saturating_duration_since(time::now());
-            self.timer = Some((at, ctx.after(delay, ClientMsg::Timeout)));
-        }
     }
 
     async fn turn(&mut self, msg: ClientMsg, ctx: &mut Ctx<Self>) {
@@ -683,7 +666,6 @@ impl Client {
                 }
             }
             ClientMsg::Timeout => {
-                self.timer = None;
                 // The one timeout that closes a connection is its keep alive (MQTT 5
                 // §3.1.2.10); will delay and expiry run while detached.
                 let reason = DisconnectReason::Server(ReasonCode::KeepAliveTimeout);
@@ -738,7 +720,9 @@ mod size_tests {
         let session = std::mem::size_of::<starling_session::Session>();
         // 496: +8 for the packets held back while the router holds this client back (flow.rs).
         // 504: +8 for the hook chain its gate asks (gate.rs, starling-hooks).
-        assert!(client <= 504, "Client is {client} bytes");
+        // 480: -24, the keep-alive timer handle gone (the session's deadline is the actor's
+        // own, `Actor::deadline`).
+        assert!(client <= 480, "Client is {client} bytes");
         assert!(session <= 224, "Session is {session} bytes");
     }
 }
