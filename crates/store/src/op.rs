@@ -1,0 +1,126 @@
+//! What a commit takes and what it answers.
+
+use std::time::SystemTime;
+
+use starling_codec::PacketId;
+use starling_session::state::MessageState;
+
+use crate::record::{SessionMeta, StoredDelivery};
+
+/// One change to the store. Every op is idempotent: applying it twice leaves what applying
+/// it once does, and dropping what is not there does nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Stores or replaces a session's meta record.
+    PutSession {
+        client_id: String,
+        meta: SessionMeta,
+    },
+    /// Drops a session with its deliveries and inbound packet identifiers.
+    DropSession { client_id: String },
+    /// Stores a delivery under `seq`, or changes its stage (queued → in flight → awaiting
+    /// PUBCOMP). The broker assigns a session's seqs in increasing order and never reuses
+    /// one for another message; the session must be stored.
+    PutDelivery {
+        client_id: String,
+        seq: u64,
+        record: StoredDelivery,
+    },
+    /// Drops a delivery (acknowledged, expired, discarded).
+    DropDelivery { client_id: String, seq: u64 },
+    /// Records that the client's QoS 2 PUBLISH `packet_id` was routed and awaits PUBREL;
+    /// the session must be stored.
+    PutInbound {
+        client_id: String,
+        packet_id: PacketId,
+    },
+    /// Forgets an inbound packet identifier (PUBREL received).
+    DropInbound {
+        client_id: String,
+        packet_id: PacketId,
+    },
+    /// Stores or replaces the retained message of `topic`.
+    PutRetained {
+        topic: String,
+        message: MessageState,
+    },
+    /// Drops the retained message of `topic`.
+    DropRetained { topic: String },
+    /// Holds `message` until `due` (kept to the millisecond), then for `target`. `(due, id)`
+    /// is its key.
+    PutDelayed {
+        id: u64,
+        due: SystemTime,
+        target: String,
+        message: MessageState,
+    },
+    /// Drops a delayed message (published, or cancelled).
+    DropDelayed { id: u64, due: SystemTime },
+}
+
+/// Whether a commit waits for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fsync {
+    /// The commit is on disk when `commit` returns (redb `Durability::Immediate`: its pages
+    /// and header, then one `sync_data`).
+    Always,
+    /// The commit is visible at once but reaches the disk only with a later `Always` commit
+    /// or a clean close (redb `Durability::None`): a crash before then loses it. redb frees
+    /// the pages such commits replace only at the next `Always` commit, so a long run of
+    /// them grows the file.
+    Never,
+}
+
+/// The caps of a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The logical bytes (keys plus encoded values, see [`Usage::bytes`]) above which ops that
+    /// admit new data are refused.
+    pub max_bytes: u64,
+}
+
+/// What a store holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub sessions: u64,
+    pub deliveries: u64,
+    pub inbound: u64,
+    pub retained: u64,
+    pub delayed: u64,
+    /// Keys plus encoded values: what the broker admits, not the file's size, which adds
+    /// redb's pages and copy-on-write slack.
+    pub bytes: u64,
+}
+
+/// What a commit did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Committed {
+    /// The ops that were not applied, in batch order; every other op was.
+    pub refused: Vec<Refused>,
+}
+
+/// An op a commit did not apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// Its index in the batch.
+    pub op: usize,
+    pub reason: Refusal,
+}
+
+/// Why an op was not applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// It admits new data past [`Limits::max_bytes`].
+    #[error("the store is full: {used} of {max} bytes used, the op adds {adds}")]
+    Full { used: u64, adds: u64, max: u64 },
+    /// A delivery or inbound packet identifier of a client whose session is not stored.
+    #[error("no stored session for this client")]
+    NoSession,
+    /// Its value does not encode (a time before the Unix epoch, properties a PUBLISH
+    /// cannot carry, ...).
+    #[error("the value does not encode: {0}")]
+    Unencodable(postcard::Error),
+    /// Its key or value is larger than redb takes.
+    #[error("{len} bytes, more than redb stores in one row")]
+    TooLarge { len: usize },
+}

@@ -1,0 +1,58 @@
+//! The redb tables, and the logical size of their rows (what `Limits::max_bytes` counts).
+
+use redb::TableDefinition;
+
+/// Row `FORMAT_VERSION_KEY`: the store layout; row `NEXT_DELAYED_ID_KEY`: one past the
+/// highest delayed id ever stored. Native `u64` values: this table says how to read the
+/// others, so it uses no encoding of its own.
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new(names::META);
+/// client id → `SessionMeta`.
+pub(crate) const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new(names::SESSIONS);
+/// (client id, seq) → `StoredDelivery`. Keys sort by client, then seq, so that a session's
+/// deliveries are one range, in the order the broker assigned them.
+pub(crate) const DELIVERIES: TableDefinition<(&str, u64), &[u8]> =
+    TableDefinition::new(names::DELIVERIES);
+/// (client id, packet id) → (): the client's QoS 2 PUBLISHes awaiting PUBREL.
+pub(crate) const INBOUND: TableDefinition<(&str, u16), ()> = TableDefinition::new(names::INBOUND);
+/// topic → `MessageState`.
+pub(crate) const RETAINED: TableDefinition<&str, &[u8]> = TableDefinition::new(names::RETAINED);
+/// (due, ms since the Unix epoch; id) → `DelayedRecord`: due order is key order.
+pub(crate) const DELAYED: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new(names::DELAYED);
+
+/// The tables' names, as errors give them.
+pub(crate) mod names {
+    pub const META: &str = "meta";
+    pub const SESSIONS: &str = "sessions";
+    pub const DELIVERIES: &str = "deliveries";
+    pub const INBOUND: &str = "inbound_qos2";
+    pub const RETAINED: &str = "retained";
+    pub const DELAYED: &str = "delayed";
+}
+
+pub(crate) const FORMAT_VERSION_KEY: &str = "format_version";
+pub(crate) const NEXT_DELAYED_ID_KEY: &str = "next_delayed_id";
+
+/// The layout of the tables above; a store of any other version is refused at open.
+pub const FORMAT_VERSION: u64 = 1;
+
+// Logical sizes: the key's own bytes plus the encoded value, without redb's overhead.
+// They are what the broker can reason about; the file is larger (pages, copy-on-write).
+pub(crate) fn session_size(client_id: &str, value_len: usize) -> u64 {
+    (client_id.len() + value_len) as u64
+}
+
+pub(crate) fn delivery_size(client_id: &str, value_len: usize) -> u64 {
+    (client_id.len() + 8 + value_len) as u64
+}
+
+pub(crate) fn inbound_size(client_id: &str) -> u64 {
+    (client_id.len() + 2) as u64
+}
+
+pub(crate) fn retained_size(topic: &str, value_len: usize) -> u64 {
+    (topic.len() + value_len) as u64
+}
+
+pub(crate) fn delayed_size(value_len: usize) -> u64 {
+    (16 + value_len) as u64
+}
