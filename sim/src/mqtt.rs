@@ -166,14 +166,20 @@ pub fn pid(n: u32) -> NonZeroU16 {
 /// Starts a broker node at `addr` with `config` (TOML) on the current simulation, and
 /// returns once its listener had time to bind (200 ms of virtual time).
 pub async fn broker_node(addr: SocketAddr, config: &'static str) -> madsim::runtime::NodeHandle {
+    let config_text = config;
     let node = madsim::runtime::Handle::current()
         .create_node()
         .name("broker")
         .ip(addr.ip())
         .init(move || async move {
-            let config = starling_config::Config::from_str(config)
+            let mut config = starling_config::Config::from_str(config)
                 .expect("valid config")
                 .0;
+            if !text_has_storage(config_text) {
+                // The simulator's file system is the host's: no store unless a scenario
+                // asks for one.
+                config.storage.enabled = false;
+            }
             let _broker = starling_broker::Broker::start(config)
                 .await
                 .expect("broker starts");
@@ -208,4 +214,8 @@ impl ClientNodes {
             )))
             .build()
     }
+}
+
+fn text_has_storage(config: &str) -> bool {
+    config.contains("[storage]")
 }

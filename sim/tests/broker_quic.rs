@@ -290,6 +290,10 @@ async fn qos_round_trips() {
             }),
             ..ListenerConfig::default()
         }],
+        storage: starling_config::StorageConfig {
+            enabled: false,
+            ..Default::default()
+        },
         ..Config::default()
     };
     let h = Handle::current();

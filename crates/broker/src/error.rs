@@ -29,7 +29,27 @@ pub enum BrokerError {
         #[source]
         source: Box<starling_net::NetError>,
     },
+    /// The durable store could not be opened: its directory could not be made, or the file
+    /// is unreadable, damaged or of another format (the error names the file).
+    #[error("store {path}: {source}", path = path.display())]
+    Store {
+        /// The store's file.
+        path: std::path::PathBuf,
+        #[source]
+        source: Box<StoreOpenError>,
+    },
     /// The password file or the ACL file did not load.
     #[error(transparent)]
     Auth(#[from] starling_auth::AuthError),
+}
+
+/// Why the store did not open.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreOpenError {
+    /// Its directory could not be created.
+    #[error("cannot create its directory: {0}")]
+    Dir(#[source] std::io::Error),
+    /// The store refused the file.
+    #[error(transparent)]
+    Store(#[from] starling_store::StoreError),
 }

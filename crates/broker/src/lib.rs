@@ -18,6 +18,10 @@
 //!   actor as one batch per burst with `try_send` (a full mailbox keeps the batch for a
 //!   retry; a full pending list applies the queue drop policy and counts). Publishers `send`
 //!   to it and so meet back-pressure.
+//! - **Store** (when `storage.enabled`): the one writer of the durable store
+//!   (`starling-store`, redb under `node.data_dir`); gathers writes and commits them
+//!   together on a blocking worker. Shards write retained and delayed messages there; at
+//!   start the store is read back and each shard gets its part before any listener opens.
 //! - **Sys**: `$SYS/brokers/{node}/...` statistics every `sys_interval_secs` (listener
 //!   counters under `.../listeners/{kind}/{port}/...`); the built-in event provider
 //!   publishes `.../clients/{id}/connected|disconnected` events.
@@ -46,9 +50,11 @@ mod registry;
 mod routing;
 mod settings;
 mod shards;
+mod storage;
 mod sys;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,22 +65,25 @@ use starling_net::{
     ProxyProtocol, QuicConfig, TlsFiles, TlsReloader, Transport, WsConfig,
 };
 use starling_router::ShardMap;
-use starling_rt::{start_with, Addr, Options};
+use starling_rt::{start_with, time, Addr, Options};
+use starling_session::Message;
+use starling_store::{Limits as StoreLimits, Location, Recovered, Store};
 
 pub use conn::Io;
-pub use error::BrokerError;
+pub use error::{BrokerError, StoreOpenError};
 pub use metrics::MetricsSnapshot;
 /// The hook seam, for embedders: providers to start the broker with
 /// ([`Broker::start_with`]).
 pub use starling_hooks as hooks;
 
 use listener::{ListenerActor, ListenerCtx, ListenerMsg};
-use msg::RegistryMsg;
+use msg::{DelayedKey, RegistryMsg, Restore, RouterMsg, StoreMsg};
 use registry::Registry;
 use routing::RouterActor;
 use settings::Shared;
 use shards::Shards;
 use starling_hooks::{Chain, Hooks};
+use storage::StorageActor;
 use sys::{SysActor, SysEvents, SysMsg};
 
 /// Mailbox of the router: deep enough to absorb a burst from many publishers; a full one
@@ -87,7 +96,7 @@ const SHARD_URGENT: usize = 1024;
 /// is the busiest actor of a node, and shards that share a thread route in turn rather than
 /// at once. Client actors spread over the workers by their id; a client cannot sit beside
 /// its shard, since it publishes to topics of every shard.
-fn start_shards(shared: &Arc<Shared>) -> Shards {
+fn start_shards(shared: &Arc<Shared>, store: Option<&Addr<StoreMsg>>, delayed_base: u64) -> Shards {
     let count = match shared.config.router.shards {
         starling_config::ShardCount::Auto => starling_rt::workers(),
         starling_config::ShardCount::Fixed(n) => n as usize,
@@ -96,7 +105,7 @@ fn start_shards(shared: &Arc<Shared>) -> Shards {
     let addrs = (0..count)
         .map(|i| {
             start_with(
-                RouterActor::new(shared.clone(), i, map.clone()),
+                RouterActor::new(shared.clone(), i, map.clone(), store.cloned(), delayed_base),
                 Options {
                     // Back-pressure reports from subscribers (see `flow`), ahead of the
                     // publishes: one per subscriber turn at most, so a deep lane.
@@ -131,6 +140,8 @@ pub struct Broker {
     sys: Addr<SysMsg>,
     /// The hook chain, for [`Broker::serve_stream`] (listeners hold their own handle).
     chain: Arc<Chain>,
+    /// The storage actor, when `storage.enabled`.
+    store: Option<Addr<StoreMsg>>,
 }
 
 impl Broker {
@@ -154,7 +165,12 @@ impl Broker {
     /// As [`Broker::start`].
     pub async fn start_with(config: Config, hooks: Hooks) -> Result<Broker, BrokerError> {
         let shared = Shared::new(config)?;
-        let router = start_shards(&shared);
+        let (store, recovered) = match open_store(&shared)? {
+            Some((store, recovered)) => (Some(store), recovered),
+            None => (None, Recovered::default()),
+        };
+        let router = start_shards(&shared, store.as_ref(), recovered.next_delayed_id);
+        restore(&router, recovered).await;
         let default_allow = shared.config.auth.acl_default == starling_config::AclDefault::Allow;
         let chain = builtin::builtin(&shared)
             .observe_with(SysEvents::new(shared.clone(), router.clone()))
@@ -203,6 +219,7 @@ impl Broker {
             _router: router,
             sys,
             chain,
+            store,
         })
     }
 
@@ -317,6 +334,20 @@ impl Broker {
         let _ = self.registry.ask(RegistryMsg::Shutdown).await;
         self.registry.stop();
         self.sys.stop();
+        if let Some(store) = &self.store {
+            // What the shards wrote last is committed, and the file closed, before the
+            // process ends (or another broker opens it).
+            let _ = store.ask(StoreMsg::Close).await;
+            store.stop();
+        }
+    }
+
+    /// Waits until every write handed to the store so far is committed; at once without a
+    /// store. For tests and orderly stops.
+    pub async fn flush_store(&self) {
+        if let Some(store) = &self.store {
+            let _ = store.ask(StoreMsg::Flush).await;
+        }
     }
 }
 
@@ -384,12 +415,106 @@ async fn bind(lc: &ListenerConfig, max_packet_size: u32) -> Result<MqttListener,
 /// 3.x clean-session-0 clients are always accepted, and v5 ones when
 /// `session_expiry_max_secs` > 0.
 fn warn_volatile_state(config: &Config) {
-    tracing::warn!(
-        data_dir = %config.node.data_dir.display(),
-        session_expiry_max_secs = config.mqtt.session_expiry_max_secs,
-        "sessions and retained messages are kept in memory only and are lost on restart \
-         (persistence is not implemented; nothing is written to data_dir)"
+    if config.storage.enabled {
+        tracing::warn!(
+            store = %store_path(config).display(),
+            "persistent sessions are kept in memory only and are lost on restart (they are \
+             not stored yet); retained and delayed messages are stored"
+        );
+    } else {
+        tracing::warn!(
+            "storage.enabled is false: sessions, retained and delayed messages are kept in \
+             memory only and are lost on restart"
+        );
+    }
+}
+
+/// The store's file under `node.data_dir`.
+pub fn store_path(config: &Config) -> PathBuf {
+    config.node.data_dir.join(STORE_FILE)
+}
+
+const STORE_FILE: &str = "store.redb";
+
+/// Opens the store (reading it back whole) and starts its actor; `None` when
+/// `storage.enabled` is false.
+fn open_store(shared: &Arc<Shared>) -> Result<Option<(Addr<StoreMsg>, Recovered)>, BrokerError> {
+    let s = &shared.config.storage;
+    if !s.enabled {
+        return Ok(None);
+    }
+    let path = store_path(&shared.config);
+    let fail = |source| BrokerError::Store {
+        path: path.clone(),
+        source: Box::new(source),
+    };
+    std::fs::create_dir_all(&shared.config.node.data_dir)
+        .map_err(|e| fail(StoreOpenError::Dir(e)))?;
+    let limits = StoreLimits {
+        max_bytes: s.max_bytes,
+    };
+    // Blocking, before any listener opens: nothing is served until the store is read.
+    let started = time::now();
+    let (store, recovered) =
+        Store::open(Location::File(path.clone()), limits).map_err(|e| fail(e.into()))?;
+    let usage = store.usage();
+    tracing::info!(
+        path = %path.display(),
+        sessions = usage.sessions,
+        deliveries = usage.deliveries,
+        retained = usage.retained,
+        delayed = usage.delayed,
+        bytes = usage.bytes,
+        took_ms = time::now().saturating_duration_since(started).as_millis() as u64,
+        "store opened"
     );
+    let addr = start_with(
+        StorageActor::new(shared.clone(), store),
+        Options::named("store").capacity(STORE_MAILBOX),
+    );
+    Ok(Some((addr, recovered)))
+}
+
+/// Writes (batches of ops) the storage actor's mailbox holds before writers wait.
+const STORE_MAILBOX: usize = 1024;
+
+/// Hands each shard its part of what the store held, and waits until all have it.
+async fn restore(shards: &Shards, recovered: Recovered) {
+    let n = shards.count();
+    let now = time::now();
+    let wall = time::wall();
+    type Part = (Vec<Arc<Message>>, Vec<(DelayedKey, Arc<Message>)>);
+    let mut parts: Vec<Part> = (0..n).map(|_| (Vec::new(), Vec::new())).collect();
+    for (topic, m) in recovered.retained {
+        let i = shards.index_for_publish(&topic);
+        parts[i].0.push(Arc::new(Message::from_state(m, now, wall)));
+    }
+    for d in recovered.delayed {
+        let i = shards.index_for_publish(&d.target);
+        let mut m = Message::from_state(d.message, now, wall);
+        m.topic = Arc::from(d.target);
+        parts[i].1.push((
+            DelayedKey {
+                id: d.id,
+                due: d.due,
+            },
+            Arc::new(m),
+        ));
+    }
+    for (i, (retained, delayed)) in parts.into_iter().enumerate() {
+        if retained.is_empty() && delayed.is_empty() {
+            continue;
+        }
+        let (done, wait) = tokio::sync::oneshot::channel();
+        let msg = RouterMsg::Restore(Box::new(Restore {
+            retained,
+            delayed,
+            done,
+        }));
+        if shards.get(i).send(msg).await.is_ok() {
+            let _ = wait.await;
+        }
+    }
 }
 
 /// The certificate files of a listener with TLS settings (tls, wss, quic).

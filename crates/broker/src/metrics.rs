@@ -34,6 +34,15 @@ pub(crate) struct Metrics {
     pub verify_queue_full: AtomicU64,
     // The hook chain (gate.rs, listener.rs).
     pub verdict_timeouts: AtomicU64,
+    // The durable store (storage.rs).
+    pub store_commits: AtomicU64,
+    pub store_ops: AtomicU64,
+    /// Summed over commits: divided by `store_commits`, the mean commit latency.
+    pub store_commit_us: AtomicU64,
+    pub store_refused: AtomicU64,
+    pub store_errors: AtomicU64,
+    /// Logical bytes held (a gauge, set after each commit).
+    pub store_bytes: AtomicU64,
 }
 
 /// Adds `n` to a counter.
@@ -105,6 +114,17 @@ pub struct MetricsSnapshot {
     /// `auth.verdict_timeout_ms` (they got `auth.timeout_verdict`) and authentications past
     /// the handshake deadline (refused with 0x88).
     pub verdict_timeouts: u64,
+    /// Store commits, and the ops they carried.
+    pub store_commits: u64,
+    pub store_ops: u64,
+    /// Microseconds spent in commits, summed.
+    pub store_commit_us: u64,
+    /// Writes the store refused (full, or for a session it does not hold).
+    pub store_refused: u64,
+    /// Commits that failed: their writes are not durable.
+    pub store_errors: u64,
+    /// Keys plus values held by the store, after the last commit.
+    pub store_bytes: u64,
 }
 
 impl Metrics {
@@ -133,6 +153,12 @@ impl Metrics {
             login_banned: get(&self.login_banned),
             verify_queue_full: get(&self.verify_queue_full),
             verdict_timeouts: get(&self.verdict_timeouts),
+            store_commits: get(&self.store_commits),
+            store_ops: get(&self.store_ops),
+            store_commit_us: get(&self.store_commit_us),
+            store_refused: get(&self.store_refused),
+            store_errors: get(&self.store_errors),
+            store_bytes: get(&self.store_bytes),
         }
     }
 }

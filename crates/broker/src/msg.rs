@@ -77,6 +77,12 @@ pub(crate) enum ClientMsg {
         topic: Arc<str>,
         verdict: Option<bool>,
     },
+    /// The store answered for a publish whose acknowledgement waits for it (see the
+    /// client's `acks` module).
+    Stored {
+        tag: u32,
+        outcome: Stored,
+    },
     /// The broker is stopping.
     Shutdown(Reply<()>),
 }
@@ -176,8 +182,9 @@ pub(crate) struct SubscribeMsg {
 
 pub(crate) enum RouterMsg {
     /// Route (and retain, or schedule if `$delayed/`) a message; with its publisher when
-    /// it may be held back.
-    Publish(Arc<Message>, Option<Publisher>),
+    /// it may be held back, and whom to tell once what it changed in the store is durable
+    /// (boxed: rare, and every publish in a shard's mailbox pays for the slot).
+    Publish(Arc<Message>, Option<Publisher>, Option<Box<AckTo>>),
     /// Boxed: the largest variant would size every slot of the mailbox, publishes too.
     Subscribe(Box<SubscribeMsg>),
     Unsubscribe {
@@ -209,10 +216,77 @@ pub(crate) enum RouterMsg {
         client_id: Arc<str>,
         epoch: u64,
     },
-    DelayedDue(Arc<Message>),
+    /// A `$delayed/` message is due; with its key in the store when it was stored.
+    DelayedDue(Arc<Message>, Option<DelayedKey>),
+    /// The store's retained and delayed messages of this shard, at start.
+    Restore(Box<Restore>),
     Stats(Reply<RouterStats>),
     /// Retry the batches of clients whose mailbox was full.
     RetryBlocked,
+}
+
+// --- to the storage actor -------------------------------------------------------------
+
+pub(crate) enum StoreMsg {
+    /// Ops to commit with the next batch; each of `then` is told when its ops are durable.
+    Write {
+        ops: Vec<starling_store::Op>,
+        then: Vec<Waiter>,
+    },
+    /// The commit interval passed.
+    CommitNow,
+    Committed(Box<CommitDone>),
+    /// Answered once everything written before is committed (shutdown, tests).
+    Flush(Reply<()>),
+    /// Commits what is pending, then closes the store (its file is free once answered).
+    Close(Reply<()>),
+}
+
+/// What a commit on the worker gives back.
+pub(crate) struct CommitDone {
+    pub store: Option<starling_store::Store>,
+    /// The store's answer, or why there is none (the worker died).
+    pub result: Result<starling_store::Committed, String>,
+    pub ops: usize,
+    pub waiting: Vec<Waiter>,
+    pub took: std::time::Duration,
+}
+
+/// A publisher waiting for the ops `ops` (indices into its `Write`) to be durable.
+pub(crate) struct Waiter {
+    pub to: AckTo,
+    pub ops: std::ops::Range<usize>,
+}
+
+/// Whom the store tells: a publisher's client actor, with the tag it gave.
+pub(crate) struct AckTo {
+    pub addr: WeakAddr<ClientMsg>,
+    pub tag: u32,
+}
+
+/// What became of a publish's writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stored {
+    /// Committed (synced, with `fsync = "always"`).
+    Durable,
+    /// The store refused it: full.
+    Refused,
+    /// The commit failed: not durable (the message was routed all the same).
+    Failed,
+}
+
+/// A stored delayed message's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DelayedKey {
+    pub id: u64,
+    pub due: std::time::SystemTime,
+}
+
+/// What the store held for one shard, at start.
+pub(crate) struct Restore {
+    pub retained: Vec<Arc<Message>>,
+    pub delayed: Vec<(DelayedKey, Arc<Message>)>,
+    pub done: Reply<()>,
 }
 
 // --- published by the broker itself ---------------------------------------------------

@@ -32,16 +32,17 @@ use starling_router::{
     parse_delayed, parse_subscription, Delayed, Delivery as Routed, Merge, PublishContext,
     RetainedIndex, Router, RouterError, ShardMap, DELAYED_PREFIX,
 };
-use starling_rt::{rng, time, Actor, ActorId, Ctx, TimerId, TrySendError, WeakAddr};
+use starling_rt::{rng, time, Actor, ActorId, Addr, Ctx, TimerId, TrySendError, WeakAddr};
 use starling_session::{DeliveryOptions, Message, SubscribeRequest};
+use starling_store::Op;
 use tracing::debug;
 
 use crate::destination::{is_qos0, Destination, Flushed};
 use crate::flow::{Backlog, Outcome, StallRules};
 use crate::metrics::add;
 use crate::msg::{
-    Admission, ClientMsg, Publisher, RouterMsg, RouterStats, SubscribeMsg, SubscribeResult,
-    BATCH_MAX,
+    AckTo, Admission, ClientMsg, DelayedKey, Publisher, Restore, RouterMsg, RouterStats, StoreMsg,
+    Stored, SubscribeMsg, SubscribeResult, Waiter, BATCH_MAX,
 };
 use crate::settings::Shared;
 
@@ -97,6 +98,16 @@ pub(crate) struct RouterActor {
     /// Publishers this shard sent a Hold, with the release epoch it was for: one Hold per
     /// publisher and epoch, however many of its subscribers are backlogged.
     sent_holds: HashMap<ActorId, u32, FixedState>,
+    /// The durable store, when `storage.enabled`: retained and delayed messages are written
+    /// there as they change.
+    store: Option<Addr<StoreMsg>>,
+    /// Written to the store at the end of the turn (the store may push back), with the
+    /// publishers waiting for their part of it.
+    to_store: Vec<Op>,
+    store_waiters: Vec<Waiter>,
+    /// This shard's next delayed-message id: shards draw from disjoint sequences
+    /// (`index`, `index + shards`, ...) above the store's mark.
+    delayed_next: u64,
 }
 
 /// `total` split over `n` shards, rounded up: each shard's part of a node-wide cap.
@@ -106,7 +117,13 @@ pub(crate) fn share_of(total: u64, n: usize) -> usize {
 }
 
 impl RouterActor {
-    pub(crate) fn new(shared: Arc<Shared>, index: usize, map: ShardMap) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        index: usize,
+        map: ShardMap,
+        store: Option<Addr<StoreMsg>>,
+        delayed_base: u64,
+    ) -> Self {
         assert!(index < map.count());
         let mut rng = rng::rng();
         let n = map.count();
@@ -139,6 +156,39 @@ impl RouterActor {
             routed: 0,
             retry: None,
             pending_max,
+            store,
+            to_store: Vec::new(),
+            store_waiters: Vec::new(),
+            delayed_next: delayed_base + index as u64,
+        }
+    }
+
+    /// A publish, and its publisher's acknowledgement once what it changed in the store is
+    /// durable (`ack`; at once when it changed nothing there).
+    fn publish_acked(
+        &mut self,
+        msg: Arc<Message>,
+        from: Option<Publisher>,
+        ack: Option<Box<AckTo>>,
+        ctx: &mut Ctx<Self>,
+    ) {
+        let before = self.to_store.len();
+        self.publish(msg, from, ctx);
+        let Some(to) = ack else { return };
+        if self.to_store.len() > before {
+            self.store_waiters.push(Waiter {
+                to: *to,
+                ops: before..self.to_store.len(),
+            });
+        } else {
+            let tag = to.tag;
+            self.control(
+                &to.addr,
+                ClientMsg::Stored {
+                    tag,
+                    outcome: Stored::Durable,
+                },
+            );
         }
     }
 
@@ -299,9 +349,47 @@ impl RouterActor {
         let stored = self
             .retained
             .publish(&msg.topic, msg.clone(), msg.payload.is_empty(), size);
-        if let Err(e) = stored {
-            add(&self.shared.metrics.retained_refused, 1);
-            debug!(topic = %msg.topic, error = %e, "retained message refused");
+        match stored {
+            Err(e) => {
+                add(&self.shared.metrics.retained_refused, 1);
+                debug!(topic = %msg.topic, error = %e, "retained message refused");
+            }
+            // `$SYS` values are the broker's own and made again at start.
+            Ok(_) if self.store.is_some() && !msg.topic.starts_with("$SYS") => {
+                let topic = msg.topic.to_string();
+                self.to_store.push(if msg.payload.is_empty() {
+                    Op::DropRetained { topic }
+                } else {
+                    Op::PutRetained {
+                        topic,
+                        message: msg.to_state(time::now(), time::wall()),
+                    }
+                });
+            }
+            Ok(_) => {}
+        }
+    }
+
+    /// The retained and delayed messages the store held at start, before any client
+    /// connects: put back as they were, without writing them again.
+    fn restore(
+        &mut self,
+        retained: Vec<Arc<Message>>,
+        delayed: Vec<(DelayedKey, Arc<Message>)>,
+        ctx: &mut Ctx<Self>,
+    ) {
+        for m in retained {
+            let size = m.topic.len() + m.payload.len();
+            if let Err(e) = self.retained.publish(&m.topic.clone(), m, false, size) {
+                add(&self.shared.metrics.retained_refused, 1);
+                tracing::warn!(error = %e, "stored retained message over the limits: not restored");
+            }
+        }
+        let wall = time::wall();
+        for (key, m) in delayed {
+            self.delayed += 1;
+            let left = key.due.duration_since(wall).unwrap_or(Duration::ZERO);
+            ctx.after(left, RouterMsg::DelayedDue(m, Some(key)));
         }
     }
 
@@ -323,10 +411,22 @@ impl RouterActor {
         let mut due = Message::clone(msg);
         due.topic = Arc::from(target);
         self.delayed += 1;
-        ctx.after(
-            Duration::from_secs(u64::from(secs)),
-            RouterMsg::DelayedDue(Arc::new(due)),
-        );
+        let delay = Duration::from_secs(u64::from(secs));
+        let key = self.store.is_some().then(|| {
+            let key = DelayedKey {
+                id: self.delayed_next,
+                due: time::wall() + delay,
+            };
+            self.delayed_next += self.map.count() as u64;
+            self.to_store.push(Op::PutDelayed {
+                id: key.id,
+                due: key.due,
+                target: due.topic.to_string(),
+                message: due.to_state(time::now(), time::wall()),
+            });
+            key
+        });
+        ctx.after(delay, RouterMsg::DelayedDue(Arc::new(due), key));
     }
 
     fn subscribe(
@@ -489,10 +589,22 @@ impl Actor for RouterActor {
 
     async fn handle(&mut self, msg: RouterMsg, ctx: &mut Ctx<Self>) {
         match msg {
-            RouterMsg::Publish(m, from) => self.publish(m, from, ctx),
-            RouterMsg::DelayedDue(m) => {
+            RouterMsg::Publish(m, from, ack) => self.publish_acked(m, from, ack, ctx),
+            RouterMsg::DelayedDue(m, key) => {
                 self.delayed = self.delayed.saturating_sub(1);
+                if let Some(DelayedKey { id, due }) = key {
+                    self.to_store.push(Op::DropDelayed { id, due });
+                }
                 self.publish(m, None, ctx);
+            }
+            RouterMsg::Restore(r) => {
+                let Restore {
+                    retained,
+                    delayed,
+                    done,
+                } = *r;
+                self.restore(retained, delayed, ctx);
+                let _ = done.send(());
             }
             RouterMsg::RetryBlocked => {
                 self.retry = None;
@@ -584,6 +696,25 @@ impl Actor for RouterActor {
                     retained: self.retained.len(),
                     delayed: self.delayed,
                 });
+            }
+        }
+        if !self.to_store.is_empty() {
+            if let Some(store) = &self.store {
+                let ops = std::mem::take(&mut self.to_store);
+                let then = std::mem::take(&mut self.store_waiters);
+                if let Err(e) = store.send(StoreMsg::Write { ops, then }).await {
+                    // The store is stopping: the waiting publishers hear it is not durable.
+                    add(&self.shared.metrics.store_errors, 1);
+                    if let StoreMsg::Write { then, .. } = e.0 {
+                        for w in then {
+                            let msg = ClientMsg::Stored {
+                                tag: w.to.tag,
+                                outcome: Stored::Failed,
+                            };
+                            self.control(&w.to.addr, msg);
+                        }
+                    }
+                }
             }
         }
         // Hand out the batches once the burst is routed (nothing else waits in the mailbox),

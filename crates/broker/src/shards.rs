@@ -54,6 +54,11 @@ impl Shards {
         }
     }
 
+    /// The shard that owns `topic`'s publishes (and its retained message).
+    pub(crate) fn index_for_publish(&self, topic: &str) -> usize {
+        self.0.map.of_publish(topic)
+    }
+
     pub(crate) fn reach(&self, filter: &str) -> Reach {
         self.0.map.reach(filter, &self.0.limits)
     }

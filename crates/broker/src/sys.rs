@@ -45,7 +45,7 @@ impl SysActor {
         let _ = self
             .shards
             .for_publish(&msg.topic)
-            .send(RouterMsg::Publish(msg, None))
+            .send(RouterMsg::Publish(msg, None, None))
             .await;
     }
 
@@ -75,6 +75,18 @@ impl SysActor {
             ("subscriptions/count", stats.subscriptions.to_string()),
             ("retained/count", stats.retained.to_string()),
             ("delayed/count", stats.delayed.to_string()),
+            ("store/commits", m.store_commits.to_string()),
+            ("store/ops", m.store_ops.to_string()),
+            (
+                "store/commit_us_mean",
+                m.store_commit_us
+                    .checked_div(m.store_commits)
+                    .unwrap_or(0)
+                    .to_string(),
+            ),
+            ("store/bytes", m.store_bytes.to_string()),
+            ("store/refused", m.store_refused.to_string()),
+            ("store/errors", m.store_errors.to_string()),
         ];
         for (name, value) in values {
             self.publish(name, value).await;
@@ -173,7 +185,7 @@ impl EventProvider for SysEvents {
         // An event provider must not block: a full shard mailbox gets the event from a task
         // of its own (rare: connects and disconnects, not messages).
         let shard = self.shards.for_publish(&msg.topic);
-        if let Err(TrySendError::Full(m)) = shard.try_send(RouterMsg::Publish(msg, None)) {
+        if let Err(TrySendError::Full(m)) = shard.try_send(RouterMsg::Publish(msg, None, None)) {
             let shard = shard.clone();
             starling_rt::spawn(async move {
                 let _ = shard.send(m).await;

@@ -21,7 +21,10 @@ use starling_config::{Config, ListenerKind};
 use tokio::sync::mpsc;
 
 async fn broker_with_hooks(extra: &str, hooks: Hooks) -> (Broker, std::net::SocketAddr) {
-    let text = format!("[[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:0\"\n{extra}");
+    let text = format!(
+        "[[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:0\"\n{extra}\n{}",
+        common::no_store(extra)
+    );
     let (config, _) = Config::from_str(&text).expect("test config");
     let b = Broker::start_with(config, hooks)
         .await
@@ -194,7 +197,8 @@ impl AuthnProvider for SlowUsers {
 fn an_embedders_authenticator_decides_later_and_what_it_ignores_falls_to_the_listener() {
     common::on_actix(async {
         let text =
-            "[[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:0\"\nallow_anonymous = false\n";
+            "[[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:0\"\nallow_anonymous = false\n\
+             [storage]\nenabled = false\n";
         let (config, _) = Config::from_str(text).expect("test config");
         let b = Broker::start_with(config, Hooks::new().authenticate_with(SlowUsers))
             .await

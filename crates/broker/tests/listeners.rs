@@ -120,6 +120,8 @@ async fn start(listeners: Vec<ListenerConfig>, tweak: impl FnOnce(&mut Config)) 
         ..Config::default()
     };
     config.mqtt.sys_interval_secs = 1;
+    // Tests run in parallel: a store under the default data_dir would be shared by all.
+    config.storage.enabled = false;
     tweak(&mut config);
     Broker::start(config).await.expect("broker starts")
 }

@@ -10,6 +10,7 @@ use serde::de::{self, Deserialize, Deserializer, Visitor};
 use crate::error::ConfigError;
 use crate::model::{
     AuthConfig, LogConfig, MqttConfig, NodeConfig, RawConfig, RawListener, RawTls, RouterSettings,
+    StorageConfig,
 };
 
 /// The field names that `T`'s derived `Deserialize` accepts.
@@ -51,11 +52,12 @@ impl<'de> Deserializer<'de> for Introspect<'_> {
 }
 
 /// The sections and their field lists: (name in the file, fields).
-fn sections() -> [(&'static str, &'static [&'static str]); 5] {
+fn sections() -> [(&'static str, &'static [&'static str]); 6] {
     [
         ("node", fields_of::<NodeConfig>()),
         ("mqtt", fields_of::<MqttConfig>()),
         ("router", fields_of::<RouterSettings>()),
+        ("storage", fields_of::<StorageConfig>()),
         ("auth", fields_of::<AuthConfig>()),
         ("log", fields_of::<LogConfig>()),
     ]
@@ -148,7 +150,15 @@ mod tests {
     fn introspection_sees_every_section_field() {
         assert_eq!(
             fields_of::<RawConfig>(),
-            ["node", "listeners", "mqtt", "router", "auth", "log"]
+            [
+                "node",
+                "listeners",
+                "mqtt",
+                "router",
+                "storage",
+                "auth",
+                "log"
+            ]
         );
         assert!(fields_of::<MqttConfig>().contains(&"max_packet_size"));
         assert!(fields_of::<RawTls>().contains(&"cn_as_username"));

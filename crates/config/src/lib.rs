@@ -17,9 +17,9 @@ mod validate;
 
 pub use error::{ConfigError, Warning};
 pub use model::{
-    AclDefault, AuthConfig, BackpressureHolders, ClientIdPolicy, Config, DropPolicy,
+    AclDefault, AuthConfig, BackpressureHolders, ClientIdPolicy, Config, DropPolicy, FsyncPolicy,
     ListenerConfig, ListenerKind, LogConfig, MqttConfig, NodeConfig, QuicConfig, RouterSettings,
-    ShardCount, SharedStrategy, StuckPolicy, TimeoutVerdict, TlsConfig, WsConfig,
+    ShardCount, SharedStrategy, StorageConfig, StuckPolicy, TimeoutVerdict, TlsConfig, WsConfig,
 };
 
 /// Every key the file format accepts, as dotted paths with `listeners[]` for the array

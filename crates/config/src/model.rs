@@ -19,6 +19,8 @@ pub struct Config {
     pub mqtt: MqttConfig,
     /// `[router]`: how routing is split over topic shards.
     pub router: RouterSettings,
+    /// `[storage]`: the durable store of sessions, retained and delayed messages.
+    pub storage: StorageConfig,
     /// `[auth]`: password file and ACL.
     pub auth: AuthConfig,
     /// `[log]`: logging.
@@ -32,6 +34,7 @@ impl Default for Config {
             listeners: vec![ListenerConfig::default()],
             mqtt: MqttConfig::default(),
             router: RouterSettings::default(),
+            storage: StorageConfig::default(),
             auth: AuthConfig::default(),
             log: LogConfig::default(),
         }
@@ -254,6 +257,7 @@ pub(crate) struct RawConfig {
     pub listeners: Option<Vec<RawListener>>,
     pub mqtt: MqttConfig,
     pub router: RouterSettings,
+    pub storage: StorageConfig,
     pub auth: AuthConfig,
     pub log: LogConfig,
 }
@@ -533,6 +537,53 @@ pub struct RouterSettings {
     /// Topic shards, each an actor with its own part of the subscriptions, retained and
     /// delayed messages: `"auto"` (one per worker thread, the default) or 1..=256.
     pub shards: ShardCount,
+}
+
+/// `[storage]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// Keep sessions that outlive their connection, retained and delayed messages in
+    /// `{node.data_dir}/store.redb`, across restarts and kills. Default true; false keeps
+    /// them in memory only.
+    pub enabled: bool,
+    /// When a commit reaches the disk: `"always"` (the default: each commit is synced
+    /// before what it holds is acknowledged) or `"never"` (the operating system writes it
+    /// when it likes; a power cut can lose what was acknowledged since the last sync, a
+    /// kill of the broker alone cannot).
+    pub fsync: FsyncPolicy,
+    /// How long a commit may wait to gather more writes, in milliseconds (0..=1000). The
+    /// default, 0, commits at once when no commit is running; writes that come meanwhile
+    /// share the next one.
+    pub commit_interval_ms: u32,
+    /// The store's cap on what it holds (keys plus values), in bytes: past it new
+    /// persistent messages are refused (MQTT 5: PUBACK 0x97 Quota exceeded). At least
+    /// 1 MiB; default 1 GiB.
+    pub max_bytes: u64,
+    /// Whether QoS 0 messages queued for an offline persistent session are stored too.
+    /// Default false: they are kept in memory and lost on restart, as MQTT allows.
+    pub queue_qos0: bool,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            fsync: FsyncPolicy::Always,
+            commit_interval_ms: 0,
+            max_bytes: 1 << 30,
+            queue_qos0: false,
+        }
+    }
+}
+
+/// `storage.fsync`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FsyncPolicy {
+    #[default]
+    Always,
+    Never,
 }
 
 /// `router.shards`.

@@ -76,6 +76,13 @@ fn validate(raw: RawConfig, base: Option<&Path>) -> Result<(Config, Vec<Warning>
     if let ShardCount::Fixed(n) = raw.router.shards {
         range("router.shards", n, 1, 256)?;
     }
+    range(
+        "storage.commit_interval_ms",
+        raw.storage.commit_interval_ms,
+        0,
+        1000,
+    )?;
+    range("storage.max_bytes", raw.storage.max_bytes, 1 << 20, 1 << 50)?;
     let auth = AuthConfig {
         password_file: raw
             .auth
@@ -131,6 +138,7 @@ fn validate(raw: RawConfig, base: Option<&Path>) -> Result<(Config, Vec<Warning>
         listeners,
         mqtt: raw.mqtt,
         router: raw.router,
+        storage: raw.storage,
         auth,
         log: raw.log,
     };

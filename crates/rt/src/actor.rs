@@ -756,7 +756,7 @@ async fn run<A: Actor>(mut cell: Box<Cell<A>>, rx: Receiver<A::Msg>) -> Exit {
                     ctx.input.as_deref_mut(),
                     deadline,
                     watch_mailbox,
-                    turn % 2 == 0,
+                    turn.is_multiple_of(2),
                 )
                 .await;
                 match ev {

@@ -99,6 +99,9 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return; // killed by the test
+        }
         self.signal("TERM");
         let deadline = Instant::now() + WAIT;
         while Instant::now() < deadline {
@@ -240,5 +243,124 @@ fn a_flood_of_malformed_connects_is_logged_a_line_at_a_time_and_volatility_is_an
         (1..=2).contains(&lines),
         "{lines} log lines for 200 malformed CONNECTs:\n{}",
         d.seen.join("\n")
+    );
+}
+
+/// Runs a mosquitto client program; `None` when it is not installed (and CI is not set:
+/// under CI a missing client fails the test).
+fn mosquitto(program: &str, args: &[&str]) -> Option<std::process::Output> {
+    match Command::new(program).args(args).output() {
+        Ok(out) => Some(out),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if std::env::var_os("CI").is_some() {
+                panic!("{program} is missing and CI is set: install mosquitto-clients");
+            }
+            println!("skipped: {program} not found (apt-get install mosquitto-clients)");
+            None
+        }
+        Err(e) => panic!("{program}: {e}"),
+    }
+}
+
+#[test]
+fn a_retained_message_survives_a_kill_9_and_store_check_reads_the_store() {
+    let dir = temp_dir("kill9");
+    let config = dir.join("starling.toml");
+    std::fs::write(
+        &config,
+        "[[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:0\"\n",
+    )
+    .expect("write config");
+    let mut d = Daemon::start(&config);
+    d.expect("store opened");
+    let port = listening_addr(&mut d).port().to_string();
+    d.expect("starling started");
+    let Some(out) = mosquitto(
+        "mosquitto_pub",
+        &[
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-q",
+            "1",
+            "-r",
+            "-t",
+            "fleet/7/cmd",
+            "-m",
+            "reboot",
+        ],
+    ) else {
+        return;
+    };
+    assert!(out.status.success(), "{out:?}");
+    // mosquitto_pub got its PUBACK: the retained message is durable. Killed at once,
+    // without a chance to close anything, the broker must still have it.
+    d.child.kill().expect("SIGKILL");
+    let _ = d.child.wait();
+    drop(d);
+
+    // Offline, the store checks out and holds the message.
+    let store = dir.join("data").join("store.redb");
+    let out = starling()
+        .args(["store", "check"])
+        .arg(&store)
+        .output()
+        .expect("starling runs");
+    assert!(out.status.success(), "{out:?}");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("1 retained"), "{report}");
+
+    let mut d = Daemon::start(&config);
+    let port = listening_addr(&mut d).port().to_string();
+    d.expect("starling started");
+    let out = mosquitto(
+        "mosquitto_sub",
+        &[
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            "fleet/+/cmd",
+            "-C",
+            "1",
+            "-W",
+            "5",
+            "-v",
+        ],
+    )
+    .expect("found above");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "fleet/7/cmd reboot"
+    );
+
+    // A damaged store: check names the file, and the broker refuses to start on it.
+    drop(d);
+    std::fs::write(&store, vec![0x33; 4096]).expect("damage");
+    let out = starling()
+        .args(["--config"])
+        .arg(&config)
+        .args(["store", "check"])
+        .output()
+        .expect("starling runs");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("store.redb"),
+        "{out:?}"
+    );
+    // Under `timeout`: a broker that started anyway would otherwise run forever.
+    let out = Command::new("timeout")
+        .arg("20")
+        .arg(env!("CARGO_BIN_EXE_starling"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .expect("starling runs");
+    assert!(!out.status.success(), "started on a damaged store");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("store.redb"),
+        "{out:?}"
     );
 }

@@ -136,7 +136,7 @@ impl Client {
                         }
                     };
                     if ok {
-                        let _ = shard.send(RouterMsg::Publish(m, None)).await;
+                        let _ = shard.send(RouterMsg::Publish(m, None, None)).await;
                     }
                 };
                 starling_rt::spawn(task.instrument(tracing::Span::current()));

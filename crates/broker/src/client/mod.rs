@@ -14,6 +14,7 @@ use bytes::BytesMut;
 use starling_codec::{encode, Disconnect, Packet, Properties, QoS, ReasonCode, PACKET_SIZE_MAX};
 use starling_config::{BackpressureHolders, MqttConfig, StuckPolicy};
 use starling_hooks::{Chain, DisconnectReason, EventKind, What};
+use starling_router::DELAYED_PREFIX;
 use starling_rt::{time, Ctx, TrySendError, WeakAddr};
 use starling_session::{DetachReason, DropReason, Effect, Message, Session};
 use tracing::{debug, Instrument};
@@ -22,10 +23,12 @@ use crate::conn::{linger, write_out, Conn, WRITE_BATCH_MAX};
 use crate::flow::{Holds, Reporter, StallRules};
 use crate::gate::AuthGate;
 use crate::metrics::{add, dec};
-use crate::msg::{ClientMsg, NewConn, Publisher, RegistryMsg, RouterMsg};
+use crate::msg::{AckTo, ClientMsg, NewConn, Publisher, RegistryMsg, RouterMsg};
 use crate::settings::Shared;
 use crate::shards::Shards;
+use acks::Acks;
 
+mod acks;
 mod hooks;
 mod input;
 
@@ -43,7 +46,7 @@ const HELD_RELEASE: usize = 16;
 /// An effect's part that has to wait (see [`Client::run_effects`]).
 enum Wait {
     /// A publish whose shard's mailbox was full, or that is sent without trying (will).
-    Route(Arc<Message>, Option<Publisher>),
+    Route(Arc<Message>, Option<Publisher>, Option<Box<AckTo>>),
     /// The session ended: every shard forgets it.
     Ended(Vec<String>),
     Subscribe(
@@ -62,6 +65,8 @@ pub(crate) struct Client {
     gate: AuthGate,
     conn: Option<Conn>,
     first: Option<Box<NewConn>>,
+    /// Acknowledgements waiting for the store (see `acks`); boxed, made at the first.
+    acks: Option<Box<Acks>>,
     /// Its back-pressure state (see [`crate::flow`]), made at the first subscription or
     /// QoS 1/2 publish: whom it is held back by, and what it reports to the shards.
     flow: Option<Box<ClientFlow>>,
@@ -110,6 +115,7 @@ impl Client {
             gate,
             conn: None,
             first: Some(first),
+            acks: None,
             flow: None,
             attaches: 0,
             retiring: false,
@@ -249,7 +255,16 @@ impl Client {
     fn apply_effects(&mut self, ctx: &Ctx<Self>) -> Option<Wait> {
         while let Some(effect) = self.session.poll_effect() {
             match effect {
-                Effect::Send(p) => self.encode(&p),
+                Effect::Send(p) => {
+                    let p = match self.acks.as_mut() {
+                        Some(a) => match a.pass(p) {
+                            Some(p) => p,
+                            None => continue,
+                        },
+                        None => p,
+                    };
+                    self.encode(&p);
+                }
                 Effect::SendPublish(op) => {
                     if let Some(c) = &mut self.conn {
                         c.out.extend_from_slice(&op.header);
@@ -282,11 +297,22 @@ impl Client {
                         });
                     // A full router mailbox is waited on: it holds this client's reads back,
                     // which is the back-pressure a fast publisher meets.
+                    // Its acknowledgement waits for what it changes in the store.
+                    let ack = (m.qos != QoS::AtMostOnce
+                        && self.shared.config.storage.enabled
+                        && (m.retain || m.topic.starts_with(DELAYED_PREFIX)))
+                    .then(|| {
+                        let tag = self.acks.get_or_insert_with(Box::default).request();
+                        Box::new(AckTo {
+                            addr: ctx.weak_addr(),
+                            tag,
+                        })
+                    });
                     let shard = self.shards.for_publish(&m.topic);
-                    if let Err(TrySendError::Full(RouterMsg::Publish(m, from))) =
-                        shard.try_send(RouterMsg::Publish(m, from))
+                    if let Err(TrySendError::Full(RouterMsg::Publish(m, from, ack))) =
+                        shard.try_send(RouterMsg::Publish(m, from, ack))
                     {
-                        return Some(Wait::Route(m, from));
+                        return Some(Wait::Route(m, from, ack));
                     }
                 }
                 Effect::Subscribe { packet_id, filters } => {
@@ -297,7 +323,7 @@ impl Client {
                 }
                 Effect::Will(m) => {
                     if let Some(m) = self.will(m) {
-                        return Some(Wait::Route(m, None));
+                        return Some(Wait::Route(m, None, None));
                     }
                 }
                 Effect::Close(code) => {
@@ -330,9 +356,9 @@ impl Client {
     /// The part of an effect that waits: on the router, or on the socket at close.
     async fn wait_effect(&mut self, wait: Wait, ctx: &mut Ctx<Self>) {
         match wait {
-            Wait::Route(m, from) => {
+            Wait::Route(m, from, ack) => {
                 let shard = self.shards.for_publish(&m.topic);
-                let _ = shard.send(RouterMsg::Publish(m, from)).await;
+                let _ = shard.send(RouterMsg::Publish(m, from, ack)).await;
             }
             Wait::Ended(filters) => {
                 let known = self
@@ -442,6 +468,9 @@ impl Client {
 
     /// Writes the last bytes (a DISCONNECT with `code` for v5), then closes the socket.
     async fn close_conn(&mut self, code: Option<ReasonCode>, ctx: &mut Ctx<Self>) {
+        // Acknowledgements still waiting belonged to this connection: its client sends
+        // those PUBLISHes again (MQTT 4.4) on the next.
+        self.acks = None;
         let Some(c) = &mut self.conn else { return };
         if let Some(code) = code.filter(|_| c.protocol.is_v5()) {
             let d = Packet::Disconnect(Disconnect {
@@ -687,6 +716,20 @@ impl Client {
                     self.on_verdict(seq, kind, topic, verdict);
                 }
             }
+            ClientMsg::Stored { tag, outcome } => {
+                let v5 = self.conn.as_ref().is_some_and(|c| c.protocol.is_v5());
+                if let Some(a) = self.acks.as_mut() {
+                    a.stored(tag, outcome, v5);
+                    let ready: Vec<Packet> = a.ready().collect();
+                    if a.is_empty() {
+                        // Nothing waits: an idle connection keeps no box.
+                        self.acks = None;
+                    }
+                    for p in &ready {
+                        self.encode(p);
+                    }
+                }
+            }
             ClientMsg::Shutdown(reply) => {
                 self.closing = Some(DisconnectReason::Server(ReasonCode::ServerShuttingDown));
                 self.session
@@ -722,7 +765,8 @@ mod size_tests {
         // 504: +8 for the hook chain its gate asks (gate.rs, starling-hooks).
         // 480: -24, the keep-alive timer handle gone (the session's deadline is the actor's
         // own, `Actor::deadline`).
-        assert!(client <= 480, "Client is {client} bytes");
+        // 488: +8 for the acknowledgements that wait for the store (client/acks.rs).
+        assert!(client <= 488, "Client is {client} bytes");
         assert!(session <= 224, "Session is {session} bytes");
     }
 }

@@ -11,7 +11,7 @@ use starling_broker::Broker;
 use starling_client::{Acks, ClientCore, ClientOptions, Event};
 use starling_codec::{
     encode, Connack, Connect, Disconnect, LastWill, Packet, Properties, Protocol, Publish, QoS,
-    Suback, Subscribe, SubscribeFilter, SubscriptionOptions,
+    ReasonCode, Suback, Subscribe, SubscribeFilter, SubscriptionOptions,
 };
 use starling_config::{Config, ListenerKind};
 use starling_rt::time::now;
@@ -27,7 +27,10 @@ pub const WAIT: Duration = Duration::from_secs(5);
 
 /// A broker on 127.0.0.1:0 with `extra` TOML appended (sections other than listeners).
 pub async fn broker(extra: &str) -> (Broker, SocketAddr) {
-    let text = format!("[[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:0\"\n{extra}");
+    let text = format!(
+        "[[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:0\"\n{extra}\n{}",
+        no_store(extra)
+    );
     let (config, _) = Config::from_str(&text).expect("test config");
     broker_with(config).await
 }
@@ -36,6 +39,16 @@ pub async fn broker_with(config: Config) -> (Broker, SocketAddr) {
     let b = Broker::start(config).await.expect("broker starts");
     let addr = b.local_addr(ListenerKind::Tcp).expect("tcp listener");
     (b, addr)
+}
+
+/// `[storage] enabled = false` unless `extra` has a `[storage]` section: tests run in
+/// parallel, and a store under the default `data_dir` would be shared (and locked) by all.
+pub fn no_store(extra: &str) -> &'static str {
+    if extra.contains("[storage]") {
+        ""
+    } else {
+        "[storage]\nenabled = false\n"
+    }
 }
 
 /// A fresh directory for a test's files.
@@ -283,6 +296,24 @@ impl Client {
     /// Publishes and completes the QoS flow (the core sends the PUBREL of QoS 2); panics
     /// unless the broker's acknowledgements are the next packets and succeed.
     pub async fn publish(&mut self, topic: &str, payload: &[u8], qos: QoS, retain: bool) {
+        let code = self.publish_code(topic, payload, qos, retain).await;
+        let what = if qos == QoS::ExactlyOnce {
+            "PUBREC/PUBCOMP"
+        } else {
+            "PUBACK"
+        };
+        assert!(!code.is_error(), "{what} failed: {code:?}");
+    }
+
+    /// Publishes and completes the QoS flow; the reason code of the broker's PUBACK (or
+    /// PUBREC/PUBCOMP), `Success` for QoS 0.
+    pub async fn publish_code(
+        &mut self,
+        topic: &str,
+        payload: &[u8],
+        qos: QoS,
+        retain: bool,
+    ) -> ReasonCode {
         let payload = Bytes::copy_from_slice(payload);
         let props = Properties::default();
         let id = self
@@ -290,21 +321,16 @@ impl Client {
             .publish(now(), topic, payload, qos, retain, props)
             .expect("connected, within the window, encodable");
         self.flush().await;
-        let Some(id) = id else { return };
-        let what = if qos == QoS::ExactlyOnce {
-            "PUBREC/PUBCOMP"
-        } else {
-            "PUBACK"
+        let Some(id) = id else {
+            return ReasonCode::Success;
         };
         match tokio::time::timeout(WAIT, self.next_event()).await {
             Ok(Some(Event::Published {
                 packet_id,
                 reason_code,
-            })) if packet_id == id => {
-                assert!(!reason_code.is_error(), "{what} failed: {reason_code:?}")
-            }
-            Ok(other) => panic!("expected {what}, got {other:?}"),
-            Err(_) => panic!("no {what} within {WAIT:?}"),
+            })) if packet_id == id => reason_code,
+            Ok(other) => panic!("expected the acknowledgement of {id}, got {other:?}"),
+            Err(_) => panic!("no acknowledgement of {id} within {WAIT:?}"),
         }
     }
 

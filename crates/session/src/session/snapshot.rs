@@ -312,34 +312,33 @@ impl Clock {
 }
 
 fn delivery_state(p: &Pending, clock: &Clock) -> DeliveryState {
-    let m = &p.msg;
     DeliveryState {
-        message: MessageState {
-            topic: m.topic.to_string(),
-            payload: m.payload.clone(),
-            qos: m.qos,
-            retain: m.retain,
-            properties: m.properties.clone(),
-            expiry: m.expires_at.and_then(|e| {
-                Some(ExpiryState {
-                    at: clock.to_wall(e.at)?,
-                    announced: e.announced,
-                })
-            }),
-            publisher: m.publisher.as_deref().map(str::to_owned),
-        },
+        message: message_state(&p.msg, clock),
         qos: p.qos,
         retain: p.retain,
         subscription_ids: p.sub_ids.clone(),
     }
 }
 
-fn pending(d: DeliveryState, clock: &Clock) -> Result<Pending, RestoreError> {
-    for &id in &d.subscription_ids {
-        check_subscription_id(Some(id))?;
+fn message_state(m: &Message, clock: &Clock) -> MessageState {
+    MessageState {
+        topic: m.topic.to_string(),
+        payload: m.payload.clone(),
+        qos: m.qos,
+        retain: m.retain,
+        properties: m.properties.clone(),
+        expiry: m.expires_at.and_then(|e| {
+            Some(ExpiryState {
+                at: clock.to_wall(e.at)?,
+                announced: e.announced,
+            })
+        }),
+        publisher: m.publisher.as_deref().map(str::to_owned),
     }
-    let m = d.message;
-    let msg = Message {
+}
+
+fn message_of(m: MessageState, clock: &Clock) -> Message {
+    Message {
         topic: Arc::from(m.topic),
         payload: m.payload,
         qos: m.qos,
@@ -353,7 +352,26 @@ fn pending(d: DeliveryState, clock: &Clock) -> Result<Pending, RestoreError> {
         }),
         publisher: m.publisher.map(Arc::from),
         shared_headers: Default::default(),
-    };
+    }
+}
+
+impl Message {
+    /// This message as it is stored: its expiry as a wall-clock time, `now` being `wall`.
+    pub fn to_state(&self, now: Instant, wall: SystemTime) -> MessageState {
+        message_state(self, &Clock { now, wall })
+    }
+
+    /// A stored message back, `wall` being `now`: an expiry already past stays past.
+    pub fn from_state(state: MessageState, now: Instant, wall: SystemTime) -> Message {
+        message_of(state, &Clock { now, wall })
+    }
+}
+
+fn pending(d: DeliveryState, clock: &Clock) -> Result<Pending, RestoreError> {
+    for &id in &d.subscription_ids {
+        check_subscription_id(Some(id))?;
+    }
+    let msg = message_of(d.message, clock);
     Ok(Pending {
         msg: Arc::new(msg),
         qos: d.qos,

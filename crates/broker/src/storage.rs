@@ -1,0 +1,259 @@
+//! The storage actor: the one writer of the durable store (`starling-store`). Writes from
+//! the shards are gathered and committed together, one fsync for many (group commit), on a
+//! blocking worker of their own, so that no actor's thread waits for the disk.
+//!
+//! A commit starts as soon as writes are pending and none is running (after at most
+//! `storage.commit_interval_ms`, when that is set); what arrives while one runs goes into
+//! the next. Each write may ask to be told when it is durable.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use starling_config::FsyncPolicy;
+use starling_rt::blocking::BlockingPool;
+use starling_rt::{time, Actor, Ctx, Reply, TimerId};
+use starling_store::{Fsync, Op, Store, Usage};
+use tracing::{debug, error, warn};
+
+use crate::metrics::add;
+use crate::msg::{ClientMsg, CommitDone, StoreMsg, Stored, Waiter};
+use crate::settings::Shared;
+
+/// Pending ops past which a commit starts without waiting for `commit_interval_ms`. A commit
+/// takes what is pending whole (each publisher is told about its own ops), so a commit is
+/// bounded by what the mailbox holds: at most `STORE_MAILBOX` writes of one shard turn each.
+const COMMIT_OPS_MAX: usize = 8192;
+
+pub(crate) struct StorageActor {
+    shared: Arc<Shared>,
+    /// `None` while a commit runs (the store is on the worker).
+    store: Option<Store>,
+    pool: BlockingPool,
+    fsync: Fsync,
+    interval: Duration,
+    pending: Vec<Op>,
+    /// Told when the commit holding their ops is durable (or failed); their ranges index
+    /// `pending`.
+    waiting: Vec<Waiter>,
+    armed: Option<TimerId>,
+    usage: Usage,
+    /// Waiting for everything pending to be committed.
+    flushing: Vec<Reply<()>>,
+    /// Waiting for the store to be closed, after the last commit.
+    closing: Vec<Reply<()>>,
+    /// The worker died with the store: nothing more can be written.
+    lost: bool,
+}
+
+impl StorageActor {
+    pub(crate) fn new(shared: Arc<Shared>, store: Store) -> Self {
+        let s = &shared.config.storage;
+        let fsync = match s.fsync {
+            FsyncPolicy::Always => Fsync::Always,
+            FsyncPolicy::Never => Fsync::Never,
+        };
+        let interval = Duration::from_millis(u64::from(s.commit_interval_ms));
+        let usage = store.usage();
+        Self {
+            shared,
+            usage,
+            store: Some(store),
+            // One thread: commits are serial by nature (one writer); one queued job at most,
+            // since a commit starts only when the last one is back.
+            pool: BlockingPool::new("store", 1, 1),
+            fsync,
+            interval,
+            pending: Vec::new(),
+            waiting: Vec::new(),
+            armed: None,
+            flushing: Vec::new(),
+            closing: Vec::new(),
+            lost: false,
+        }
+    }
+
+    fn write(&mut self, ops: Vec<Op>, then: Vec<Waiter>, ctx: &mut Ctx<Self>) {
+        let base = self.pending.len();
+        self.waiting.extend(then.into_iter().map(|w| Waiter {
+            ops: w.ops.start + base..w.ops.end + base,
+            to: w.to,
+        }));
+        if self.pending.is_empty() {
+            self.pending = ops;
+        } else {
+            self.pending.extend(ops);
+        }
+        if self.store.is_none() {
+            // A commit runs: this goes into the next.
+            return;
+        }
+        if self.interval.is_zero() || self.pending.len() >= COMMIT_OPS_MAX {
+            self.start(ctx);
+        } else if self.armed.is_none() {
+            self.armed = Some(ctx.after(self.interval, StoreMsg::CommitNow));
+        }
+    }
+
+    fn start(&mut self, ctx: &mut Ctx<Self>) {
+        if self.pending.is_empty() && self.waiting.is_empty() {
+            return;
+        }
+        let Some(mut store) = self.store.take() else {
+            return;
+        };
+        if let Some(t) = self.armed.take() {
+            ctx.cancel(t);
+        }
+        let ops = std::mem::take(&mut self.pending);
+        let waiting = std::mem::take(&mut self.waiting);
+        let fsync = self.fsync;
+        let n = ops.len();
+        let started = time::now();
+        let job = self.pool.try_run(move || {
+            let result = store.commit(&ops, fsync);
+            (store, result)
+        });
+        match job {
+            Ok(job) => ctx.spawn_then(job, move |r| {
+                let took = time::now().saturating_duration_since(started);
+                let (store, result) = match r {
+                    Ok((store, result)) => (Some(store), result.map_err(|e| e.to_string())),
+                    Err(lost) => (None, Err(lost.to_string())),
+                };
+                StoreMsg::Committed(Box::new(CommitDone {
+                    store,
+                    result,
+                    ops: n,
+                    waiting,
+                    took,
+                }))
+            }),
+            // The pool holds one job and only this actor submits, one at a time.
+            Err(full) => unreachable!("the store's worker is busy with another job: {full}"),
+        }
+    }
+
+    /// Drops the store, which closes its file (redb makes what `Fsync::Never` committed
+    /// durable on close); later writes are refused.
+    fn close(&mut self) {
+        self.store = None;
+        self.lost = true;
+        for r in self.closing.drain(..) {
+            let _ = r.send(());
+        }
+    }
+
+    fn committed(&mut self, done: CommitDone, ctx: &mut Ctx<Self>) {
+        let m = &self.shared.metrics;
+        add(&m.store_commits, 1);
+        add(&m.store_ops, done.ops as u64);
+        add(
+            &m.store_commit_us,
+            u64::try_from(done.took.as_micros()).unwrap_or(u64::MAX),
+        );
+        match &done.result {
+            Ok(c) => {
+                if !c.refused.is_empty() {
+                    add(&m.store_refused, c.refused.len() as u64);
+                    debug!(refused = c.refused.len(), first = %c.refused[0].reason, "store refused writes");
+                }
+            }
+            Err(e) => {
+                add(&m.store_errors, 1);
+                error!(error = %e, ops = done.ops, "store commit failed: these writes are not durable");
+            }
+        }
+        for w in done.waiting {
+            let outcome = match &done.result {
+                Err(_) => Stored::Failed,
+                Ok(c) if c.refused.iter().any(|r| w.ops.contains(&r.op)) => Stored::Refused,
+                Ok(_) => Stored::Durable,
+            };
+            tell(w, outcome);
+        }
+        match done.store {
+            Some(store) => {
+                self.usage = store.usage();
+                m.store_bytes
+                    .store(self.usage.bytes, std::sync::atomic::Ordering::Relaxed);
+                self.store = Some(store);
+            }
+            None => {
+                self.lost = true;
+                // The worker died with the store (a panic in redb): nothing more can be
+                // written. Every later write is refused and logged.
+                error!("the store was lost with its worker; later writes are dropped");
+            }
+        }
+        if self.store.is_some() && (!self.pending.is_empty() || !self.waiting.is_empty()) {
+            self.start(ctx);
+        }
+        if (self.pending.is_empty() && self.store.is_some()) || self.lost {
+            for r in self.flushing.drain(..) {
+                let _ = r.send(());
+            }
+            if !self.closing.is_empty() {
+                self.close();
+            }
+        }
+    }
+}
+
+impl Actor for StorageActor {
+    type Msg = StoreMsg;
+
+    async fn handle(&mut self, msg: StoreMsg, ctx: &mut Ctx<Self>) {
+        match msg {
+            StoreMsg::Write { ops, then } => {
+                if self.lost {
+                    add(&self.shared.metrics.store_errors, 1);
+                    warn!(ops = ops.len(), "store closed or lost: writes dropped");
+                    for w in then {
+                        tell(w, Stored::Failed);
+                    }
+                    return;
+                }
+                self.write(ops, then, ctx);
+            }
+            StoreMsg::CommitNow => {
+                self.armed = None;
+                self.start(ctx);
+            }
+            StoreMsg::Committed(done) => self.committed(*done, ctx),
+            StoreMsg::Close(reply) => {
+                self.closing.push(reply);
+                if self.lost || (self.pending.is_empty() && self.store.is_some()) {
+                    self.close();
+                } else {
+                    self.start(ctx);
+                }
+            }
+            StoreMsg::Flush(reply) => {
+                if self.lost || (self.pending.is_empty() && self.store.is_some()) {
+                    let _ = reply.send(());
+                } else {
+                    self.flushing.push(reply);
+                    self.start(ctx);
+                }
+            }
+        }
+    }
+}
+
+/// Tells a publisher: on its urgent lane (its acknowledgements wait for this, behind no
+/// delivery), and if even that is full, from a task that waits for room, so that the store
+/// never waits on a client.
+fn tell(w: Waiter, outcome: Stored) {
+    let msg = ClientMsg::Stored {
+        tag: w.to.tag,
+        outcome,
+    };
+    // Sent, or the publisher is gone (nothing waits any more), unless the lane is full.
+    if let Err(starling_rt::TrySendError::Full(msg)) = w.to.addr.try_send_urgent(msg) {
+        if let Some(addr) = w.to.addr.upgrade() {
+            starling_rt::spawn(async move {
+                let _ = addr.send(msg).await;
+            });
+        }
+    }
+}
