@@ -75,6 +75,8 @@ pub use metrics::MetricsSnapshot;
 /// The hook seam, for embedders: providers to start the broker with
 /// ([`Broker::start_with`]).
 pub use starling_hooks as hooks;
+/// Where a store lives, for [`Broker::start_with_store`].
+pub use starling_store::Location as StoreLocation;
 
 use listener::{ListenerActor, ListenerCtx, ListenerMsg};
 use msg::{DelayedKey, RegistryMsg, Restore, RouterMsg, StoreMsg};
@@ -164,8 +166,29 @@ impl Broker {
     /// # Errors
     /// As [`Broker::start`].
     pub async fn start_with(config: Config, hooks: Hooks) -> Result<Broker, BrokerError> {
+        Broker::start_inner(config, hooks, None).await
+    }
+
+    /// As [`Broker::start_with`], on the store at `store` rather than the file under
+    /// `node.data_dir` (when `storage.enabled`): the simulator's crashable disk.
+    ///
+    /// # Errors
+    /// As [`Broker::start`].
+    pub async fn start_with_store(
+        config: Config,
+        hooks: Hooks,
+        store: Location,
+    ) -> Result<Broker, BrokerError> {
+        Broker::start_inner(config, hooks, Some(store)).await
+    }
+
+    async fn start_inner(
+        config: Config,
+        hooks: Hooks,
+        location: Option<Location>,
+    ) -> Result<Broker, BrokerError> {
         let shared = Shared::new(config)?;
-        let (store, recovered) = match open_store(&shared)? {
+        let (store, recovered) = match open_store(&shared, location)? {
             Some((store, recovered)) => (Some(store), recovered),
             None => (None, Recovered::default()),
         };
@@ -438,7 +461,10 @@ const STORE_FILE: &str = "store.redb";
 
 /// Opens the store (reading it back whole) and starts its actor; `None` when
 /// `storage.enabled` is false.
-fn open_store(shared: &Arc<Shared>) -> Result<Option<(Addr<StoreMsg>, Recovered)>, BrokerError> {
+fn open_store(
+    shared: &Arc<Shared>,
+    location: Option<Location>,
+) -> Result<Option<(Addr<StoreMsg>, Recovered)>, BrokerError> {
     let s = &shared.config.storage;
     if !s.enabled {
         return Ok(None);
@@ -448,15 +474,20 @@ fn open_store(shared: &Arc<Shared>) -> Result<Option<(Addr<StoreMsg>, Recovered)
         path: path.clone(),
         source: Box::new(source),
     };
-    std::fs::create_dir_all(&shared.config.node.data_dir)
-        .map_err(|e| fail(StoreOpenError::Dir(e)))?;
+    let location = match location {
+        Some(l) => l,
+        None => {
+            std::fs::create_dir_all(&shared.config.node.data_dir)
+                .map_err(|e| fail(StoreOpenError::Dir(e)))?;
+            Location::File(path.clone())
+        }
+    };
     let limits = StoreLimits {
         max_bytes: s.max_bytes,
     };
     // Blocking, before any listener opens: nothing is served until the store is read.
     let started = time::now();
-    let (store, recovered) =
-        Store::open(Location::File(path.clone()), limits).map_err(|e| fail(e.into()))?;
+    let (store, recovered) = Store::open(location, limits).map_err(|e| fail(e.into()))?;
     let usage = store.usage();
     tracing::info!(
         path = %path.display(),
