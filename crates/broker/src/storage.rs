@@ -12,7 +12,7 @@ use std::time::Duration;
 use starling_config::FsyncPolicy;
 use starling_rt::blocking::BlockingPool;
 use starling_rt::{time, Actor, Ctx, Reply, TimerId};
-use starling_store::{Fsync, Op, Store, Usage};
+use starling_store::{Fsync, Op, Store};
 use tracing::{debug, error, warn};
 
 use crate::metrics::add;
@@ -36,7 +36,6 @@ pub(crate) struct StorageActor {
     /// `pending`.
     waiting: Vec<Waiter>,
     armed: Option<TimerId>,
-    usage: Usage,
     /// Waiting for everything pending to be committed.
     flushing: Vec<Reply<()>>,
     /// Waiting for the store to be closed, after the last commit.
@@ -53,10 +52,13 @@ impl StorageActor {
             FsyncPolicy::Never => Fsync::Never,
         };
         let interval = Duration::from_millis(u64::from(s.commit_interval_ms));
-        let usage = store.usage();
+        // What the store held at open, before the first commit.
+        shared
+            .metrics
+            .store_bytes
+            .store(store.usage().bytes, std::sync::atomic::Ordering::Relaxed);
         Self {
             shared,
-            usage,
             store: Some(store),
             // One thread: commits are serial by nature (one writer); one queued job at most,
             // since a commit starts only when the last one is back.
@@ -173,9 +175,8 @@ impl StorageActor {
         }
         match done.store {
             Some(store) => {
-                self.usage = store.usage();
                 m.store_bytes
-                    .store(self.usage.bytes, std::sync::atomic::Ordering::Relaxed);
+                    .store(store.usage().bytes, std::sync::atomic::Ordering::Relaxed);
                 self.store = Some(store);
             }
             None => {
