@@ -220,6 +220,8 @@ pub(crate) enum RouterMsg {
     DelayedDue(Arc<Message>, Option<DelayedKey>),
     /// The store's retained and delayed messages of this shard, at start.
     Restore(Box<Restore>),
+    /// The store refused this retained message (full): it goes, unless another replaced it.
+    RetainedRefused(Arc<Message>),
     Stats(Reply<RouterStats>),
     /// Retry the batches of clients whose mailbox was full.
     RetryBlocked,
@@ -229,9 +231,13 @@ pub(crate) enum RouterMsg {
 
 pub(crate) enum StoreMsg {
     /// Ops to commit with the next batch; each of `then` is told when its ops are durable.
+    /// `retained` names, for each retained message put, the op and the message: if the
+    /// store refuses it, `shard` is told to take it back out of memory.
     Write {
         ops: Vec<starling_store::Op>,
         then: Vec<Waiter>,
+        retained: Vec<(usize, Arc<Message>)>,
+        shard: Option<WeakAddr<RouterMsg>>,
     },
     /// The commit interval passed.
     CommitNow,
@@ -249,6 +255,8 @@ pub(crate) struct CommitDone {
     pub result: Result<starling_store::Committed, String>,
     pub ops: usize,
     pub waiting: Vec<Waiter>,
+    /// The retained puts of the commit (op index, message, shard), for refusals.
+    pub retained: Vec<(usize, Arc<Message>, WeakAddr<RouterMsg>)>,
     pub took: std::time::Duration,
 }
 

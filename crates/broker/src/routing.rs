@@ -105,6 +105,8 @@ pub(crate) struct RouterActor {
     /// publishers waiting for their part of it.
     to_store: Vec<Op>,
     store_waiters: Vec<Waiter>,
+    /// The retained puts among `to_store` (op index, message).
+    store_retained: Vec<(usize, Arc<Message>)>,
     /// This shard's next delayed-message id: shards draw from disjoint sequences
     /// (`index`, `index + shards`, ...) above the store's mark.
     delayed_next: u64,
@@ -159,6 +161,7 @@ impl RouterActor {
             store,
             to_store: Vec::new(),
             store_waiters: Vec::new(),
+            store_retained: Vec::new(),
             delayed_next: delayed_base + index as u64,
         }
     }
@@ -357,14 +360,15 @@ impl RouterActor {
             // `$SYS` values are the broker's own and made again at start.
             Ok(_) if self.store.is_some() && !msg.topic.starts_with("$SYS") => {
                 let topic = msg.topic.to_string();
-                self.to_store.push(if msg.payload.is_empty() {
-                    Op::DropRetained { topic }
+                if msg.payload.is_empty() {
+                    self.to_store.push(Op::DropRetained { topic });
                 } else {
-                    Op::PutRetained {
+                    self.store_retained.push((self.to_store.len(), msg.clone()));
+                    self.to_store.push(Op::PutRetained {
                         topic,
                         message: msg.to_state(time::now(), time::wall()),
-                    }
-                });
+                    });
+                }
             }
             Ok(_) => {}
         }
@@ -597,6 +601,16 @@ impl Actor for RouterActor {
                 }
                 self.publish(m, None, ctx);
             }
+            RouterMsg::RetainedRefused(m) => {
+                if self
+                    .retained
+                    .get(&m.topic)
+                    .is_some_and(|kept| Arc::ptr_eq(kept, &m))
+                {
+                    self.retained.remove(&m.topic);
+                    add(&self.shared.metrics.retained_refused, 1);
+                }
+            }
             RouterMsg::Restore(r) => {
                 let Restore {
                     retained,
@@ -702,7 +716,15 @@ impl Actor for RouterActor {
             if let Some(store) = &self.store {
                 let ops = std::mem::take(&mut self.to_store);
                 let then = std::mem::take(&mut self.store_waiters);
-                if let Err(e) = store.send(StoreMsg::Write { ops, then }).await {
+                let retained = std::mem::take(&mut self.store_retained);
+                let shard = Some(ctx.weak_addr());
+                let write = StoreMsg::Write {
+                    ops,
+                    then,
+                    retained,
+                    shard,
+                };
+                if let Err(e) = store.send(write).await {
                     // The store is stopping: the waiting publishers hear it is not durable.
                     add(&self.shared.metrics.store_errors, 1);
                     if let StoreMsg::Write { then, .. } = e.0 {

@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use starling_config::FsyncPolicy;
 use starling_rt::blocking::BlockingPool;
-use starling_rt::{time, Actor, Ctx, Reply, TimerId};
+use starling_rt::{time, Actor, Ctx, Reply, TimerId, TrySendError, WeakAddr};
+use starling_session::Message;
 use starling_store::{Fsync, Op, Store};
 use tracing::{debug, error, warn};
 
 use crate::metrics::add;
-use crate::msg::{ClientMsg, CommitDone, StoreMsg, Stored, Waiter};
+use crate::msg::{ClientMsg, CommitDone, RouterMsg, StoreMsg, Stored, Waiter};
 use crate::settings::Shared;
 
 /// Pending ops past which a commit starts without waiting for `commit_interval_ms`. A commit
@@ -35,6 +36,8 @@ pub(crate) struct StorageActor {
     /// Told when the commit holding their ops is durable (or failed); their ranges index
     /// `pending`.
     waiting: Vec<Waiter>,
+    /// Retained puts of `pending` (op index, message, its shard), taken back if refused.
+    retained: Vec<(usize, Arc<Message>, WeakAddr<RouterMsg>)>,
     armed: Option<TimerId>,
     /// Waiting for everything pending to be committed.
     flushing: Vec<Reply<()>>,
@@ -67,6 +70,7 @@ impl StorageActor {
             interval,
             pending: Vec::new(),
             waiting: Vec::new(),
+            retained: Vec::new(),
             armed: None,
             flushing: Vec::new(),
             closing: Vec::new(),
@@ -74,8 +78,22 @@ impl StorageActor {
         }
     }
 
-    fn write(&mut self, ops: Vec<Op>, then: Vec<Waiter>, ctx: &mut Ctx<Self>) {
+    fn write(
+        &mut self,
+        ops: Vec<Op>,
+        then: Vec<Waiter>,
+        retained: Vec<(usize, Arc<Message>)>,
+        shard: Option<WeakAddr<RouterMsg>>,
+        ctx: &mut Ctx<Self>,
+    ) {
         let base = self.pending.len();
+        if let Some(shard) = shard {
+            self.retained.extend(
+                retained
+                    .into_iter()
+                    .map(|(i, m)| (i + base, m, shard.clone())),
+            );
+        }
         self.waiting.extend(then.into_iter().map(|w| Waiter {
             ops: w.ops.start + base..w.ops.end + base,
             to: w.to,
@@ -108,6 +126,7 @@ impl StorageActor {
         }
         let ops = std::mem::take(&mut self.pending);
         let waiting = std::mem::take(&mut self.waiting);
+        let retained = std::mem::take(&mut self.retained);
         let fsync = self.fsync;
         let n = ops.len();
         let started = time::now();
@@ -127,6 +146,7 @@ impl StorageActor {
                     result,
                     ops: n,
                     waiting,
+                    retained,
                     took,
                 }))
             }),
@@ -163,6 +183,23 @@ impl StorageActor {
             Err(e) => {
                 add(&m.store_errors, 1);
                 error!(error = %e, ops = done.ops, "store commit failed: these writes are not durable");
+            }
+        }
+        if let Ok(c) = &done.result {
+            for (i, msg, shard) in done.retained {
+                if c.refused.iter().any(|r| r.op == i) {
+                    // Not stored: not kept in memory either, so that what subscribers find
+                    // is what a restart finds.
+                    if let Err(TrySendError::Full(m)) =
+                        shard.try_send_urgent(RouterMsg::RetainedRefused(msg))
+                    {
+                        if let Some(s) = shard.upgrade() {
+                            starling_rt::spawn(async move {
+                                let _ = s.send(m).await;
+                            });
+                        }
+                    }
+                }
             }
         }
         for w in done.waiting {
@@ -205,7 +242,12 @@ impl Actor for StorageActor {
 
     async fn handle(&mut self, msg: StoreMsg, ctx: &mut Ctx<Self>) {
         match msg {
-            StoreMsg::Write { ops, then } => {
+            StoreMsg::Write {
+                ops,
+                then,
+                retained,
+                shard,
+            } => {
                 if self.lost {
                     add(&self.shared.metrics.store_errors, 1);
                     warn!(ops = ops.len(), "store closed or lost: writes dropped");
@@ -214,7 +256,7 @@ impl Actor for StorageActor {
                     }
                     return;
                 }
-                self.write(ops, then, ctx);
+                self.write(ops, then, retained, shard, ctx);
             }
             StoreMsg::CommitNow => {
                 self.armed = None;

@@ -182,6 +182,18 @@ fn a_full_store_refuses_a_retained_message_with_quota_exceeded_and_keeps_the_res
         let code = c.publish_code("big/9", &big, QoS::AtLeastOnce, true).await;
         assert_eq!(code, ReasonCode::Success);
         c.disconnect().await;
+        // What a subscriber finds is what the store holds: the refused ones are gone from
+        // memory too.
+        let mut s = Client::connect(addr, Protocol::V5, "finder", true).await;
+        s.subscribe(1, "big/#", QoS::AtMostOnce).await;
+        let mut topics = Vec::new();
+        for _ in 0..3 {
+            topics.push(s.recv_publish().await.topic);
+        }
+        topics.sort();
+        assert_eq!(topics, ["big/1", "big/2", "big/9"]);
+        s.expect_no_publish(Duration::from_millis(300)).await;
+        s.disconnect().await;
         b.shutdown().await;
         let report = starling_store::check(&dir.join("store.redb")).expect("a good store");
         assert_eq!(report.usage.retained, 3, "big/1, big/2 and big/9");
