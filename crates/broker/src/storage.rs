@@ -174,32 +174,21 @@ impl StorageActor {
             u64::try_from(done.took.as_micros()).unwrap_or(u64::MAX),
         );
         match &done.result {
-            Ok(c) => {
-                if !c.refused.is_empty() {
-                    add(&m.store_refused, c.refused.len() as u64);
-                    debug!(refused = c.refused.len(), first = %c.refused[0].reason, "store refused writes");
+            Ok(c) if !c.refused.is_empty() => {
+                add(&m.store_refused, c.refused.len() as u64);
+                debug!(refused = c.refused.len(), first = %c.refused[0].reason, "store refused writes");
+                for (i, msg, shard) in done.retained {
+                    if c.refused.iter().any(|r| r.op == i) {
+                        // Not stored: not kept in memory either, so that what subscribers
+                        // find is what a restart finds.
+                        send_urgent(&shard, RouterMsg::RetainedRefused(msg));
+                    }
                 }
             }
+            Ok(_) => {}
             Err(e) => {
                 add(&m.store_errors, 1);
                 error!(error = %e, ops = done.ops, "store commit failed: these writes are not durable");
-            }
-        }
-        if let Ok(c) = &done.result {
-            for (i, msg, shard) in done.retained {
-                if c.refused.iter().any(|r| r.op == i) {
-                    // Not stored: not kept in memory either, so that what subscribers find
-                    // is what a restart finds.
-                    if let Err(TrySendError::Full(m)) =
-                        shard.try_send_urgent(RouterMsg::RetainedRefused(msg))
-                    {
-                        if let Some(s) = shard.upgrade() {
-                            starling_rt::spawn(async move {
-                                let _ = s.send(m).await;
-                            });
-                        }
-                    }
-                }
             }
         }
         for w in done.waiting {
@@ -283,17 +272,21 @@ impl Actor for StorageActor {
     }
 }
 
-/// Tells a publisher: on its urgent lane (its acknowledgements wait for this, behind no
-/// delivery), and if even that is full, from a task that waits for room, so that the store
-/// never waits on a client.
+/// Tells a publisher: its acknowledgements wait for this.
 fn tell(w: Waiter, outcome: Stored) {
     let msg = ClientMsg::Stored {
         tag: w.to.tag,
         outcome,
     };
-    // Sent, or the publisher is gone (nothing waits any more), unless the lane is full.
-    if let Err(starling_rt::TrySendError::Full(msg)) = w.to.addr.try_send_urgent(msg) {
-        if let Some(addr) = w.to.addr.upgrade() {
+    send_urgent(&w.to.addr, msg);
+}
+
+/// On `to`'s urgent lane, behind no delivery; if even that is full, from a task that waits
+/// for room, so that the store never waits on another actor. Nothing when `to` is gone:
+/// nobody waits any more.
+fn send_urgent<M: Send + 'static>(to: &WeakAddr<M>, msg: M) {
+    if let Err(TrySendError::Full(msg)) = to.try_send_urgent(msg) {
+        if let Some(addr) = to.upgrade() {
             starling_rt::spawn(async move {
                 let _ = addr.send(msg).await;
             });
