@@ -4,6 +4,10 @@
 //! several times. After each restart a reader's subscription finds, for every topic, the
 //! last retained message the publisher saw acknowledged or the one it had in flight when
 //! the node died: never an older one, never a lost one.
+//!
+//! The same for a persistent session: a subscriber (sometimes connected through the kill,
+//! sometimes away) must get every QoS 1/2 message the publisher saw acknowledged, each
+//! QoS 2 one once, after the restarts.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -128,18 +132,14 @@ async fn read_retained() -> BTreeMap<u64, u64> {
     found
 }
 
-async fn scenario() {
-    starling_sim::runner::spawn_tripwire_watcher();
-    let disk = Arc::new(Mutex::new(SimDisk::new()));
-    let node_disk = disk.clone();
+/// The broker node, started (and restarted) on `disk`; its commits wait a seed-chosen 1-20 ms.
+fn broker_on(h: &Handle, disk: Arc<Mutex<SimDisk>>) -> madsim::runtime::NodeHandle {
     let text = config(thread_rng().gen_range(1..=20));
-    let h = Handle::current();
-    let node = h
-        .create_node()
+    h.create_node()
         .name("broker")
         .ip(BROKER.ip())
         .init(move || {
-            let disk = lock(&node_disk).clone();
+            let disk = lock(&disk).clone();
             let text = text.clone();
             async move {
                 let config = starling_config::Config::from_str(&text)
@@ -155,7 +155,30 @@ async fn scenario() {
                 std::future::pending::<()>().await;
             }
         })
-        .build();
+        .build()
+}
+
+/// The disk of a killed node: unsynced writes lost, the last one sometimes torn.
+fn crash(disk: &Mutex<SimDisk>) {
+    let torn = match thread_rng().gen_range(0..3) {
+        0 => TornWrite::None,
+        1 => TornWrite::Last {
+            bytes: thread_rng().gen_range(0..4096),
+        },
+        _ => TornWrite::InOrder {
+            writes: thread_rng().gen_range(0..4),
+            bytes: thread_rng().gen_range(0..4096),
+        },
+    };
+    let crashed = lock(disk).crash(torn);
+    *lock(disk) = crashed;
+}
+
+async fn scenario() {
+    starling_sim::runner::spawn_tripwire_watcher();
+    let disk = Arc::new(Mutex::new(SimDisk::new()));
+    let h = Handle::current();
+    let node = broker_on(&h, disk.clone());
     sleep(Duration::from_millis(200)).await;
     let oracle: Oracle = Arc::default();
     let mut clients = ClientNodes::default();
@@ -166,18 +189,7 @@ async fn scenario() {
         // Killed at a random moment of the writes, commits in progress included.
         sleep(Duration::from_millis(thread_rng().gen_range(5..400))).await;
         h.kill(node.id());
-        let torn = match thread_rng().gen_range(0..3) {
-            0 => TornWrite::None,
-            1 => TornWrite::Last {
-                bytes: thread_rng().gen_range(0..4096),
-            },
-            _ => TornWrite::InOrder {
-                writes: thread_rng().gen_range(0..4),
-                bytes: thread_rng().gen_range(0..4096),
-            },
-        };
-        let crashed = lock(&disk).crash(torn);
-        *lock(&disk) = crashed;
+        crash(&disk);
         sleep(Duration::from_millis(50)).await;
         h.restart(node.id());
         sleep(Duration::from_millis(300)).await;
@@ -219,5 +231,204 @@ fn retained_state_survives_kills_with_unsynced_writes_lost() {
             )
         },
         scenario,
+    );
+}
+
+// --- persistent sessions -----------------------------------------------------------------
+
+/// What the subscriber's application saw, and the QoS 2 packet ids it holds awaiting PUBREL
+/// (its side of the session, kept across its connections as MQTT asks of a client).
+#[derive(Default)]
+struct Received {
+    seen: BTreeMap<u64, u32>,
+    awaiting: std::collections::BTreeSet<u16>,
+}
+
+/// What the publisher saw acknowledged, by seq, with the QoS it was sent at.
+type Acked = Arc<Mutex<BTreeMap<u64, QoS>>>;
+
+fn persistent(id: &str) -> ConnectOpts {
+    ConnectOpts {
+        client_id: id.to_owned(),
+        protocol: Protocol::V5,
+        clean_start: false,
+        session_expiry: 3600,
+        will: None,
+    }
+}
+
+/// Publishes QoS 1 and QoS 2 messages to `s/data`, one at a time, until its connection
+/// dies; a seq counts as acknowledged at its PUBACK or PUBREC.
+async fn session_publisher(acked: Acked, mut seq: u64) {
+    let Ok((mut c, _)) = MqttClient::connect(BROKER, &opts("writer")).await else {
+        return;
+    };
+    loop {
+        seq += 1;
+        let qos = if seq.is_multiple_of(2) {
+            QoS::AtLeastOnce
+        } else {
+            QoS::ExactlyOnce
+        };
+        let id = pid((seq % 60_000) as u32);
+        let p = Packet::Publish(Publish {
+            dup: false,
+            qos,
+            retain: false,
+            topic: "s/data".into(),
+            packet_id: Some(id),
+            properties: Properties::default(),
+            payload: Bytes::from(seq.to_string()),
+        });
+        if c.send(&p).await.is_err() {
+            return;
+        }
+        match c.recv().await {
+            Ok(Packet::Puback(a) | Packet::Pubrec(a)) => {
+                check!(a.reason_code == ReasonCode::Success, "refused: {a:?}");
+                lock(&acked).insert(seq, qos);
+            }
+            Ok(other) => check!(false, "expected PUBACK/PUBREC, got {other:?}"),
+            Err(_) => return,
+        }
+        if qos == QoS::ExactlyOnce {
+            if c.send(&Packet::Pubrel(PubAck::new(id))).await.is_err() {
+                return;
+            }
+            match c.recv().await {
+                Ok(Packet::Pubcomp(_)) => {}
+                Ok(other) => check!(false, "expected PUBCOMP, got {other:?}"),
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// The persistent subscriber, connected until the node dies or `quiet` passes without a
+/// packet: takes each message once (a QoS 2 PUBLISH whose id it holds is a resend).
+async fn session_subscriber(got: Arc<Mutex<Received>>, first: bool, quiet: Duration) {
+    let Ok((mut c, connack)) = MqttClient::connect(BROKER, &persistent("keeper")).await else {
+        return;
+    };
+    if first {
+        c.subscribe(1, "s/#", QoS::ExactlyOnce)
+            .await
+            .expect("subscribe sent");
+    } else {
+        check!(
+            connack.session_present,
+            "the session is gone after a restart"
+        );
+    }
+    loop {
+        let p = match timeout(quiet, c.recv()).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(_)) => return,
+            Err(_) => {
+                c.disconnect().await;
+                return;
+            }
+        };
+        let reply = match p {
+            Packet::Publish(p) => {
+                let seq: u64 = std::str::from_utf8(&p.payload)
+                    .expect("utf-8")
+                    .parse()
+                    .expect("a seq");
+                let id = p.packet_id.expect("QoS 1/2");
+                let mut g = lock(&got);
+                let resent = p.qos == QoS::ExactlyOnce && !g.awaiting.insert(id.get());
+                if !resent {
+                    *g.seen.entry(seq).or_insert(0) += 1;
+                }
+                if p.qos == QoS::ExactlyOnce {
+                    Packet::Pubrec(PubAck::new(id))
+                } else {
+                    Packet::Puback(PubAck::new(id))
+                }
+            }
+            Packet::Pubrel(r) => {
+                lock(&got).awaiting.remove(&r.packet_id.get());
+                Packet::Pubcomp(PubAck::new(r.packet_id))
+            }
+            _ => continue,
+        };
+        if c.send(&reply).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn session_scenario() {
+    starling_sim::runner::spawn_tripwire_watcher();
+    let disk = Arc::new(Mutex::new(SimDisk::new()));
+    let h = Handle::current();
+    let node = broker_on(&h, disk.clone());
+    sleep(Duration::from_millis(200)).await;
+    let acked: Acked = Arc::default();
+    let got: Arc<Mutex<Received>> = Arc::default();
+    let mut clients = ClientNodes::default();
+    let sub = clients.node("keeper-0");
+    sub.spawn(session_subscriber(
+        got.clone(),
+        true,
+        Duration::from_millis(100),
+    ))
+    .await
+    .expect("the subscriber ran");
+    for round in 0..ROUNDS {
+        // Sometimes the subscriber is there while the publishes go (its flows cross the
+        // kill), sometimes away (its queue must come back from the store).
+        if thread_rng().gen_bool(0.5) {
+            clients
+                .node(format!("keeper-{}", round + 1))
+                .spawn(session_subscriber(
+                    got.clone(),
+                    false,
+                    Duration::from_secs(3600),
+                ));
+        }
+        let writer = clients.node(format!("writer-{round}"));
+        writer.spawn(session_publisher(acked.clone(), round as u64 * 1_000_000));
+        sleep(Duration::from_millis(thread_rng().gen_range(5..400))).await;
+        h.kill(node.id());
+        crash(&disk);
+        sleep(Duration::from_millis(50)).await;
+        h.restart(node.id());
+        sleep(Duration::from_millis(300)).await;
+    }
+    // Drain: everything acknowledged must come, each QoS 2 message once.
+    clients
+        .node("keeper-last")
+        .spawn(session_subscriber(
+            got.clone(),
+            false,
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("the subscriber ran");
+    let g = lock(&got);
+    for (seq, qos) in lock(&acked).iter() {
+        let n = g.seen.get(seq).copied().unwrap_or(0);
+        check!(n > 0, "acknowledged {seq} ({qos:?}) never arrived");
+        check!(
+            *qos != QoS::ExactlyOnce || n == 1,
+            "QoS 2 message {seq} arrived {n} times"
+        );
+    }
+}
+
+#[test]
+fn persistent_sessions_survive_kills_with_unsynced_writes_lost() {
+    run(
+        RunConfig {
+            default_seeds: 50,
+            time_limit: Duration::from_secs(60),
+            ..RunConfig::new(
+                "broker_store",
+                "persistent_sessions_survive_kills_with_unsynced_writes_lost",
+            )
+        },
+        session_scenario,
     );
 }

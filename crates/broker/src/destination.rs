@@ -126,6 +126,10 @@ pub(crate) struct LocalSession {
     /// What waits for it and whom it holds back, as this shard sees it (see
     /// [`crate::flow`]).
     pub backlog: Backlog,
+    /// Its session outlives its connection: QoS 1/2 deliveries are stored first.
+    pub persistent: bool,
+    /// Deliveries to it waiting for a commit (see `HeldDelivery`): later ones wait too.
+    pub held: u32,
 }
 
 impl Destination {
@@ -135,6 +139,8 @@ impl Destination {
             online: true,
             pending: Pending::default(),
             backlog,
+            persistent: false,
+            held: 0,
         })
     }
 

@@ -98,7 +98,12 @@ const SHARD_URGENT: usize = 1024;
 /// is the busiest actor of a node, and shards that share a thread route in turn rather than
 /// at once. Client actors spread over the workers by their id; a client cannot sit beside
 /// its shard, since it publishes to topics of every shard.
-fn start_shards(shared: &Arc<Shared>, store: Option<&Addr<StoreMsg>>, delayed_base: u64) -> Shards {
+fn start_shards(
+    shared: &Arc<Shared>,
+    store: Option<&Addr<StoreMsg>>,
+    delayed_base: u64,
+    seq_base: u64,
+) -> Shards {
     let count = match shared.config.router.shards {
         starling_config::ShardCount::Auto => starling_rt::workers(),
         starling_config::ShardCount::Fixed(n) => n as usize,
@@ -107,7 +112,14 @@ fn start_shards(shared: &Arc<Shared>, store: Option<&Addr<StoreMsg>>, delayed_ba
     let addrs = (0..count)
         .map(|i| {
             start_with(
-                RouterActor::new(shared.clone(), i, map.clone(), store.cloned(), delayed_base),
+                RouterActor::new(
+                    shared.clone(),
+                    i,
+                    map.clone(),
+                    store.cloned(),
+                    delayed_base,
+                    seq_base,
+                ),
                 Options {
                     // Back-pressure reports from subscribers (see `flow`), ahead of the
                     // publishes: one per subscriber turn at most, so a deep lane.
@@ -120,7 +132,7 @@ fn start_shards(shared: &Arc<Shared>, store: Option<&Addr<StoreMsg>>, delayed_ba
         })
         .collect();
     tracing::debug!(shards = count, "router started");
-    Shards::new(map, addrs, shared.topic_limits)
+    Shards::new(map, addrs, shared.topic_limits, store.cloned())
 }
 
 /// One started listener, with what the broker keeps to observe and reload it.
@@ -192,8 +204,16 @@ impl Broker {
             Some((store, recovered)) => (Some(store), recovered),
             None => (None, Recovered::default()),
         };
-        let router = start_shards(&shared, store.as_ref(), recovered.next_delayed_id);
-        restore(&router, recovered).await;
+        let mut recovered = recovered;
+        // Above every stored delivery's key: new deliveries never take a stored one's.
+        let seq_base = recovered
+            .sessions
+            .iter()
+            .flat_map(|s| s.inflight_seqs.iter().chain(&s.queue_seqs))
+            .max()
+            .map_or(0, |m| m + 1);
+        let router = start_shards(&shared, store.as_ref(), recovered.next_delayed_id, seq_base);
+        let sessions = std::mem::take(&mut recovered.sessions);
         let default_allow = shared.config.auth.acl_default == starling_config::AclDefault::Allow;
         let chain = builtin::builtin(&shared)
             .observe_with(SysEvents::new(shared.clone(), router.clone()))
@@ -203,6 +223,9 @@ impl Broker {
             Registry::new(shared.clone(), router.clone(), chain.clone()),
             Options::named("registry").capacity(1024),
         );
+        restore_sessions(&shared, &registry, sessions).await;
+        // After the sessions are routed again: a delayed message due at once must find them.
+        restore(&router, recovered).await;
         warn_volatile_state(&shared.config);
         let mut listeners = Vec::new();
         for lc in &shared.config.listeners {
@@ -438,13 +461,7 @@ async fn bind(lc: &ListenerConfig, max_packet_size: u32) -> Result<MqttListener,
 /// 3.x clean-session-0 clients are always accepted, and v5 ones when
 /// `session_expiry_max_secs` > 0.
 fn warn_volatile_state(config: &Config) {
-    if config.storage.enabled {
-        tracing::warn!(
-            store = %store_path(config).display(),
-            "persistent sessions are kept in memory only and are lost on restart (they are \
-             not stored yet); retained and delayed messages are stored"
-        );
-    } else {
+    if !config.storage.enabled {
         tracing::warn!(
             "storage.enabled is false: sessions, retained and delayed messages are kept in \
              memory only and are lost on restart"
@@ -508,6 +525,71 @@ fn open_store(
 
 /// Writes (batches of ops) the storage actor's mailbox holds before writers wait.
 const STORE_MAILBOX: usize = 1024;
+
+/// Gives every stored session back its client actor, detached, and waits until their
+/// subscriptions are routed. A session whose connection the stop cut (written while
+/// connected) counts as disconnected at this start: its expiry and will delay run from now.
+/// One that cannot be restored is logged and left in the store.
+async fn restore_sessions(
+    shared: &Arc<Shared>,
+    registry: &Addr<RegistryMsg>,
+    sessions: Vec<starling_store::RecoveredSession>,
+) {
+    if sessions.is_empty() {
+        return;
+    }
+    let started = time::now();
+    let (now, wall) = (time::now(), time::wall());
+    let n = sessions.len();
+    let mut restored = Vec::with_capacity(n);
+    for s in sessions {
+        let mut state = s.state;
+        if s.connected {
+            if let Some(d) = &mut state.detached {
+                d.expires_at = (d.expiry_interval_secs != u32::MAX)
+                    .then(|| wall.checked_add(Duration::from_secs(d.expiry_interval_secs.into())))
+                    .flatten();
+                if let Some(w) = &mut d.will {
+                    let delay = w.properties.will_delay_interval.unwrap_or(0);
+                    w.due_at = wall.checked_add(Duration::from_secs(delay.into()));
+                }
+            }
+        }
+        // The meta's next packet identifier dates from its last write; the session has sent
+        // since. Going on after the last one in flight reuses none a client may still hold
+        // (a client that keeps a resent QoS 2 PUBLISH twice, as libmosquitto does, would
+        // deliver the stale copy when its identifier comes round again).
+        if let Some(last) = state.detached.as_ref().and_then(|d| d.inflight.last()) {
+            state.next_packet_id = last
+                .packet_id
+                .checked_add(1)
+                .unwrap_or(std::num::NonZeroU16::MIN);
+        }
+        let client_id = state.client_id.clone();
+        match starling_session::Session::restore(state, shared.limits.clone(), now, wall) {
+            Ok(mut session) => {
+                session.set_store_keys(
+                    s.inflight_seqs.iter().copied().map(Some),
+                    s.queue_seqs.iter().copied().map(Some),
+                );
+                restored.push((session, s.owner.map(Arc::from)));
+            }
+            Err(e) => {
+                tracing::error!(client_id = %client_id, error = %e, "stored session not restored");
+            }
+        }
+    }
+    let count = restored.len();
+    let _ = registry
+        .ask(|reply| RegistryMsg::Restore(restored, reply))
+        .await;
+    tracing::info!(
+        sessions = count,
+        of = n,
+        took_ms = time::now().saturating_duration_since(started).as_millis() as u64,
+        "stored sessions restored"
+    );
+}
 
 /// Hands each shard its part of what the store held, and waits until all have it.
 async fn restore(shards: &Shards, recovered: Recovered) {

@@ -43,6 +43,9 @@ pub(crate) struct Metrics {
     pub store_errors: AtomicU64,
     /// Logical bytes held (a gauge, set after each commit).
     pub store_bytes: AtomicU64,
+    /// Sessions and messages (deliveries) held, gauges like `store_bytes`.
+    pub store_sessions: AtomicU64,
+    pub store_messages: AtomicU64,
 }
 
 /// Adds `n` to a counter.
@@ -125,6 +128,9 @@ pub struct MetricsSnapshot {
     pub store_errors: u64,
     /// Keys plus values held by the store, after the last commit.
     pub store_bytes: u64,
+    /// Persistent sessions and their queued or in-flight messages held by the store.
+    pub store_sessions: u64,
+    pub store_messages: u64,
 }
 
 impl Metrics {
@@ -159,6 +165,8 @@ impl Metrics {
             store_refused: get(&self.store_refused),
             store_errors: get(&self.store_errors),
             store_bytes: get(&self.store_bytes),
+            store_sessions: get(&self.store_sessions),
+            store_messages: get(&self.store_messages),
         }
     }
 }

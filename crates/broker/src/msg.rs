@@ -78,11 +78,15 @@ pub(crate) enum ClientMsg {
         verdict: Option<bool>,
     },
     /// The store answered for a publish whose acknowledgement waits for it (see the
-    /// client's `acks` module).
+    /// client's `acks` module), or, with tag [`OWN_WRITE`], for the client's own write of
+    /// its session (what it sends next waits for that).
     Stored {
         tag: u32,
         outcome: Stored,
     },
+    /// A session restored from the store at start: subscribe its filters again, then
+    /// answer (before the listeners open).
+    Resubscribe(Reply<()>),
     /// The broker is stopping.
     Shutdown(Reply<()>),
 }
@@ -112,6 +116,12 @@ pub(crate) enum RegistryMsg {
     },
     /// Close every connection (v5 0x8B) and stop every client actor.
     Shutdown(Reply<()>),
+    /// Sessions read back from the store at start, each with the username it belongs to:
+    /// give each a client actor, route its subscriptions again, then answer.
+    Restore(
+        Vec<(starling_session::Session, Option<Arc<str>>)>,
+        Reply<()>,
+    ),
 }
 
 // --- to the router --------------------------------------------------------------------
@@ -175,6 +185,8 @@ pub(crate) struct SubscribeMsg {
     pub client: WeakAddr<ClientMsg>,
     /// Whether it may hold its publishers back (`mqtt.backpressure_holders`).
     pub may_hold: bool,
+    /// Whether its session outlives its connection: its QoS 1/2 deliveries are stored.
+    pub persistent: bool,
     pub filters: Vec<SubscribeRequest>,
     pub admission: Admission,
     pub reply: Reply<SubscribeResult>,
@@ -225,6 +237,9 @@ pub(crate) enum RouterMsg {
     Stats(Reply<RouterStats>),
     /// Retry the batches of clients whose mailbox was full.
     RetryBlocked,
+    /// Deliveries to persistent sessions whose records are now durable (or, for those
+    /// without a record, which waited behind them): hand them over.
+    StoredDeliveries(Vec<(Arc<str>, Delivery)>),
 }
 
 // --- to the storage actor -------------------------------------------------------------
@@ -237,6 +252,9 @@ pub(crate) enum StoreMsg {
         ops: Vec<starling_store::Op>,
         then: Vec<Waiter>,
         retained: Vec<(usize, Arc<Message>)>,
+        /// Deliveries held until their ops are durable (see [`HeldDelivery`]), handed back
+        /// to `shard` after the commit.
+        deliveries: Vec<HeldDelivery>,
         shard: Option<WeakAddr<RouterMsg>>,
     },
     /// The commit interval passed.
@@ -257,8 +275,23 @@ pub(crate) struct CommitDone {
     pub waiting: Vec<Waiter>,
     /// The retained puts of the commit (op index, message, shard), for refusals.
     pub retained: Vec<(usize, Arc<Message>, WeakAddr<RouterMsg>)>,
+    /// The deliveries held for the commit, with their shard.
+    pub deliveries: Vec<(HeldDelivery, WeakAddr<RouterMsg>)>,
     pub took: std::time::Duration,
 }
+
+/// A delivery to a persistent session that waits for the commit of its record (op index
+/// `op`), or, with `op: None`, only behind such deliveries to the same subscriber (order).
+/// A refused record drops it.
+pub(crate) struct HeldDelivery {
+    pub op: Option<usize>,
+    pub subscriber: Arc<str>,
+    pub delivery: Delivery,
+}
+
+/// The tag of a client's write of its own session (see [`ClientMsg::Stored`]); the tags
+/// of publish acknowledgements skip it.
+pub(crate) const OWN_WRITE: u32 = 0;
 
 /// A publisher waiting for the ops `ops` (indices into its `Write`) to be durable.
 pub(crate) struct Waiter {
@@ -270,6 +303,9 @@ pub(crate) struct Waiter {
 pub(crate) struct AckTo {
     pub addr: WeakAddr<ClientMsg>,
     pub tag: u32,
+    /// A persistent publisher's QoS 2 packet identifier, stored with the routing (in the
+    /// same commit), so that its resend after a crash is not routed twice.
+    pub inbound: Option<(Arc<str>, starling_codec::PacketId)>,
 }
 
 /// What became of a publish's writes.

@@ -186,6 +186,34 @@ impl Actor for Registry {
                     }
                 }
             }
+            RegistryMsg::Restore(sessions, reply) => {
+                let mut asks = Vec::with_capacity(sessions.len());
+                for (session, owner) in sessions {
+                    let client_id = session.client_id().clone();
+                    let client = Client::restored(
+                        self.shared.clone(),
+                        self.shards.clone(),
+                        self.chain.clone(),
+                        ctx.weak_addr(),
+                        session,
+                        owner.clone(),
+                    );
+                    let opts = Options::named("client").capacity(self.shared.client_mailbox);
+                    let addr = start_with(client, opts);
+                    asks.push(addr.clone());
+                    self.clients.insert(
+                        client_id,
+                        Entry {
+                            addr,
+                            attaches: 0,
+                            owner,
+                        },
+                    );
+                }
+                // Routed before the listeners open: a publish after start reaches them.
+                futures::future::join_all(asks.iter().map(|a| a.ask(ClientMsg::Resubscribe))).await;
+                let _ = reply.send(());
+            }
             RegistryMsg::Shutdown(reply) => {
                 // All at once: one slow peer's last write must not hold up the others.
                 let goodbyes = self.clients.drain().map(|(_, e)| async move {

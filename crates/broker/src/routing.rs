@@ -33,16 +33,17 @@ use starling_router::{
     RetainedIndex, Router, RouterError, ShardMap, DELAYED_PREFIX,
 };
 use starling_rt::{rng, time, Actor, ActorId, Addr, Ctx, TimerId, TrySendError, WeakAddr};
+use starling_session::state::DeliveryState;
 use starling_session::{DeliveryOptions, Message, SubscribeRequest};
-use starling_store::Op;
+use starling_store::{DeliveryStage, Op, StoredDelivery};
 use tracing::debug;
 
 use crate::destination::{is_qos0, Destination, Flushed};
 use crate::flow::{Backlog, Outcome, StallRules};
 use crate::metrics::add;
 use crate::msg::{
-    AckTo, Admission, ClientMsg, DelayedKey, Publisher, Restore, RouterMsg, RouterStats, StoreMsg,
-    Stored, SubscribeMsg, SubscribeResult, Waiter, BATCH_MAX,
+    AckTo, Admission, ClientMsg, DelayedKey, Delivery, HeldDelivery, Publisher, Restore, RouterMsg,
+    RouterStats, StoreMsg, Stored, SubscribeMsg, SubscribeResult, Waiter, BATCH_MAX,
 };
 use crate::settings::Shared;
 
@@ -110,6 +111,26 @@ pub(crate) struct RouterActor {
     /// This shard's next delayed-message id: shards draw from disjoint sequences
     /// (`index`, `index + shards`, ...) above the store's mark.
     delayed_next: u64,
+    /// Deliveries to persistent sessions held for the commit of `to_store` (see
+    /// [`HeldDelivery`]).
+    store_deliveries: Vec<HeldDelivery>,
+    /// This shard's next delivery key, drawn like `delayed_next`: increasing per shard, so
+    /// that a session's stored deliveries of one topic come back in routing order.
+    seq_next: u64,
+}
+
+/// The record of a delivery to a persistent session, as the session will take it (QoS and
+/// RETAIN as its `deliver` sets them).
+fn stored_delivery(msg: &Message, opts: &DeliveryOptions) -> StoredDelivery {
+    StoredDelivery {
+        stage: DeliveryStage::Queued,
+        delivery: DeliveryState {
+            message: msg.to_state(time::now(), time::wall()),
+            qos: msg.qos.min(opts.qos),
+            retain: opts.from_retained || (opts.retain_as_published && msg.retain),
+            subscription_ids: opts.subscription_ids.clone(),
+        },
+    }
 }
 
 /// `total` split over `n` shards, rounded up: each shard's part of a node-wide cap.
@@ -125,6 +146,7 @@ impl RouterActor {
         map: ShardMap,
         store: Option<Addr<StoreMsg>>,
         delayed_base: u64,
+        seq_base: u64,
     ) -> Self {
         assert!(index < map.count());
         let mut rng = rng::rng();
@@ -163,6 +185,8 @@ impl RouterActor {
             store_waiters: Vec::new(),
             store_retained: Vec::new(),
             delayed_next: delayed_base + index as u64,
+            store_deliveries: Vec::new(),
+            seq_next: seq_base + index as u64,
         }
     }
 
@@ -176,6 +200,14 @@ impl RouterActor {
         ctx: &mut Ctx<Self>,
     ) {
         let before = self.to_store.len();
+        if let Some((client_id, packet_id)) = ack.as_ref().and_then(|a| a.inbound.clone()) {
+            if self.store.is_some() {
+                self.to_store.push(Op::PutInbound {
+                    client_id: client_id.to_string(),
+                    packet_id,
+                });
+            }
+        }
         self.publish(msg, from, ctx);
         let Some(to) = ack else { return };
         if self.to_store.len() > before {
@@ -276,7 +308,31 @@ impl RouterActor {
             }
         }
         let mut first = false;
-        if client.backlog.saturated() && !opts.held_back {
+        // A persistent session's QoS 1/2 delivery waits for its record to be durable, and
+        // whatever follows it to that session waits behind it (order, MQTT 4.6).
+        let store = self.store.is_some()
+            && client.persistent
+            && (!is_qos0(msg, &opts) || (self.shared.limits.queue_qos0_offline && !client.online));
+        if store || client.held > 0 {
+            let op = store.then(|| {
+                let seq = self.seq_next;
+                self.seq_next += self.map.count() as u64;
+                opts.stored = Some(seq);
+                let record = stored_delivery(msg, &opts);
+                self.to_store.push(Op::PutDelivery {
+                    client_id: subscriber.to_string(),
+                    seq,
+                    record,
+                });
+                self.to_store.len() - 1
+            });
+            client.held += 1;
+            self.store_deliveries.push(HeldDelivery {
+                op,
+                subscriber: subscriber.clone(),
+                delivery: (msg.clone(), opts),
+            });
+        } else if client.backlog.saturated() && !opts.held_back {
             // What the session would do with it, without the trip.
             add(&self.shared.metrics.dropped_queue_full, 1);
         } else {
@@ -344,6 +400,44 @@ impl RouterActor {
         self.send_outbox();
         if (blocked > 0 || !self.outbox.is_empty()) && self.retry.is_none() {
             self.retry = Some(ctx.after(RETRY_BLOCKED, RouterMsg::RetryBlocked));
+        }
+    }
+
+    /// Deliveries whose records are durable (or that waited behind such), in routing order:
+    /// into their subscribers' pending lists. A stored one is kept up to the hard bound,
+    /// since its publisher may have been acknowledged; one dropped even so loses its
+    /// record too.
+    fn stored_deliveries(&mut self, ds: Vec<(Arc<str>, Delivery)>) {
+        let hard = self.shared.limits.mqueue_len_hard();
+        for (subscriber, d) in ds {
+            let Some(Destination::Local(client)) = self.destinations.get_mut(&subscriber) else {
+                if let Some(seq) = d.1.stored {
+                    self.to_store.push(Op::DropDelivery {
+                        client_id: subscriber.to_string(),
+                        seq,
+                    });
+                }
+                continue;
+            };
+            client.held = client.held.saturating_sub(1);
+            let was_empty = client.pending.is_empty();
+            let seq = d.1.stored;
+            if client
+                .pending
+                .push(d, hard, self.shared.limits.mqueue_policy)
+            {
+                if was_empty {
+                    self.dirty.push(subscriber);
+                }
+            } else {
+                add(&self.shared.metrics.dropped_mailbox_full, 1);
+                if let Some(seq) = seq {
+                    self.to_store.push(Op::DropDelivery {
+                        client_id: subscriber.to_string(),
+                        seq,
+                    });
+                }
+            }
         }
     }
 
@@ -438,14 +532,17 @@ impl RouterActor {
         client_id: Arc<str>,
         client: WeakAddr<ClientMsg>,
         may_hold: bool,
+        persistent: bool,
         filters: Vec<SubscribeRequest>,
         admission: Admission,
     ) -> SubscribeResult {
         match self.destinations.get_mut(&client_id) {
-            Some(d) if d.actor() == client.id() => {}
+            Some(Destination::Local(d)) if d.addr.id() == client.id() => d.persistent = persistent,
             _ => {
                 // New, or an actor after one whose session ended: its counts start over.
-                let fresh = Destination::local(client, Backlog::new(time::now(), may_hold));
+                let mut fresh = Destination::local(client, Backlog::new(time::now(), may_hold));
+                let Destination::Local(l) = &mut fresh;
+                l.persistent = persistent;
                 if let Some(mut old) = self.destinations.insert(client_id.clone(), fresh) {
                     let released = old.end();
                     self.release(released, old.actor());
@@ -620,6 +717,7 @@ impl Actor for RouterActor {
                 self.restore(retained, delayed, ctx);
                 let _ = done.send(());
             }
+            RouterMsg::StoredDeliveries(ds) => self.stored_deliveries(ds),
             RouterMsg::RetryBlocked => {
                 self.retry = None;
                 if !self.outbox.is_empty() && self.dirty.is_empty() {
@@ -631,11 +729,12 @@ impl Actor for RouterActor {
                     client_id,
                     client,
                     may_hold,
+                    persistent,
                     filters,
                     admission,
                     reply,
                 } = *sub;
-                let r = self.subscribe(client_id, client, may_hold, filters, admission);
+                let r = self.subscribe(client_id, client, may_hold, persistent, filters, admission);
                 let _ = reply.send(r);
             }
             RouterMsg::Unsubscribe {
@@ -717,17 +816,25 @@ impl Actor for RouterActor {
                 let ops = std::mem::take(&mut self.to_store);
                 let then = std::mem::take(&mut self.store_waiters);
                 let retained = std::mem::take(&mut self.store_retained);
+                let deliveries = std::mem::take(&mut self.store_deliveries);
                 let shard = Some(ctx.weak_addr());
                 let write = StoreMsg::Write {
                     ops,
                     then,
                     retained,
+                    deliveries,
                     shard,
                 };
                 if let Err(e) = store.send(write).await {
                     // The store is stopping: the waiting publishers hear it is not durable.
                     add(&self.shared.metrics.store_errors, 1);
-                    if let StoreMsg::Write { then, .. } = e.0 {
+                    if let StoreMsg::Write {
+                        then, deliveries, ..
+                    } = e.0
+                    {
+                        // Not durable, but routed: delivered from memory.
+                        let ds = deliveries.into_iter().map(|h| (h.subscriber, h.delivery));
+                        self.stored_deliveries(ds.collect());
                         for w in then {
                             let msg = ClientMsg::Stored {
                                 tag: w.to.tag,

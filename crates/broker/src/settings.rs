@@ -42,7 +42,8 @@ impl Shared {
                 DropPolicy::DropOldestQos0First => QueueFullPolicy::DropOldestQos0,
                 DropPolicy::DropNew => QueueFullPolicy::DropNew,
             },
-            queue_qos0_offline: false,
+            // Queued offline only where they are stored too (`storage.queue_qos0`).
+            queue_qos0_offline: config.storage.enabled && config.storage.queue_qos0,
             // Publishes accepted but not yet routed are bounded by the router's mailbox:
             // that is what can reach a backlogged subscriber before its publishers stop.
             mqueue_held_slack: crate::ROUTER_MAILBOX,

@@ -17,7 +17,9 @@ use starling_router::{Reach, ShardMap, TopicLimits};
 use starling_rt::{ActorId, Addr, WeakAddr};
 use starling_session::SubscribeRequest;
 
-use crate::msg::{Admission, ClientMsg, RouterMsg, RouterStats, SubscribeMsg, SubscribeResult};
+use crate::msg::{
+    Admission, ClientMsg, RouterMsg, RouterStats, StoreMsg, SubscribeMsg, SubscribeResult,
+};
 
 /// A cheap handle on every shard (one pointer).
 #[derive(Clone)]
@@ -27,6 +29,9 @@ struct Inner {
     map: ShardMap,
     addrs: Vec<Addr<RouterMsg>>,
     limits: TopicLimits,
+    /// The node's store, when `storage.enabled`: beside the shards' addresses because every
+    /// client actor that writes its session there holds this handle already.
+    store: Option<Addr<StoreMsg>>,
 }
 
 /// Requests of one SUBSCRIBE bound for one shard, with their places in the packet.
@@ -37,9 +42,24 @@ struct Part {
 }
 
 impl Shards {
-    pub(crate) fn new(map: ShardMap, addrs: Vec<Addr<RouterMsg>>, limits: TopicLimits) -> Self {
+    pub(crate) fn new(
+        map: ShardMap,
+        addrs: Vec<Addr<RouterMsg>>,
+        limits: TopicLimits,
+        store: Option<Addr<StoreMsg>>,
+    ) -> Self {
         assert_eq!(map.count(), addrs.len(), "one address per shard");
-        Self(Arc::new(Inner { map, addrs, limits }))
+        Self(Arc::new(Inner {
+            map,
+            addrs,
+            limits,
+            store,
+        }))
+    }
+
+    /// The node's store (see `storage`), when it has one.
+    pub(crate) fn store(&self) -> Option<&Addr<StoreMsg>> {
+        self.0.store.as_ref()
     }
 
     pub(crate) fn count(&self) -> usize {
@@ -69,6 +89,7 @@ impl Shards {
         client_id: Arc<str>,
         client: WeakAddr<ClientMsg>,
         may_hold: bool,
+        persistent: bool,
         filters: Vec<SubscribeRequest>,
     ) -> SubscribeResult {
         let n = filters.len();
@@ -90,6 +111,7 @@ impl Shards {
                             client_id,
                             client,
                             may_hold,
+                            persistent,
                             filters: p.filters,
                             admission: Admission::Decide,
                             reply,
@@ -136,6 +158,7 @@ impl Shards {
                             client_id,
                             client,
                             may_hold,
+                            persistent,
                             filters: p.filters,
                             admission: Admission::Admitted { new },
                             reply,

@@ -17,7 +17,9 @@ use starling_store::{Fsync, Op, Store};
 use tracing::{debug, error, warn};
 
 use crate::metrics::add;
-use crate::msg::{ClientMsg, CommitDone, RouterMsg, StoreMsg, Stored, Waiter};
+use crate::msg::{
+    ClientMsg, CommitDone, Delivery, HeldDelivery, RouterMsg, StoreMsg, Stored, Waiter,
+};
 use crate::settings::Shared;
 
 /// Pending ops past which a commit starts without waiting for `commit_interval_ms`. A commit
@@ -38,6 +40,8 @@ pub(crate) struct StorageActor {
     waiting: Vec<Waiter>,
     /// Retained puts of `pending` (op index, message, its shard), taken back if refused.
     retained: Vec<(usize, Arc<Message>, WeakAddr<RouterMsg>)>,
+    /// Deliveries held for `pending` (op indices into it), handed back to their shard.
+    deliveries: Vec<(HeldDelivery, WeakAddr<RouterMsg>)>,
     armed: Option<TimerId>,
     /// Waiting for everything pending to be committed.
     flushing: Vec<Reply<()>>,
@@ -56,10 +60,7 @@ impl StorageActor {
         };
         let interval = Duration::from_millis(u64::from(s.commit_interval_ms));
         // What the store held at open, before the first commit.
-        shared
-            .metrics
-            .store_bytes
-            .store(store.usage().bytes, std::sync::atomic::Ordering::Relaxed);
+        set_usage(&shared, &store);
         Self {
             shared,
             store: Some(store),
@@ -71,6 +72,7 @@ impl StorageActor {
             pending: Vec::new(),
             waiting: Vec::new(),
             retained: Vec::new(),
+            deliveries: Vec::new(),
             armed: None,
             flushing: Vec::new(),
             closing: Vec::new(),
@@ -83,6 +85,7 @@ impl StorageActor {
         ops: Vec<Op>,
         then: Vec<Waiter>,
         retained: Vec<(usize, Arc<Message>)>,
+        deliveries: Vec<HeldDelivery>,
         shard: Option<WeakAddr<RouterMsg>>,
         ctx: &mut Ctx<Self>,
     ) {
@@ -93,6 +96,10 @@ impl StorageActor {
                     .into_iter()
                     .map(|(i, m)| (i + base, m, shard.clone())),
             );
+            self.deliveries.extend(deliveries.into_iter().map(|mut h| {
+                h.op = h.op.map(|i| i + base);
+                (h, shard.clone())
+            }));
         }
         self.waiting.extend(then.into_iter().map(|w| Waiter {
             ops: w.ops.start + base..w.ops.end + base,
@@ -127,6 +134,7 @@ impl StorageActor {
         let ops = std::mem::take(&mut self.pending);
         let waiting = std::mem::take(&mut self.waiting);
         let retained = std::mem::take(&mut self.retained);
+        let deliveries = std::mem::take(&mut self.deliveries);
         let fsync = self.fsync;
         let n = ops.len();
         let started = time::now();
@@ -147,6 +155,7 @@ impl StorageActor {
                     ops: n,
                     waiting,
                     retained,
+                    deliveries,
                     took,
                 }))
             }),
@@ -191,6 +200,27 @@ impl StorageActor {
                 error!(error = %e, ops = done.ops, "store commit failed: these writes are not durable");
             }
         }
+        // Deliveries after the commit, so that what a subscriber acknowledges is stored; in
+        // order, one message per shard. A refused record drops its delivery: its publisher
+        // hears the store is full.
+        let refused: &[starling_store::Refused] = match &done.result {
+            Ok(c) => &c.refused,
+            Err(_) => &[],
+        };
+        let mut to_shards: Vec<ToShard> = Vec::new();
+        for (h, shard) in done.deliveries {
+            if h.op.is_some_and(|i| refused.iter().any(|r| r.op == i)) {
+                add(&m.dropped_other, 1);
+                continue;
+            }
+            match to_shards.iter_mut().find(|(s, _)| s.id() == shard.id()) {
+                Some((_, ds)) => ds.push((h.subscriber, h.delivery)),
+                None => to_shards.push((shard, vec![(h.subscriber, h.delivery)])),
+            }
+        }
+        for (shard, ds) in to_shards {
+            send_urgent(&shard, RouterMsg::StoredDeliveries(ds));
+        }
         for w in done.waiting {
             let outcome = match &done.result {
                 Err(_) => Stored::Failed,
@@ -201,8 +231,7 @@ impl StorageActor {
         }
         match done.store {
             Some(store) => {
-                m.store_bytes
-                    .store(store.usage().bytes, std::sync::atomic::Ordering::Relaxed);
+                set_usage(&self.shared, &store);
                 self.store = Some(store);
             }
             None => {
@@ -235,6 +264,7 @@ impl Actor for StorageActor {
                 ops,
                 then,
                 retained,
+                deliveries,
                 shard,
             } => {
                 if self.lost {
@@ -243,9 +273,14 @@ impl Actor for StorageActor {
                     for w in then {
                         tell(w, Stored::Failed);
                     }
+                    // Routed all the same: delivered from memory.
+                    if let Some(shard) = &shard {
+                        let ds = deliveries.into_iter().map(|h| (h.subscriber, h.delivery));
+                        send_urgent(shard, RouterMsg::StoredDeliveries(ds.collect()));
+                    }
                     return;
                 }
-                self.write(ops, then, retained, shard, ctx);
+                self.write(ops, then, retained, deliveries, shard, ctx);
             }
             StoreMsg::CommitNow => {
                 self.armed = None;
@@ -271,6 +306,19 @@ impl Actor for StorageActor {
         }
     }
 }
+
+/// The store's gauges for `$SYS`.
+fn set_usage(shared: &Shared, store: &Store) {
+    let (u, m) = (store.usage(), &shared.metrics);
+    let set =
+        |g: &std::sync::atomic::AtomicU64, v| g.store(v, std::sync::atomic::Ordering::Relaxed);
+    set(&m.store_bytes, u.bytes);
+    set(&m.store_sessions, u.sessions);
+    set(&m.store_messages, u.deliveries);
+}
+
+/// A shard and the deliveries a commit made durable for it.
+type ToShard = (WeakAddr<RouterMsg>, Vec<(Arc<str>, Delivery)>);
 
 /// Tells a publisher: its acknowledgements wait for this.
 fn tell(w: Waiter, outcome: Stored) {

@@ -85,6 +85,8 @@ impl SysActor {
                     .to_string(),
             ),
             ("store/bytes", m.store_bytes.to_string()),
+            ("store/sessions", m.store_sessions.to_string()),
+            ("store/messages", m.store_messages.to_string()),
             ("store/refused", m.store_refused.to_string()),
             ("store/errors", m.store_errors.to_string()),
         ];

@@ -560,8 +560,8 @@ pub struct StorageConfig {
     /// persistent messages are refused (MQTT 5: PUBACK 0x97 Quota exceeded). At least
     /// 1 MiB; default 1 GiB.
     pub max_bytes: u64,
-    /// Whether QoS 0 messages queued for an offline persistent session are stored too.
-    /// Default false: they are kept in memory and lost on restart, as MQTT allows.
+    /// Whether QoS 0 messages for an offline persistent session are queued, and stored with
+    /// the session. Default false: they are dropped, as MQTT allows.
     pub queue_qos0: bool,
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use starling_codec::{Packet, PacketId, QoS, ReasonCode, RetainHandling, SubscriptionOptions};
 
+use crate::state::InflightPhase;
 use crate::Message;
 
 /// One thing for the broker to do. Effects come out in the order they must
@@ -64,6 +65,11 @@ pub enum Effect {
         /// The filters the session held, as subscribed.
         subscriptions: Vec<String>,
     },
+    /// A stored delivery changed (see [`DeliveryOptions::stored`](crate::DeliveryOptions)),
+    /// or an inbound QoS 2 packet identifier was released: write it to the store. When
+    /// [`StoreChange::must_precede`] says so, nothing sent after this effect may reach the
+    /// client before the change is durable.
+    Store(StoreChange),
     /// A message meant for this client was dropped; for the counters.
     Dropped {
         /// Why.
@@ -71,6 +77,41 @@ pub enum Effect {
         /// The QoS it would have been delivered with.
         qos: QoS,
     },
+}
+
+/// A change to a session's stored deliveries, keyed by the delivery's store key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreChange {
+    /// The delivery went out under `packet_id` and now awaits acknowledgement in `phase`.
+    Stage {
+        /// Its store key.
+        seq: u64,
+        /// The packet identifier it is sent (or released) under.
+        packet_id: PacketId,
+        /// Where its flow now stands.
+        phase: InflightPhase,
+    },
+    /// The delivery is done with: acknowledged, sent at QoS 0, expired or dropped.
+    Retire {
+        /// Its store key.
+        seq: u64,
+    },
+    /// The client's QoS 2 PUBLISH under this packet identifier is routed by the
+    /// [`Effect::Publish`] that follows: store the identifier with that routing.
+    InboundRouted(PacketId),
+    /// The client's PUBREL released this inbound QoS 2 packet identifier.
+    InboundReleased(PacketId),
+}
+
+impl StoreChange {
+    /// Whether what the session sends after this change must wait until it is durable. A
+    /// QoS 2 delivery's packet identifier and phase must be: a crash that forgot them would
+    /// send the message again under a new identifier, which the client takes for a new
+    /// message (MQTT 4.3.3), or resend a PUBLISH the client already released. QoS 1 needs
+    /// no such wait: a resend after a crash is allowed (at least once).
+    pub fn must_precede(&self) -> bool {
+        matches!(self, StoreChange::Stage { phase, .. } if *phase != InflightPhase::AwaitingPuback)
+    }
 }
 
 /// Why a message was dropped.

@@ -46,7 +46,7 @@ pub mod state;
 #[cfg(test)]
 mod tests;
 
-pub use effect::{DropReason, Effect, OutgoingPublish, SubscribeRequest};
+pub use effect::{DropReason, Effect, OutgoingPublish, StoreChange, SubscribeRequest};
 pub use error::{PacketIdList, RestoreError, SessionError};
 pub use limits::{check_connect, refusal, ClientIdentity, QueueFullPolicy, SessionLimits};
 pub use message::{DeliveryOptions, Expiry, Message, SharedHeaders};

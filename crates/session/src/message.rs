@@ -170,6 +170,10 @@ pub struct DeliveryOptions {
     /// it was read and acknowledged before the hold reached it, so a full queue keeps it
     /// rather than dropping it, up to [`SessionLimits::mqueue_len_hard`](crate::SessionLimits::mqueue_len_hard).
     pub held_back: bool,
+    /// The key of this delivery's record in the broker's store, when it is stored (a QoS 1/2
+    /// delivery to a session that outlives its connection): the session then reports each
+    /// change of it as an [`Effect::Store`](crate::Effect::Store).
+    pub stored: Option<u64>,
 }
 
 impl DeliveryOptions {
@@ -182,6 +186,7 @@ impl DeliveryOptions {
             subscription_ids: subscription_id.into_iter().collect(),
             from_retained: false,
             held_back: false,
+            stored: None,
         }
     }
 

@@ -231,6 +231,11 @@ impl World {
                 }
                 Effect::Dropped { qos, .. } => self.dropped[qos.as_u8() as usize] += 1,
                 Effect::Close(_) => assert!(!self.connected || !self.s.is_attached()),
+                // Inbound QoS 2 identifiers for the store; nothing here is stored.
+                Effect::Store(
+                    starling_session::StoreChange::InboundRouted(_)
+                    | starling_session::StoreChange::InboundReleased(_),
+                ) => {}
                 other => panic!("unexpected {other:?}"),
             }
         }

@@ -72,14 +72,15 @@ fn compare(base: Instant, a: &mut Driver, b: &mut Driver) {
 /// snapshot and is restored after the downtime.
 fn checkpoint(base: Instant, a: &mut Driver, b: &mut Driver, down: u16) {
     let before = b.now;
+    // The store keys live beside the state (a store keeps them as its records' keys).
     let attached =
         b.s.is_attached()
-            .then(|| b.s.snapshot(before, wall(base, before)));
+            .then(|| (b.s.snapshot(before, wall(base, before)), b.s.store_keys()));
     for d in [&mut *a, &mut *b] {
         d.s.detach(d.now, DetachReason::ConnectionLost);
         d.drain();
     }
-    if let Some(state) = attached {
+    if let Some((state, keys)) = attached {
         let log = b.log.as_ref().expect("logging");
         let Some((Effect::Close(_), after_close)) = log.split_first() else {
             panic!("the detach did not start with a Close: {log:?}");
@@ -91,12 +92,14 @@ fn checkpoint(base: Instant, a: &mut Driver, b: &mut Driver, down: u16) {
             wall(base, before),
         )
         .expect("an attached snapshot restores");
+        t.set_store_keys(keys.0, keys.1);
         t.handle_timeout(before);
         assert_eq!(drain(&mut t), after_close, "attached snapshot, restored");
         let w = wall(base, before);
         assert_eq!(t.snapshot(before, w), b.s.snapshot(before, w));
     }
     let state = round_trip(&b.s.snapshot(before, wall(base, before)));
+    let keys = b.s.store_keys();
     let down = Duration::from_secs(u64::from(down));
     a.now += down;
     a.s.handle_timeout(a.now);
@@ -104,6 +107,7 @@ fn checkpoint(base: Instant, a: &mut Driver, b: &mut Driver, down: u16) {
     b.now += down;
     b.s = Session::restore(state, b.limits.clone(), b.now, wall(base, b.now))
         .expect("a snapshot restores");
+    b.s.set_store_keys(keys.0, keys.1);
     b.s.handle_timeout(b.now);
     b.drain();
 }

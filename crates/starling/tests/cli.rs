@@ -5,115 +5,12 @@
 // are what they need.
 #![allow(clippy::disallowed_methods)]
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-const WAIT: Duration = Duration::from_secs(20);
+mod common;
 
-fn starling() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_starling"))
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("starling-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
-}
-
-/// A running daemon whose log lines arrive on a channel; stopped with SIGTERM when dropped.
-struct Daemon {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Daemon {
-    fn start(config: &Path) -> Daemon {
-        let mut child = starling()
-            .arg("--config")
-            .arg(config)
-            .arg("--workers")
-            .arg("1")
-            .env("NO_COLOR", "1")
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starling starts");
-        let (tx, lines) = mpsc::channel();
-        for out in [
-            Box::new(child.stdout.take().expect("piped")) as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().expect("piped")),
-        ] {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-        Daemon {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits for a log line containing `text`.
-    fn expect(&mut self, text: &str) {
-        let deadline = Instant::now() + WAIT;
-        if self.seen.iter().any(|l| l.contains(text)) {
-            return;
-        }
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    let hit = line.contains(text);
-                    self.seen.push(line);
-                    if hit {
-                        return;
-                    }
-                }
-                Err(_) => panic!("no log line with {text:?}; saw:\n{}", self.seen.join("\n")),
-            }
-        }
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("kill runs");
-        assert!(status.success());
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return; // killed by the test
-        }
-        self.signal("TERM");
-        let deadline = Instant::now() + WAIT;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::{listening_addr, mosquitto, starling, temp_dir, Daemon};
 
 #[test]
 fn cert_dev_writes_certificates_prints_their_config_and_never_overwrites() {
@@ -194,31 +91,17 @@ fn sighup_reloads_the_certificates_of_tls_listeners() {
 }
 
 /// The address a `listening` line of the log names.
-fn listening_addr(d: &mut Daemon) -> std::net::SocketAddr {
-    d.expect("listening");
-    let line = d
-        .seen
-        .iter()
-        .find(|l| l.contains("listening"))
-        .expect("seen");
-    let addr = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("addr="))
-        .expect("addr= in the listening line");
-    addr.parse().expect("a socket address")
-}
-
 #[test]
 fn a_flood_of_malformed_connects_is_logged_a_line_at_a_time_and_volatility_is_announced() {
     let dir = temp_dir("log-flood");
     let config = dir.join("starling.toml");
     std::fs::write(
         &config,
-        "[[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:0\"\n",
+        "[[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:0\"\n[storage]\nenabled = false\n",
     )
     .expect("write config");
     let mut d = Daemon::start(&config);
-    // Nothing survives a restart yet, and the operator is told so.
+    // Without the store nothing survives a restart, and the operator is told so.
     d.expect("kept in memory only");
     let addr = listening_addr(&mut d);
     d.expect("starling started");
@@ -244,22 +127,6 @@ fn a_flood_of_malformed_connects_is_logged_a_line_at_a_time_and_volatility_is_an
         "{lines} log lines for 200 malformed CONNECTs:\n{}",
         d.seen.join("\n")
     );
-}
-
-/// Runs a mosquitto client program; `None` when it is not installed (and CI is not set:
-/// under CI a missing client fails the test).
-fn mosquitto(program: &str, args: &[&str]) -> Option<std::process::Output> {
-    match Command::new(program).args(args).output() {
-        Ok(out) => Some(out),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if std::env::var_os("CI").is_some() {
-                panic!("{program} is missing and CI is set: install mosquitto-clients");
-            }
-            println!("skipped: {program} not found (apt-get install mosquitto-clients)");
-            None
-        }
-        Err(e) => panic!("{program}: {e}"),
-    }
 }
 
 #[test]

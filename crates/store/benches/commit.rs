@@ -62,6 +62,8 @@ fn session() -> Op {
             }],
             pending_subscribes: Vec::new(),
             pending_unsubscribes: Vec::new(),
+            owner: None,
+            connected: false,
         },
     }
 }

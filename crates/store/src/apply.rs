@@ -129,6 +129,38 @@ impl<'t> Batch<'t> {
                 )?;
                 Ok(self.count(put, |u| &mut u.deliveries))
             }
+            Op::StageDelivery {
+                client_id,
+                seq,
+                stage,
+            } => {
+                let key = (client_id.as_str(), *seq);
+                let Some(old) = self.deliveries.get(key)?.map(|v| v.value().to_vec()) else {
+                    return Ok(None);
+                };
+                // A record this store wrote decodes; one that does not is left as it is
+                // for `check` and the next open to report, rather than failing the batch.
+                let Ok(mut record) = record::decode::<crate::record::StoredDelivery>(&old) else {
+                    return Ok(None);
+                };
+                record.stage = *stage;
+                if let Err(e) = record::encode(&record, &mut self.buf) {
+                    return Ok(Some(Refusal::Unencodable(e)));
+                }
+                let size = |len| tables::delivery_size(client_id, len);
+                let bytes = &mut self.usage.bytes;
+                // An update of admitted data: always applied (see `Overwrite::Always`).
+                let put = put_row(
+                    &mut self.deliveries,
+                    &key,
+                    &self.buf,
+                    size,
+                    Overwrite::Always,
+                    bytes,
+                    max,
+                )?;
+                Ok(put.err())
+            }
             Op::DropDelivery { client_id, seq } => {
                 let key = (client_id.as_str(), *seq);
                 let removed = self.deliveries.remove(key)?.map(|v| v.value().len());

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 use starling_codec::PacketId;
 use starling_session::state::MessageState;
 
-use crate::record::{SessionMeta, StoredDelivery};
+use crate::record::{DeliveryStage, SessionMeta, StoredDelivery};
 
 /// One change to the store. Every op is idempotent: applying it twice leaves what applying
 /// it once does, and dropping what is not there does nothing.
@@ -25,6 +25,14 @@ pub enum Op {
         client_id: String,
         seq: u64,
         record: StoredDelivery,
+    },
+    /// Changes the stage of a stored delivery, which keeps its message: what a PUBLISH sent
+    /// or a PUBREC received changes, without writing the payload again. Nothing when the
+    /// delivery is not stored (retired meanwhile, or its session dropped).
+    StageDelivery {
+        client_id: String,
+        seq: u64,
+        stage: DeliveryStage,
     },
     /// Drops a delivery (acknowledged, expired, discarded).
     DropDelivery { client_id: String, seq: u64 },

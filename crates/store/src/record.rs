@@ -45,6 +45,11 @@ pub struct SessionMeta {
     pub pending_subscribes: Vec<PendingSubscribeState>,
     /// [`DetachedState::pending_unsubscribes`].
     pub pending_unsubscribes: Vec<PendingUnsubscribeState>,
+    /// The username the session belongs to (the broker lets only it resume the session).
+    pub owner: Option<String>,
+    /// Written while a connection was attached: a crash cut that connection, so on
+    /// recovery its session expiry and will delay run from the restart.
+    pub connected: bool,
 }
 
 /// A [`SessionState`] taken apart into the records the store keeps.
@@ -61,7 +66,8 @@ pub struct SessionParts {
 
 impl SessionParts {
     /// Takes a session's state apart; `None` when it has no detached state, which is
-    /// nothing to store (drop the session instead).
+    /// nothing to store (drop the session instead). The meta's `owner` and `connected` are
+    /// not part of a session's state: set them after.
     pub fn split(state: SessionState) -> Option<SessionParts> {
         let SessionState {
             version,
@@ -89,6 +95,8 @@ impl SessionParts {
             subscriptions,
             pending_subscribes,
             pending_unsubscribes,
+            owner: None,
+            connected: false,
         };
         Some(SessionParts {
             client_id,
@@ -99,7 +107,7 @@ impl SessionParts {
         })
     }
 
-    /// Puts a session's state back together.
+    /// Puts a session's state back together (`owner` and `connected` stay in the meta).
     pub fn join(self) -> SessionState {
         let SessionParts {
             client_id,
@@ -117,6 +125,8 @@ impl SessionParts {
             subscriptions,
             pending_subscribes,
             pending_unsubscribes,
+            owner: _,
+            connected: _,
         } = meta;
         SessionState {
             version: state_version,

@@ -41,6 +41,10 @@ pub struct RecoveredSession {
     pub inflight_seqs: Vec<u64>,
     /// The seq of each of `state`'s queued deliveries, in the same order.
     pub queue_seqs: Vec<u64>,
+    /// [`SessionMeta::owner`].
+    pub owner: Option<String>,
+    /// [`SessionMeta::connected`].
+    pub connected: bool,
 }
 
 /// A delayed message.
@@ -231,6 +235,7 @@ pub(crate) fn scan(db: &Database, at: &Place) -> Result<Scan, StoreError> {
         .map(|(client_id, a)| {
             let (inflight_seqs, inflight) = a.inflight.into_iter().unzip();
             let (queue_seqs, queue) = a.queue.into_iter().unzip();
+            let (owner, connected) = (a.meta.owner.clone(), a.meta.connected);
             let parts = SessionParts {
                 client_id,
                 meta: a.meta,
@@ -242,6 +247,8 @@ pub(crate) fn scan(db: &Database, at: &Place) -> Result<Scan, StoreError> {
                 state: parts.join(),
                 inflight_seqs,
                 queue_seqs,
+                owner,
+                connected,
             }
         })
         .collect();

@@ -413,3 +413,46 @@ fn never_commits_are_durable_after_a_clean_close() {
     let (_, recovered) = reopen(store, &path);
     assert_eq!(recovered.sessions.len(), 1);
 }
+
+#[test]
+fn staging_a_delivery_keeps_its_message_and_skips_one_not_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let (mut store, _) = open(&path);
+    let put = Op::PutDelivery {
+        client_id: "c".into(),
+        seq: 3,
+        record: StoredDelivery {
+            stage: DeliveryStage::Queued,
+            delivery: delivery("t", b"payload"),
+        },
+    };
+    let stage = |seq, phase| Op::StageDelivery {
+        client_id: "c".into(),
+        seq,
+        stage: DeliveryStage::Inflight {
+            packet_id: pid(9),
+            phase,
+        },
+    };
+    commit(&mut store, &[put_session("c"), put]);
+    let bytes = store.usage().bytes;
+    // seq 4 was never stored: nothing happens, nothing is refused.
+    commit(
+        &mut store,
+        &[
+            stage(3, InflightPhase::AwaitingPubrec),
+            stage(4, InflightPhase::AwaitingPubrec),
+        ],
+    );
+    assert_eq!(store.usage().deliveries, 1);
+    assert!(store.usage().bytes > bytes, "the stage adds a packet id");
+    commit(&mut store, &[stage(3, InflightPhase::AwaitingPubcomp)]);
+    let (_, recovered) = reopen(store, &path);
+    let s = &recovered.sessions[0];
+    assert_eq!(s.inflight_seqs, [3]);
+    let parts = SessionParts::split(s.state.clone()).unwrap();
+    assert_eq!(parts.inflight[0].phase, InflightPhase::AwaitingPubcomp);
+    assert_eq!(parts.inflight[0].packet_id, pid(9));
+    assert_eq!(&parts.inflight[0].delivery.message.payload[..], b"payload");
+}

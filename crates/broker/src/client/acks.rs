@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use starling_codec::{Packet, ReasonCode};
 
-use crate::msg::Stored;
+use crate::msg::{Stored, OWN_WRITE};
 
 /// A client's acknowledgements held back, oldest first.
 #[derive(Debug, Default)]
@@ -30,6 +30,9 @@ impl Acks {
     /// the tag the shard answers with.
     pub(super) fn request(&mut self) -> u32 {
         self.next = self.next.wrapping_add(1);
+        if self.next == OWN_WRITE {
+            self.next = 1;
+        }
         self.awaiting = Some(self.next);
         self.next
     }

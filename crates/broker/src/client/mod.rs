@@ -14,7 +14,6 @@ use bytes::BytesMut;
 use starling_codec::{encode, Disconnect, Packet, Properties, QoS, ReasonCode, PACKET_SIZE_MAX};
 use starling_config::{BackpressureHolders, MqttConfig, StuckPolicy};
 use starling_hooks::{Chain, DisconnectReason, EventKind, What};
-use starling_router::DELAYED_PREFIX;
 use starling_rt::{time, Ctx, TrySendError, WeakAddr};
 use starling_session::{DetachReason, DropReason, Effect, Message, Session};
 use tracing::{debug, Instrument};
@@ -23,14 +22,16 @@ use crate::conn::{linger, write_out, Conn, WRITE_BATCH_MAX};
 use crate::flow::{Holds, Reporter, StallRules};
 use crate::gate::AuthGate;
 use crate::metrics::{add, dec};
-use crate::msg::{AckTo, ClientMsg, NewConn, Publisher, RegistryMsg, RouterMsg};
+use crate::msg::{AckTo, ClientMsg, NewConn, Publisher, RegistryMsg, RouterMsg, Stored, OWN_WRITE};
 use crate::settings::Shared;
 use crate::shards::Shards;
 use acks::Acks;
+use persist::Persist;
 
 mod acks;
 mod hooks;
 mod input;
+mod persist;
 
 use input::passes_hold;
 
@@ -67,6 +68,9 @@ pub(crate) struct Client {
     first: Option<Box<NewConn>>,
     /// Acknowledgements waiting for the store (see `acks`); boxed, made at the first.
     acks: Option<Box<Acks>>,
+    /// The session's own writes to the store (see `persist`): made when a session that
+    /// outlives its connection first writes.
+    persist: Option<Box<Persist>>,
     /// Its back-pressure state (see [`crate::flow`]), made at the first subscription or
     /// QoS 1/2 publish: whom it is held back by, and what it reports to the shards.
     flow: Option<Box<ClientFlow>>,
@@ -107,15 +111,51 @@ impl Client {
             client_id.clone(),
             first.peer.ip(),
         );
+        let session = Session::new(client_id, shared.limits.clone());
+        let mut c = Self::with(shared, shards, registry, session, gate);
+        c.first = Some(first);
+        c
+    }
+
+    /// A client actor for a session restored from the store at start, detached, belonging
+    /// to `owner`.
+    pub(crate) fn restored(
+        shared: Arc<Shared>,
+        shards: Shards,
+        chain: Arc<Chain>,
+        registry: WeakAddr<RegistryMsg>,
+        session: Session,
+        owner: Option<Arc<str>>,
+    ) -> Self {
+        let gate = AuthGate::new(
+            shared.clone(),
+            chain,
+            owner.as_deref().map(String::from),
+            session.client_id().clone(),
+            std::net::Ipv4Addr::UNSPECIFIED.into(),
+        );
+        let mut c = Self::with(shared, shards, registry, session, gate);
+        c.persist = Some(Box::new(Persist::restored()));
+        c
+    }
+
+    fn with(
+        shared: Arc<Shared>,
+        shards: Shards,
+        registry: WeakAddr<RegistryMsg>,
+        session: Session,
+        gate: AuthGate,
+    ) -> Self {
         Self {
-            session: Session::new(client_id, shared.limits.clone()),
+            session,
             shared,
             shards,
             registry,
             gate,
             conn: None,
-            first: Some(first),
+            first: None,
             acks: None,
+            persist: None,
             flow: None,
             attaches: 0,
             retiring: false,
@@ -212,6 +252,8 @@ impl Client {
         match self.session.attach(time::now(), &connect) {
             Ok(a) => {
                 add(&self.shared.metrics.clients_connected, 1);
+                // Stored before the CONNACK goes: a session the client is told it has.
+                self.meta_changed(true);
                 self.presence(true).await;
                 self.attached_events(&connect, peer, a);
             }
@@ -298,16 +340,17 @@ impl Client {
                     // A full router mailbox is waited on: it holds this client's reads back,
                     // which is the back-pressure a fast publisher meets.
                     // Its acknowledgement waits for what it changes in the store.
-                    let ack = (m.qos != QoS::AtMostOnce
-                        && self.shared.config.storage.enabled
-                        && (m.retain || m.topic.starts_with(DELAYED_PREFIX)))
-                    .then(|| {
-                        let tag = self.acks.get_or_insert_with(Box::default).request();
-                        Box::new(AckTo {
-                            addr: ctx.weak_addr(),
-                            tag,
-                        })
-                    });
+                    // With a store, every QoS 1/2 publish may reach a persistent session.
+                    let inbound = self.inbound_for_publish();
+                    let ack =
+                        (m.qos != QoS::AtMostOnce && self.shards.store().is_some()).then(|| {
+                            let tag = self.acks.get_or_insert_with(Box::default).request();
+                            Box::new(AckTo {
+                                addr: ctx.weak_addr(),
+                                tag,
+                                inbound,
+                            })
+                        });
                     let shard = self.shards.for_publish(&m.topic);
                     if let Err(TrySendError::Full(RouterMsg::Publish(m, from, ack))) =
                         shard.try_send(RouterMsg::Publish(m, from, ack))
@@ -333,9 +376,11 @@ impl Client {
                     return Some(Wait::Close(code));
                 }
                 Effect::SessionEnded { subscriptions } => {
+                    self.session_dropped();
                     self.emit(EventKind::SessionTerminated, || What::SessionTerminated);
                     return Some(Wait::Ended(subscriptions));
                 }
+                Effect::Store(change) => self.store_change(change),
                 Effect::Dropped { reason, qos } => {
                     self.dropped_event(reason, qos);
                     let m = &self.shared.metrics;
@@ -375,22 +420,9 @@ impl Client {
             Wait::Subscribe(packet_id, filters) => {
                 let client_id = self.client_id();
                 let me = ctx.weak_addr();
-                let shards = self.shards.count();
-                let rules = StallRules::new(&self.shared.config.mqtt, &self.shared.limits);
-                let reach: Vec<_> = filters
-                    .iter()
-                    .map(|f| self.shards.reach(&f.filter))
-                    .collect();
-                let f = self.flow_mut(ctx);
-                let r = f
-                    .reporter
-                    .get_or_insert_with(|| Reporter::new(shards, &rules));
-                for reach in reach {
-                    (0..shards)
-                        .filter(|&s| reach.includes(s))
-                        .for_each(|s| r.met(s));
-                }
+                self.meet_shards(&filters, ctx);
                 let may_hold = self.may_hold();
+                let persistent = self.stores_deliveries();
                 let named = self.wanted(EventKind::SessionSubscribed).then(|| {
                     let f = filters.iter();
                     f.map(|f| (Arc::<str>::from(f.filter.as_str()), f.options.qos))
@@ -398,7 +430,7 @@ impl Client {
                 });
                 let r = self
                     .shards
-                    .subscribe(client_id, me, may_hold, filters)
+                    .subscribe(client_id, me, may_hold, persistent, filters)
                     .await;
                 let now = time::now();
                 for ((filter, asked), r) in named.into_iter().flatten().zip(&r.results) {
@@ -410,8 +442,10 @@ impl Client {
                         });
                     }
                 }
-                // SUBACK first, then the retained messages (MQTT 5 §3.8.4).
+                // SUBACK first, then the retained messages (MQTT 5 §3.8.4); the subscriptions
+                // stored before either reaches the client.
                 self.session.subscribed(now, packet_id, r.results);
+                self.meta_changed(true);
                 for (m, o) in r.retained {
                     self.deliver(now, &m, &o, ctx);
                 }
@@ -431,8 +465,64 @@ impl Client {
                     }
                 }
                 self.session.unsubscribed(time::now(), packet_id, codes);
+                self.meta_changed(true);
             }
             Wait::Close(code) => self.close_conn(code, ctx).await,
+        }
+    }
+
+    /// Notes the shards `filters` reach as ones that know this subscriber (presence and
+    /// the session's end go to them).
+    fn meet_shards(&mut self, filters: &[starling_session::SubscribeRequest], ctx: &Ctx<Self>) {
+        let shards = self.shards.count();
+        let rules = StallRules::new(&self.shared.config.mqtt, &self.shared.limits);
+        let reach: Vec<_> = filters
+            .iter()
+            .map(|f| self.shards.reach(&f.filter))
+            .collect();
+        let f = self.flow_mut(ctx);
+        let r = f
+            .reporter
+            .get_or_insert_with(|| Reporter::new(shards, &rules));
+        for reach in reach {
+            (0..shards)
+                .filter(|&s| reach.includes(s))
+                .for_each(|s| r.met(s));
+        }
+    }
+
+    /// Whether the shards store this session's QoS 1/2 deliveries before handing them over.
+    fn stores_deliveries(&self) -> bool {
+        self.shards.store().is_some() && self.session.outlives_connection()
+    }
+
+    /// A session restored at start subscribes its filters again, as they were granted; the
+    /// retained messages they match are not sent again.
+    async fn resubscribe(&mut self, ctx: &mut Ctx<Self>) {
+        let filters: Vec<starling_session::SubscribeRequest> = self
+            .session
+            .subscriptions()
+            .iter()
+            .map(
+                |(filter, (options, id))| starling_session::SubscribeRequest {
+                    filter: filter.clone(),
+                    options: *options,
+                    subscription_id: *id,
+                },
+            )
+            .collect();
+        if filters.is_empty() {
+            return;
+        }
+        self.meet_shards(&filters, ctx);
+        let may_hold = self.may_hold();
+        let r = self
+            .shards
+            .subscribe(self.client_id(), ctx.weak_addr(), may_hold, true, filters)
+            .await;
+        self.presence(false).await;
+        if r.results.iter().any(Result::is_err) {
+            tracing::warn!(client_id = %self.client_id(), "a stored subscription was refused at restore");
         }
     }
 
@@ -447,12 +537,21 @@ impl Client {
 
     /// Writes the pending output; on failure the session loses its connection.
     async fn flush(&mut self, ctx: &mut Ctx<Self>) {
+        let Some(len) = self.conn.as_ref().map(|c| c.out.len()) else {
+            return;
+        };
+        let n = self.sendable(len);
         let Some(c) = &mut self.conn else { return };
-        if c.out.is_empty() {
+        if n == 0 {
             return;
         }
-        let n = c.out.len();
+        // What waits for the store stays (see `persist`); the rest goes.
+        let rest = (n < c.out.len()).then(|| c.out.split_off(n));
         let ok = write_out(c).await;
+        if let Some(rest) = rest {
+            c.out = rest;
+        }
+        self.output_sent(n);
         if ok {
             add(&self.shared.metrics.bytes_sent, n as u64);
             return;
@@ -471,7 +570,14 @@ impl Client {
         // Acknowledgements still waiting belonged to this connection: its client sends
         // those PUBLISHes again (MQTT 4.4) on the next.
         self.acks = None;
+        let Some(len) = self.conn.as_ref().map(|c| c.out.len()) else {
+            return;
+        };
+        let sendable = self.sendable(len);
         let Some(c) = &mut self.conn else { return };
+        // What waits behind a write that is not durable yet is dropped: the client gets it
+        // again on its next connection (MQTT 4.4).
+        c.out.truncate(sendable);
         if let Some(code) = code.filter(|_| c.protocol.is_v5()) {
             let d = Packet::Disconnect(Disconnect {
                 reason_code: code,
@@ -488,6 +594,8 @@ impl Client {
 
     async fn drop_conn(&mut self, _ctx: &mut Ctx<Self>) {
         let Some(c) = self.conn.take() else { return };
+        // Offsets into the output of the next connection start from nothing.
+        self.output_sent(usize::MAX);
         // The socket is closed once the peer has read what we wrote (see [`linger`]).
         if !c.eof {
             starling_rt::spawn(linger(c.io).instrument(tracing::Span::current()));
@@ -530,6 +638,7 @@ impl Client {
     }
 
     async fn after_turn(&mut self, ctx: &mut Ctx<Self>) {
+        self.write_store(ctx).await;
         if let Some(c) = &self.conn {
             // Deferred while more messages wait: they are encoded before the write, so a
             // burst goes out in one write (each later turn comes back here). Not when the
@@ -538,7 +647,10 @@ impl Client {
             let idle = ctx.queued() == 0;
             let window = self.session.window();
             let stalled = window > 0 && self.session.inflight_len() >= window;
-            if !c.out.is_empty() && (c.out.len() >= WRITE_BATCH_MAX || idle || stalled) {
+            // What waits for the store (see `persist`) is not written yet: the store's
+            // answer brings a turn that writes it.
+            let sendable = self.sendable(c.out.len());
+            if sendable > 0 && (sendable >= WRITE_BATCH_MAX || idle || stalled) {
                 self.flush(ctx).await;
             }
             if idle {
@@ -585,11 +697,26 @@ impl Client {
     }
 
     async fn turn(&mut self, msg: ClientMsg, ctx: &mut Ctx<Self>) {
+        let attached = self.session.is_attached();
+        let timeout = matches!(msg, ClientMsg::Timeout);
+        if !Box::pin(self.handle_msg(msg, ctx)).await {
+            return;
+        }
+        if timeout || attached != self.session.is_attached() {
+            // Detached (expiry and will delay start), or a timer moved the will or the
+            // expiry on: the stored meta follows.
+            self.meta_changed(false);
+        }
+        self.after_turn(ctx).await;
+    }
+
+    /// One message; false when the turn ends without the after-turn work.
+    async fn handle_msg(&mut self, msg: ClientMsg, ctx: &mut Ctx<Self>) -> bool {
         match msg {
             ClientMsg::Attach(nc) => Box::pin(self.attach(nc, ctx)).await,
             ClientMsg::Input(packets, error) => {
                 if self.conn.is_none() {
-                    return;
+                    return false;
                 }
                 let acked = packets.iter().any(|p| {
                     matches!(
@@ -638,7 +765,7 @@ impl Client {
             }
             ClientMsg::InputEnd => {
                 if self.conn.is_none() {
-                    return;
+                    return false;
                 }
                 self.closing.get_or_insert(DisconnectReason::ConnectionLost);
                 self.session
@@ -716,6 +843,15 @@ impl Client {
                     self.on_verdict(seq, kind, topic, verdict);
                 }
             }
+            ClientMsg::Stored {
+                tag: OWN_WRITE,
+                outcome,
+            } => {
+                if outcome != Stored::Durable {
+                    debug!(?outcome, "session write not durable");
+                }
+                self.own_write_durable();
+            }
             ClientMsg::Stored { tag, outcome } => {
                 let v5 = self.conn.as_ref().is_some_and(|c| c.protocol.is_v5());
                 if let Some(a) = self.acks.as_mut() {
@@ -735,11 +871,18 @@ impl Client {
                 self.session
                     .detach(time::now(), DetachReason::ServerShutdown);
                 self.run_effects(ctx).await;
+                // Detached, as the restart finds it.
+                self.meta_changed(false);
+                self.write_store(ctx).await;
                 let _ = reply.send(());
-                return;
+                return false;
+            }
+            ClientMsg::Resubscribe(reply) => {
+                self.resubscribe(ctx).await;
+                let _ = reply.send(());
             }
         }
-        self.after_turn(ctx).await;
+        true
     }
 }
 
@@ -766,7 +909,8 @@ mod size_tests {
         // 480: -24, the keep-alive timer handle gone (the session's deadline is the actor's
         // own, `Actor::deadline`).
         // 488: +8 for the acknowledgements that wait for the store (client/acks.rs).
-        assert!(client <= 488, "Client is {client} bytes");
+        // 496: +8 for a persistent session's own writes to the store (client/persist.rs).
+        assert!(client <= 496, "Client is {client} bytes");
         assert!(session <= 224, "Session is {session} bytes");
     }
 }

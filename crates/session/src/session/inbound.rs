@@ -267,6 +267,11 @@ impl Session {
                 publisher: Some(Arc::clone(&self.client_id)),
                 shared_headers: Default::default(),
             };
+            if let (QoS::ExactlyOnce, Some(id)) = (p.qos, packet_id) {
+                // Stored with the routing, so that a resend after a crash is not routed again.
+                self.effects
+                    .push_back(Effect::Store(crate::StoreChange::InboundRouted(id)));
+            }
             self.effects.push_back(Effect::Publish(Arc::new(msg)));
             ReasonCode::Success
         };
@@ -297,6 +302,10 @@ impl Session {
             .as_mut()
             .is_some_and(|r| r.inbound_qos2.remove(&a.packet_id))
         {
+            self.effects
+                .push_back(Effect::Store(crate::StoreChange::InboundReleased(
+                    a.packet_id,
+                )));
             ReasonCode::Success
         } else {
             // MQTT 5 §4.3.3: a PUBREL for an id we do not hold still gets a PUBCOMP.

@@ -11,7 +11,10 @@ use starling_codec::{
     SubscriptionOptions, PACKET_SIZE_MAX,
 };
 
-use crate::{DropReason, Effect, Instant, Message, SessionError, SessionLimits, SubscribeRequest};
+use crate::{
+    DropReason, Effect, Instant, Message, SessionError, SessionLimits, StoreChange,
+    SubscribeRequest,
+};
 
 mod inbound;
 mod lifecycle;
@@ -175,6 +178,8 @@ struct Pending {
     qos: QoS,
     retain: bool,
     sub_ids: Vec<u32>,
+    /// Its store key, when the broker stored it (see [`DeliveryOptions::stored`]).
+    stored: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +190,17 @@ enum Stage {
     Qos2Published,
     /// QoS 2 PUBREL sent.
     Qos2Released,
+}
+
+impl Stage {
+    fn phase(self) -> crate::state::InflightPhase {
+        use crate::state::InflightPhase::*;
+        match self {
+            Stage::Qos1 => AwaitingPuback,
+            Stage::Qos2Published => AwaitingPubrec,
+            Stage::Qos2Released => AwaitingPubcomp,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -434,6 +450,32 @@ impl Session {
 
     fn dropped(&mut self, reason: DropReason, qos: QoS) {
         self.effects.push_back(Effect::Dropped { reason, qos });
+    }
+
+    /// A stored delivery is done with: its record goes.
+    fn retire(&mut self, stored: Option<u64>) {
+        if let Some(seq) = stored {
+            self.effects
+                .push_back(Effect::Store(StoreChange::Retire { seq }));
+        }
+    }
+
+    /// A stored delivery's flow moved on: its record follows, before what is sent next
+    /// when [`StoreChange::must_precede`] says so.
+    fn stage(&mut self, stored: Option<u64>, packet_id: PacketId, stage: Stage) {
+        if let Some(seq) = stored {
+            self.effects.push_back(Effect::Store(StoreChange::Stage {
+                seq,
+                packet_id,
+                phase: stage.phase(),
+            }));
+        }
+    }
+
+    /// Whether the session outlives its connection (a Session Expiry Interval above 0; MQTT
+    /// 3.x: clean session 0): what the broker stores.
+    pub fn outlives_connection(&self) -> bool {
+        !self.is_ended() && self.expiry_secs > 0
     }
 
     fn check_invariants(&self) {

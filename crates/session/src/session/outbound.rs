@@ -32,17 +32,21 @@ impl Session {
     /// drop is an [`Effect::Dropped`].
     pub fn deliver(&mut self, now: Instant, msg: &Arc<Message>, options: &DeliveryOptions) {
         let qos = msg.qos.min(options.qos);
+        let stored = options.stored;
         if self.is_ended() {
             self.dropped(DropReason::SessionEnded, qos);
+            self.retire(stored);
             return;
         }
         // MQTT 5 §3.8.3.1: No Local.
         if options.no_local && msg.publisher.as_deref() == Some(&*self.client_id) {
+            self.retire(stored);
             return;
         }
         // MQTT 5 §3.3.2.3.3: an expired message is not delivered.
         if msg.is_expired(now) {
             self.dropped(DropReason::Expired, qos);
+            self.retire(stored);
             return;
         }
         // MQTT 5 §3.3.1.3: RETAIN is kept for retained messages sent on
@@ -53,6 +57,7 @@ impl Session {
             qos,
             retain,
             sub_ids: options.subscription_ids.clone(),
+            stored,
         };
         match &self.phase {
             Phase::Attached(conn) => {
@@ -75,6 +80,7 @@ impl Session {
             _ => {
                 if qos == QoS::AtMostOnce && !self.limits.queue_qos0_offline {
                     self.dropped(DropReason::Offline, qos);
+                    self.retire(stored);
                     return;
                 }
                 self.enqueue(pending, options.held_back);
@@ -91,7 +97,11 @@ impl Session {
     pub(super) fn on_puback(&mut self, now: Instant, a: &PubAck) -> Result<(), SessionError> {
         match self.inflight.get(&a.packet_id).map(|f| f.stage) {
             Some(Stage::Qos1) => {
-                self.inflight.remove(&a.packet_id);
+                let stored = self
+                    .inflight
+                    .remove(&a.packet_id)
+                    .and_then(|f| f.out.stored);
+                self.retire(stored);
                 self.pump(now);
                 Ok(())
             }
@@ -114,14 +124,20 @@ impl Session {
         let failed = a.reason_code.is_error();
         match self.inflight.get_mut(&id).map(|f| (f.stage, f)) {
             Some((Stage::Qos2Published | Stage::Qos2Released, _)) if failed => {
-                self.inflight.remove(&id);
+                let stored = self.inflight.remove(&id).and_then(|f| f.out.stored);
+                self.retire(stored);
                 self.pump(now);
             }
             // Released already: a duplicate PUBREC (the client answered a PUBLISH
             // resent by 3.x retry or on reconnect) is answered with the PUBREL again.
-            Some((Stage::Qos2Published | Stage::Qos2Released, f)) => {
+            Some((stage @ (Stage::Qos2Published | Stage::Qos2Released), f)) => {
                 f.stage = Stage::Qos2Released;
                 f.sent_at = now;
+                let stored = f.out.stored;
+                if stage == Stage::Qos2Published {
+                    // Released in the store before the PUBREL goes.
+                    self.stage(stored, id, Stage::Qos2Released);
+                }
                 self.effects
                     .push_back(Effect::Send(Packet::Pubrel(PubAck::new(id))));
             }
@@ -144,7 +160,11 @@ impl Session {
     pub(super) fn on_pubcomp(&mut self, now: Instant, a: &PubAck) -> Result<(), SessionError> {
         match self.inflight.get(&a.packet_id).map(|f| f.stage) {
             Some(Stage::Qos2Released) => {
-                self.inflight.remove(&a.packet_id);
+                let stored = self
+                    .inflight
+                    .remove(&a.packet_id)
+                    .and_then(|f| f.out.stored);
+                self.retire(stored);
                 self.pump(now);
                 Ok(())
             }
@@ -167,8 +187,9 @@ impl Session {
         while let Some(front) = self.queue.front() {
             if front.msg.is_expired(now) {
                 let qos = front.qos;
-                self.queue_pop_front();
+                let stored = self.queue_pop_front().and_then(|p| p.stored);
                 self.dropped(DropReason::Expired, qos);
+                self.retire(stored);
                 continue;
             }
             if front.qos != QoS::AtMostOnce && self.inflight.len() >= window {
@@ -186,10 +207,12 @@ impl Session {
     }
 
     fn send_qos0(&mut self, now: Instant, p: Pending) {
+        let stored = p.stored;
         match self.encode(now, &p, None, false) {
             Ok(header) => self.emit_publish(header, p, None, false),
             Err(reason) => self.dropped(reason, p.qos),
         }
+        self.retire(stored);
     }
 
     fn start_inflight(&mut self, now: Instant, p: Pending) {
@@ -205,6 +228,8 @@ impl Session {
                 };
                 let seq = self.next_seq;
                 self.next_seq += 1;
+                // In the store before the PUBLISH, when QoS 2 (see `StoreChange`).
+                self.stage(p.stored, id, stage);
                 self.emit_publish(header, p.clone(), Some(id), false);
                 self.inflight.insert(
                     id,
@@ -216,7 +241,10 @@ impl Session {
                     },
                 );
             }
-            Err(reason) => self.dropped(reason, p.qos),
+            Err(reason) => {
+                self.dropped(reason, p.qos);
+                self.retire(p.stored);
+            }
         }
     }
 
@@ -260,9 +288,14 @@ impl Session {
             return;
         };
         if f.stage == Stage::Qos1 {
-            self.inflight.remove(&id);
+            let stored = self.inflight.remove(&id).and_then(|f| f.out.stored);
+            self.retire(stored);
         } else {
-            f.stage = Stage::Qos2Released;
+            let was = std::mem::replace(&mut f.stage, Stage::Qos2Released);
+            let stored = f.out.stored;
+            if was != Stage::Qos2Released {
+                self.stage(stored, id, Stage::Qos2Released);
+            }
             self.effects
                 .push_back(Effect::Send(Packet::Pubrel(PubAck::new(id))));
         }
@@ -287,10 +320,12 @@ impl Session {
                     if old.qos == QoS::AtMostOnce {
                         self.queued_qos0 -= 1;
                     }
-                    self.dropped(DropReason::QueueFull, old.qos)
+                    self.dropped(DropReason::QueueFull, old.qos);
+                    self.retire(old.stored);
                 }
                 None => {
                     self.dropped(DropReason::QueueFull, p.qos);
+                    self.retire(p.stored);
                     return;
                 }
             }

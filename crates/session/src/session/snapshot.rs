@@ -35,12 +35,16 @@ impl Session {
     /// (a routed QoS 2 message must be safe before a state that holds its packet identifier,
     /// and so will not route its resend, is).
     pub fn snapshot(&self, now: Instant, wall: SystemTime) -> SessionState {
+        self.state(now, wall, true)
+    }
+
+    fn state(&self, now: Instant, wall: SystemTime, deliveries: bool) -> SessionState {
         let clock = Clock { now, wall };
         let detached = match &self.phase {
             Phase::New | Phase::Ended => None,
             Phase::Detached { expires_at } => {
                 let will_at = self.rare().will_at;
-                Some(self.detached_state(&clock, *expires_at, will_at))
+                Some(self.detached_state(&clock, *expires_at, will_at, deliveries))
             }
             Phase::Attached(_) => {
                 // What `detach_with` would set.
@@ -50,7 +54,7 @@ impl Session {
                     now.checked_add(Duration::from_secs(u64::from(self.expiry_secs)))
                 };
                 let will_at = self.will.as_ref().and_then(|w| now.checked_add(w.delay));
-                Some(self.detached_state(&clock, expires_at, will_at))
+                Some(self.detached_state(&clock, expires_at, will_at, deliveries))
             }
         };
         SessionState {
@@ -62,14 +66,56 @@ impl Session {
         }
     }
 
+    /// [`Session::snapshot`] without the deliveries (in flight and queued) and the inbound
+    /// QoS 2 identifiers, which a store keeps in records of their own: what changes on
+    /// CONNECT, SUBSCRIBE, UNSUBSCRIBE and detach, at the cost of the subscriptions, not of
+    /// the queue.
+    pub fn snapshot_meta(&self, now: Instant, wall: SystemTime) -> SessionState {
+        self.state(now, wall, false)
+    }
+
+    /// The store keys of the deliveries: in flight in send order (the order a state lists
+    /// them), then queued in queue order; `None` for one not stored. They are not part of
+    /// the [`SessionState`]: a store keeps them as its records' keys.
+    pub fn store_keys(&self) -> (Vec<Option<u64>>, Vec<Option<u64>>) {
+        let mut flights: Vec<&Inflight> = self.inflight.values().collect();
+        flights.sort_unstable_by_key(|f| f.seq);
+        (
+            flights.into_iter().map(|f| f.out.stored).collect(),
+            self.queue.iter().map(|p| p.stored).collect(),
+        )
+    }
+
+    /// Gives a restored session's deliveries their store keys, as [`Session::store_keys`]
+    /// lists them. Extra keys are ignored; a delivery without one is not stored.
+    pub fn set_store_keys(
+        &mut self,
+        inflight: impl IntoIterator<Item = Option<u64>>,
+        queue: impl IntoIterator<Item = Option<u64>>,
+    ) {
+        let mut flights: Vec<&mut Inflight> = self.inflight.values_mut().collect();
+        flights.sort_unstable_by_key(|f| f.seq);
+        for (f, key) in flights.into_iter().zip(inflight) {
+            f.out.stored = key;
+        }
+        for (p, key) in self.queue.iter_mut().zip(queue) {
+            p.stored = key;
+        }
+    }
+
     fn detached_state(
         &self,
         clock: &Clock,
         expires_at: Option<Instant>,
         will_at: Option<Instant>,
+        deliveries: bool,
     ) -> DetachedState {
         let rare = self.rare();
-        let mut inflight: Vec<(&PacketId, &Inflight)> = self.inflight.iter().collect();
+        let mut inflight: Vec<(&PacketId, &Inflight)> = if deliveries {
+            self.inflight.iter().collect()
+        } else {
+            Vec::new()
+        };
         inflight.sort_unstable_by_key(|(_, f)| f.seq);
         DetachedState {
             expiry_interval_secs: self.expiry_secs,
@@ -95,20 +141,23 @@ impl Session {
                 .into_iter()
                 .map(|(id, f)| InflightState {
                     packet_id: *id,
-                    phase: match f.stage {
-                        Stage::Qos1 => InflightPhase::AwaitingPuback,
-                        Stage::Qos2Published => InflightPhase::AwaitingPubrec,
-                        Stage::Qos2Released => InflightPhase::AwaitingPubcomp,
-                    },
+                    phase: f.stage.phase(),
                     delivery: delivery_state(&f.out, clock),
                 })
                 .collect(),
-            queue: self
-                .queue
-                .iter()
-                .map(|p| delivery_state(p, clock))
-                .collect(),
-            inbound_qos2: rare.inbound_qos2.iter().copied().collect(),
+            queue: if deliveries {
+                self.queue
+                    .iter()
+                    .map(|p| delivery_state(p, clock))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            inbound_qos2: if deliveries {
+                rare.inbound_qos2.iter().copied().collect()
+            } else {
+                Vec::new()
+            },
             pending_subscribes: rare
                 .pending_subscribes
                 .iter()
@@ -377,6 +426,7 @@ fn pending(d: DeliveryState, clock: &Clock) -> Result<Pending, RestoreError> {
         qos: d.qos,
         retain: d.retain,
         sub_ids: d.subscription_ids,
+        stored: None,
     })
 }
 

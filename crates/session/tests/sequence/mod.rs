@@ -25,7 +25,7 @@ use starling_codec::{
 };
 use starling_session::{
     DeliveryOptions, DetachReason, Effect, Expiry, Gate, Instant, Message, QueueFullPolicy,
-    Session, SessionError, SessionLimits,
+    Session, SessionError, SessionLimits, StoreChange,
 };
 
 /// Topics and filters small enough to collide often.
@@ -102,6 +102,9 @@ pub struct Driver {
     released: Vec<PacketId>,
     subscribes: Vec<(PacketId, usize)>,
     unsubscribes: Vec<(PacketId, usize)>,
+    /// Store keys given to deliveries and not yet retired.
+    live_keys: std::collections::BTreeSet<u64>,
+    next_key: u64,
 }
 
 /// Runs the sequence `data` describes; panics if an invariant breaks.
@@ -153,6 +156,8 @@ impl Driver {
             conn: None,
             outstanding: Vec::new(),
             released: Vec::new(),
+            live_keys: Default::default(),
+            next_key: 0,
             subscribes: Vec::new(),
             unsubscribes: Vec::new(),
         })
@@ -460,6 +465,11 @@ impl Driver {
             subscription_ids: if o & 0x10 != 0 { vec![7] } else { Vec::new() },
             from_retained: o & 0x20 != 0,
             held_back: b & 0x80 != 0,
+            stored: (b & 0x40 != 0).then(|| {
+                self.next_key += 1;
+                self.live_keys.insert(self.next_key);
+                self.next_key
+            }),
         };
         self.s.deliver(self.now, &msg, &options);
         self.drain();
@@ -584,7 +594,23 @@ impl Driver {
                 Effect::Publish(m) | Effect::Will(m) => {
                     assert!(self.limits.topic_allowed(&m.topic), "{} routed", m.topic);
                 }
-                Effect::SessionEnded { .. } | Effect::Dropped { .. } => {}
+                Effect::Store(StoreChange::Retire { seq }) => {
+                    assert!(
+                        self.live_keys.remove(seq),
+                        "key {seq} retired twice or never given"
+                    );
+                }
+                Effect::Store(StoreChange::Stage { seq, .. }) => {
+                    assert!(
+                        self.live_keys.contains(seq),
+                        "key {seq} staged after its retirement"
+                    );
+                }
+                Effect::SessionEnded { .. } => {
+                    // The broker drops the stored session whole.
+                    self.live_keys.clear();
+                }
+                Effect::Store(_) | Effect::Dropped { .. } => {}
             }
         }
         if let Some(log) = &mut self.log {

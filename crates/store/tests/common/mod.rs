@@ -73,6 +73,8 @@ pub fn meta(subscriptions: &[&str]) -> SessionMeta {
             .collect(),
         pending_subscribes: Vec::new(),
         pending_unsubscribes: Vec::new(),
+        owner: None,
+        connected: false,
     }
 }
 
@@ -127,6 +129,19 @@ impl Model {
                 }
                 None => return false,
             },
+            Op::StageDelivery {
+                client_id,
+                seq,
+                stage,
+            } => {
+                if let Some(d) = self
+                    .sessions
+                    .get_mut(client_id)
+                    .and_then(|s| s.deliveries.get_mut(seq))
+                {
+                    d.stage = *stage;
+                }
+            }
             Op::DropDelivery { client_id, seq } => {
                 if let Some(s) = self.sessions.get_mut(client_id) {
                     s.deliveries.remove(seq);
@@ -196,6 +211,7 @@ impl Model {
                         }
                     }
                 }
+                let (owner, connected) = (s.meta.owner.clone(), s.meta.connected);
                 let parts = SessionParts {
                     client_id: client_id.clone(),
                     meta: s.meta.clone(),
@@ -207,6 +223,8 @@ impl Model {
                     state: parts.join(),
                     inflight_seqs,
                     queue_seqs,
+                    owner,
+                    connected,
                 }
             })
             .collect();
@@ -297,20 +315,24 @@ fn delivery_state() -> impl Strategy<Value = DeliveryState> {
         })
 }
 
-fn stored_delivery() -> impl Strategy<Value = StoredDelivery> {
+fn delivery_stage() -> impl Strategy<Value = DeliveryStage> {
     let phase = prop_oneof![
         Just(InflightPhase::AwaitingPuback),
         Just(InflightPhase::AwaitingPubrec),
         Just(InflightPhase::AwaitingPubcomp)
     ];
-    let stage = prop_oneof![
+    prop_oneof![
         Just(DeliveryStage::Queued),
         (1u16..10, phase).prop_map(|(p, phase)| DeliveryStage::Inflight {
             packet_id: pid(p),
             phase
         }),
-    ];
-    (stage, delivery_state()).prop_map(|(stage, delivery)| StoredDelivery { stage, delivery })
+    ]
+}
+
+fn stored_delivery() -> impl Strategy<Value = StoredDelivery> {
+    (delivery_stage(), delivery_state())
+        .prop_map(|(stage, delivery)| StoredDelivery { stage, delivery })
 }
 
 fn subscription() -> impl Strategy<Value = SubscriptionState> {
@@ -391,6 +413,8 @@ fn session_meta() -> impl Strategy<Value = SessionMeta> {
                     subscriptions,
                     pending_subscribes,
                     pending_unsubscribes,
+                    owner: None,
+                    connected: false,
                 }
             },
         )
@@ -403,6 +427,8 @@ pub fn op() -> impl Strategy<Value = Op> {
         1 => client().prop_map(|client_id| Op::DropSession { client_id }),
         6 => (client(), seq.clone(), stored_delivery())
             .prop_map(|(client_id, seq, record)| Op::PutDelivery { client_id, seq, record }),
+        3 => (client(), seq.clone(), delivery_stage())
+            .prop_map(|(client_id, seq, stage)| Op::StageDelivery { client_id, seq, stage }),
         3 => (client(), seq).prop_map(|(client_id, seq)| Op::DropDelivery { client_id, seq }),
         2 => (client(), 1u16..5)
             .prop_map(|(client_id, p)| Op::PutInbound { client_id, packet_id: pid(p) }),

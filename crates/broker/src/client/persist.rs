@@ -1,0 +1,234 @@
+//! A persistent session's own writes to the store: its meta (subscriptions, will, expiry)
+//! on CONNECT, SUBSCRIBE, UNSUBSCRIBE, detach and timeouts; its deliveries' stages and
+//! retirements as the session reports them ([`StoreChange`]); its inbound QoS 2 packet
+//! identifiers as PUBRELs release them. The shards write the deliveries themselves (see
+//! `routing`), and a QoS 2 identifier's record goes with the routing of its PUBLISH.
+//!
+//! What must be durable before the client sees what follows (a QoS 2 delivery's packet
+//! identifier before its PUBLISH, its release before the PUBREL, the subscriptions before
+//! the SUBACK, the session before the CONNACK) is a barrier: the output from where it
+//! stood at that change waits until the store answers [`OWN_WRITE`], while what was
+//! encoded before goes. Everything else is written on the way, in the order the session
+//! changed: one writer per session, and the store's mailbox keeps a sender's order.
+
+use std::collections::VecDeque;
+
+use starling_codec::PacketId;
+use starling_rt::{time, Ctx};
+use starling_session::StoreChange;
+use starling_store::{DeliveryStage, Op, SessionParts};
+
+use super::Client;
+use crate::msg::{AckTo, StoreMsg, Waiter, OWN_WRITE};
+
+/// Made when a session that outlives its connection first writes (or is restored).
+#[derive(Debug, Default)]
+pub(super) struct Persist {
+    ops: Vec<Op>,
+    /// `ops` holds a change what is sent next must wait for: the output from this offset
+    /// on waits for it.
+    barrier_at: Option<usize>,
+    /// For each barrier write sent and not yet durable, oldest first (the store answers in
+    /// order), the output offset from which what is encoded waits for it.
+    held: VecDeque<usize>,
+    /// The store holds this session (a `PutSession` went out): its end drops it.
+    stored: bool,
+    /// The meta changed since it was last written.
+    meta_dirty: bool,
+    /// The inbound QoS 2 identifier of the publish about to be routed.
+    pub(super) inbound: Option<PacketId>,
+}
+
+impl Persist {
+    pub(super) fn restored() -> Self {
+        Self {
+            stored: true,
+            ..Self::default()
+        }
+    }
+}
+
+impl Client {
+    /// Whether this session's state goes to the store: it outlives its connection (or is
+    /// stored already, and must be dropped there), on a node with a store.
+    fn persisting(&self) -> bool {
+        self.shards.store().is_some()
+            && (self.session.outlives_connection()
+                || self.persist.as_ref().is_some_and(|p| p.stored))
+    }
+
+    /// The meta is to be written at the end of the turn, the output waiting for it when
+    /// `barrier` (SUBACK, CONNACK).
+    pub(super) fn meta_changed(&mut self, barrier: bool) {
+        if !self.persisting() {
+            return;
+        }
+        let at = self.out_len();
+        let p = self.persist.get_or_insert_with(Box::default);
+        p.meta_dirty = true;
+        if barrier {
+            p.barrier_at.get_or_insert(at);
+        }
+    }
+
+    fn out_len(&self) -> usize {
+        self.conn.as_ref().map_or(0, |c| c.out.len())
+    }
+
+    /// A change the session reported.
+    pub(super) fn store_change(&mut self, change: StoreChange) {
+        let client_id = self.session.client_id().to_string();
+        let at = self.out_len();
+        let Some(p) = self.persist.as_mut().filter(|p| p.stored) else {
+            return;
+        };
+        if change.must_precede() {
+            p.barrier_at.get_or_insert(at);
+        }
+        let op = match change {
+            StoreChange::Stage {
+                seq,
+                packet_id,
+                phase,
+            } => Op::StageDelivery {
+                client_id,
+                seq,
+                stage: DeliveryStage::Inflight { packet_id, phase },
+            },
+            StoreChange::Retire { seq } => Op::DropDelivery { client_id, seq },
+            StoreChange::InboundReleased(packet_id) => Op::DropInbound {
+                client_id,
+                packet_id,
+            },
+            StoreChange::InboundRouted(packet_id) => {
+                p.inbound = Some(packet_id);
+                return;
+            }
+        };
+        p.ops.push(op);
+    }
+
+    /// The session ended: its records go.
+    pub(super) fn session_dropped(&mut self) {
+        let client_id = self.session.client_id().to_string();
+        if let Some(p) = self.persist.as_mut().filter(|p| p.stored) {
+            // What the session changed before is moot: its records all go.
+            p.ops.clear();
+            p.ops.push(Op::DropSession { client_id });
+            p.stored = false;
+            p.meta_dirty = false;
+        }
+    }
+
+    /// The identifier to store with the publish being routed, when this session is stored.
+    pub(super) fn inbound_for_publish(&mut self) -> Option<(std::sync::Arc<str>, PacketId)> {
+        let id = self.persist.as_mut()?.inbound.take()?;
+        Some((self.session.client_id().clone(), id))
+    }
+
+    /// How much of `out_len` bytes of output may be written now: what was encoded before
+    /// the oldest barrier write that is not durable yet.
+    pub(super) fn sendable(&self, out_len: usize) -> usize {
+        self.persist
+            .as_ref()
+            .and_then(|p| p.held.front())
+            .map_or(out_len, |&at| at.min(out_len))
+    }
+
+    /// `n` bytes of output went out (or were dropped with their connection): the offsets
+    /// of what waits move back.
+    pub(super) fn output_sent(&mut self, n: usize) {
+        if let Some(p) = &mut self.persist {
+            for at in p.held.iter_mut().chain(p.barrier_at.as_mut()) {
+                *at = at.saturating_sub(n);
+            }
+        }
+    }
+
+    /// The store answered the oldest barrier write.
+    pub(super) fn own_write_durable(&mut self) {
+        if let Some(p) = &mut self.persist {
+            p.held.pop_front();
+        }
+    }
+
+    /// Sends what the turn changed, in one write (the meta last: it is the newest state).
+    pub(super) async fn write_store(&mut self, ctx: &mut Ctx<Self>) {
+        let meta = match &self.persist {
+            Some(p) if p.meta_dirty => self.meta_op(),
+            Some(p) if !p.ops.is_empty() || p.barrier_at.is_some() => None,
+            _ => return,
+        };
+        let Some(store) = self.shards.store().cloned() else {
+            return;
+        };
+        let Some(p) = self.persist.as_mut() else {
+            return;
+        };
+        if p.meta_dirty {
+            p.meta_dirty = false;
+            match meta {
+                Some(op) => {
+                    p.ops.push(op);
+                    p.stored = true;
+                }
+                None if p.stored => {
+                    p.ops.push(Op::DropSession {
+                        client_id: self.session.client_id().to_string(),
+                    });
+                    p.stored = false;
+                }
+                None => {}
+            }
+        }
+        let ops = std::mem::take(&mut p.ops);
+        let barrier = p.barrier_at.take();
+        if ops.is_empty() {
+            return;
+        }
+        let then = if let Some(at) = barrier {
+            p.held.push_back(at);
+            vec![Waiter {
+                to: AckTo {
+                    addr: ctx.weak_addr(),
+                    tag: OWN_WRITE,
+                    inbound: None,
+                },
+                ops: 0..ops.len(),
+            }]
+        } else {
+            Vec::new()
+        };
+        let write = StoreMsg::Write {
+            ops,
+            then,
+            retained: Vec::new(),
+            deliveries: Vec::new(),
+            shard: None,
+        };
+        // Waited on when full: one writer per session keeps its order.
+        if store.send(write).await.is_err() {
+            // The store stopped (shutdown): nothing will answer.
+            if barrier.is_some() {
+                if let Some(p) = &mut self.persist {
+                    p.held.pop_back();
+                }
+            }
+        }
+    }
+
+    /// The session's meta record as it stands, `None` when it has nothing to keep.
+    fn meta_op(&self) -> Option<Op> {
+        let state = self.session.snapshot_meta(time::now(), time::wall());
+        let mut parts = SessionParts::split(state)?;
+        if !self.session.outlives_connection() {
+            return None;
+        }
+        parts.meta.owner = self.gate.username().map(|u| u.to_string());
+        parts.meta.connected = self.session.is_attached();
+        Some(Op::PutSession {
+            client_id: parts.client_id,
+            meta: parts.meta,
+        })
+    }
+}
