@@ -9,7 +9,7 @@
 # Knobs (environment): REPS (3), DURATION (10 s per run), CLIENTS (100),
 # PAIRS (50), PAYLOAD (64), CONN_CLIENTS (10000), SCENARIOS (space-separated
 # subset of the names below), BROKERS (subset of: starling mosquitto rmqtt
-# rumqttd starling-base), RMQTTD_ARGS / RMQTTD_PORT (how to start RMQTT, default: its own
+# rumqttd starling-base starling-mem mosquitto-persist), RMQTTD_ARGS / RMQTTD_PORT (how to start RMQTT, default: its own
 # defaults on 1883), DOC (docs/benchmarks.md).
 #
 # A/B against an earlier Starling: STARLING_BASE_BIN=path/to/old/starling and
@@ -48,10 +48,18 @@ pairs-q1|pairs -c $PAIRS -q 1 -s $PAYLOAD|delivered_per_s|higher
 fanin-q1-20k-p99|fanin -c $CLIENTS -q 1 -r 20000 -s $PAYLOAD|latency_us.p99|lower
 pairs-q1-20k-p99|pairs -c $PAIRS -q 1 -r 20000 -s $PAYLOAD|latency_us.p99|lower
 fanout-q1-50k-p99|fanout -c $CLIENTS -q 1 -r $((50000 / CLIENTS)) -s $PAYLOAD|latency_us.p99|lower
+persist-fanin-q1|fanin -c $CLIENTS -q 1 -s $PAYLOAD --persistent|delivered_per_s|higher
+persist-pairs-q1|pairs -c $PAIRS -q 1 -s $PAYLOAD --persistent|delivered_per_s|higher
+persist-fanin-q1-5k-p99|fanin -c $CLIENTS -q 1 -r 5000 -s $PAYLOAD --persistent|latency_us.p99|lower
+persist-pairs-q1-5k-p99|pairs -c $PAIRS -q 1 -r 5000 -s $PAYLOAD --persistent|latency_us.p99|lower
 conn-rate|conn -c $CONN_CLIENTS --connect-rate 50000|connect.rate_per_s|higher
 conn-rss|conn -c $CONN_CLIENTS --connect-rate 50000|broker_rss.per_connection_bytes|lower
 "
-SCENARIOS=${SCENARIOS:-$(echo "$SCENARIO_TABLE" | awk -F'|' 'NF { print $1 }' | tr '\n' ' ')}
+# The persistent-session rows (subscribers with persistent sessions, so a broker with a
+# store writes their deliveries) are run only when asked for, with the brokers that tell
+# them apart: starling-mem (the same build, storage.enabled = false) and mosquitto-persist
+# (persistence true, its defaults otherwise).
+SCENARIOS=${SCENARIOS:-$(echo "$SCENARIO_TABLE" | awk -F'|' 'NF && $1 !~ /^persist-/ { print $1 }' | tr '\n' ' ')}
 
 log() { echo "bench-compare: $*" >&2; }
 
@@ -101,9 +109,10 @@ start_broker() {
   local name=$1 port=$2 dir=$3 pid=""
   mkdir -p "$dir"
   case $name in
-    starling|starling-base)
+    starling|starling-base|starling-mem)
       local bin=$STARLING_BIN extra=$STARLING_TOML
       [ "$name" = starling-base ] && bin=$STARLING_BASE_BIN extra=$STARLING_BASE_TOML
+      [ "$name" = starling-mem ] && extra=$(printf '%s\n[storage]\nenabled = false' "$STARLING_TOML")
       [ -n "$bin" ] || return 0
       cat >"$dir/starling.toml" <<TOML
 [node]
@@ -117,9 +126,11 @@ $extra
 TOML
       taskset -c "$BROKER_CPU" "$bin" --config "$dir/starling.toml" >"$dir/broker.log" 2>&1 &
       pid=$! ;;
-    mosquitto)
+    mosquitto|mosquitto-persist)
       [ -n "$MOSQUITTO_BIN" ] || return 0
       printf 'listener %s 127.0.0.1\nallow_anonymous true\nmax_connections -1\n' "$port" >"$dir/mosquitto.conf"
+      [ "$name" = mosquitto-persist ] &&
+        printf 'persistence true\npersistence_location %s/\n' "$dir" >>"$dir/mosquitto.conf"
       taskset -c "$BROKER_CPU" "$MOSQUITTO_BIN" -c "$dir/mosquitto.conf" >"$dir/broker.log" 2>&1 &
       pid=$! ;;
     rmqtt)

@@ -422,7 +422,7 @@ async fn session_scenario() {
 fn persistent_sessions_survive_kills_with_unsynced_writes_lost() {
     run(
         RunConfig {
-            default_seeds: 50,
+            default_seeds: 100,
             time_limit: Duration::from_secs(60),
             ..RunConfig::new(
                 "broker_store",

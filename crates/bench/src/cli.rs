@@ -136,6 +136,10 @@ pub struct MsgArgs {
     /// bench/t/#); fanin/fanout/pairs: topic prefix (default bench/<pid>).
     #[arg(short, long)]
     pub topic: Option<String>,
+    /// Subscribers keep a persistent session (3.1.1: clean session 0; 5: clean start 0
+    /// with a session expiry of 300 s), so a broker with a store writes their deliveries.
+    #[arg(long)]
+    pub persistent: bool,
 }
 
 /// Which scenario.
@@ -235,6 +239,8 @@ pub struct RunConfig {
     pub broker_pid: Option<u32>,
     /// Live progress line.
     pub progress: bool,
+    /// Subscribers keep a persistent session.
+    pub persistent: bool,
 }
 
 impl RunConfig {
@@ -324,6 +330,7 @@ impl Command {
             topic: String::new(),
             broker_pid: common.broker_pid,
             progress: !common.no_progress,
+            persistent: false,
         };
         let Some(msg) = msg else {
             return Ok(cfg);
@@ -364,6 +371,7 @@ impl Command {
             });
         }
         cfg.drain = Duration::from_secs_f64(msg.drain_secs);
+        cfg.persistent = msg.persistent;
         cfg.topic = match (&msg.topic, scenario) {
             (Some(t), _) => t.clone(),
             (None, Scenario::Pub) => "bench/t/%i".to_string(),

@@ -87,6 +87,10 @@ pub struct ClientSpec {
     pub publish: Option<PubSpec>,
 }
 
+/// The session expiry of a persistent subscriber: long enough for a run, short enough that
+/// a broker forgets it soon after.
+const PERSISTENT_EXPIRY_SECS: u32 = 300;
+
 /// A subscription.
 #[derive(Debug, Clone)]
 pub struct SubSpec {
@@ -94,6 +98,8 @@ pub struct SubSpec {
     pub filter: String,
     /// Maximum QoS.
     pub qos: QoS,
+    /// A persistent session (see `--persistent`).
+    pub persistent: bool,
 }
 
 /// A publisher's stream of messages.
@@ -244,15 +250,20 @@ where
 {
     let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
     let mut out = BytesMut::with_capacity(OUT_HIGH_WATER);
+    let persistent = spec.subscribe.as_ref().is_some_and(|s| s.persistent);
+    let mut properties = Properties::default();
+    if persistent && spec.protocol == Protocol::V5 {
+        properties.session_expiry_interval = Some(PERSISTENT_EXPIRY_SECS);
+    }
     let mut options = ClientOptions::new(Connect {
         protocol: spec.protocol,
-        clean_start: true,
+        clean_start: !persistent,
         keep_alive: spec.keep_alive_secs,
         client_id: spec.client_id.clone(),
         will: None,
         username: None,
         password: None,
-        properties: Properties::default(),
+        properties,
     });
     if let Some(p) = &spec.publish {
         // The broker's Receive Maximum lowers it further (MQTT 5 §3.2.2.3.3).

@@ -351,6 +351,7 @@ fn build_clients(cfg: &RunConfig) -> (Vec<ClientSpec>, Vec<Option<Expect>>) {
         spec.subscribe = Some(SubSpec {
             filter,
             qos: cfg.qos,
+            persistent: cfg.persistent,
         });
         specs.push(spec);
         expects.push(Some(expect));

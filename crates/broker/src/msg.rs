@@ -211,11 +211,13 @@ pub(crate) enum RouterMsg {
         filters: Vec<String>,
     },
     /// A client attached or detached: shared groups prefer online members, and an
-    /// offline one holds no publisher back.
+    /// offline one holds no publisher back. `persistent`: whether its session now outlives
+    /// its connection (a resume may change it), so that its deliveries are stored.
     Presence {
         client_id: Arc<str>,
         online: bool,
         may_hold: bool,
+        persistent: bool,
     },
     /// A subscriber's back-pressure report (see the `flow` module).
     Flow {
@@ -239,7 +241,7 @@ pub(crate) enum RouterMsg {
     RetryBlocked,
     /// Deliveries to persistent sessions whose records are now durable (or, for those
     /// without a record, which waited behind them): hand them over.
-    StoredDeliveries(Vec<(Arc<str>, Delivery)>),
+    StoredDeliveries(Vec<(Arc<str>, ActorId, Delivery)>),
 }
 
 // --- to the storage actor -------------------------------------------------------------
@@ -286,6 +288,9 @@ pub(crate) struct CommitDone {
 pub(crate) struct HeldDelivery {
     pub op: Option<usize>,
     pub subscriber: Arc<str>,
+    /// The subscriber's actor when it was routed: a later session of the same client id
+    /// (the old one ended) does not get it.
+    pub actor: ActorId,
     pub delivery: Delivery,
 }
 

@@ -330,6 +330,7 @@ impl RouterActor {
             self.store_deliveries.push(HeldDelivery {
                 op,
                 subscriber: subscriber.clone(),
+                actor: me,
                 delivery: (msg.clone(), opts),
             });
         } else if client.backlog.saturated() && !opts.held_back {
@@ -407,10 +408,15 @@ impl RouterActor {
     /// into their subscribers' pending lists. A stored one is kept up to the hard bound,
     /// since its publisher may have been acknowledged; one dropped even so loses its
     /// record too.
-    fn stored_deliveries(&mut self, ds: Vec<(Arc<str>, Delivery)>) {
+    fn stored_deliveries(&mut self, ds: Vec<(Arc<str>, ActorId, Delivery)>) {
         let hard = self.shared.limits.mqueue_len_hard();
-        for (subscriber, d) in ds {
-            let Some(Destination::Local(client)) = self.destinations.get_mut(&subscriber) else {
+        for (subscriber, actor, d) in ds {
+            let dest = self.destinations.get_mut(&subscriber);
+            if dest.as_ref().is_some_and(|d| d.actor() != actor) {
+                // Its session ended (its records with it) and a new one took the client id.
+                continue;
+            }
+            let Some(Destination::Local(client)) = dest else {
                 if let Some(seq) = d.1.stored {
                     self.to_store.push(Op::DropDelivery {
                         client_id: subscriber.to_string(),
@@ -775,11 +781,13 @@ impl Actor for RouterActor {
                 client_id,
                 online,
                 may_hold,
+                persistent,
             } => {
                 let forgive =
                     self.shared.config.mqtt.backpressure_stuck_policy == StuckPolicy::Disconnect;
                 if let Some(Destination::Local(c)) = self.destinations.get_mut(&client_id) {
                     c.online = online;
+                    c.persistent = persistent;
                     let o = c.backlog.presence(online, may_hold, forgive);
                     self.apply(&client_id, o, ctx);
                 }
@@ -811,7 +819,8 @@ impl Actor for RouterActor {
                 });
             }
         }
-        if !self.to_store.is_empty() {
+        // Held deliveries go even without ops of their own: they wait behind earlier ones.
+        if !self.to_store.is_empty() || !self.store_deliveries.is_empty() {
             if let Some(store) = &self.store {
                 let ops = std::mem::take(&mut self.to_store);
                 let then = std::mem::take(&mut self.store_waiters);
@@ -833,7 +842,9 @@ impl Actor for RouterActor {
                     } = e.0
                     {
                         // Not durable, but routed: delivered from memory.
-                        let ds = deliveries.into_iter().map(|h| (h.subscriber, h.delivery));
+                        let ds = deliveries
+                            .into_iter()
+                            .map(|h| (h.subscriber, h.actor, h.delivery));
                         self.stored_deliveries(ds.collect());
                         for w in then {
                             let msg = ClientMsg::Stored {

@@ -264,6 +264,7 @@ impl Shards {
         client_id: Arc<str>,
         online: bool,
         may_hold: bool,
+        persistent: bool,
         known: &[bool],
     ) {
         for (s, addr) in self.0.addrs.iter().enumerate() {
@@ -275,6 +276,7 @@ impl Shards {
                     client_id: client_id.clone(),
                     online,
                     may_hold,
+                    persistent,
                 })
                 .await;
         }

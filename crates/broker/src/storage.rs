@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use starling_config::FsyncPolicy;
 use starling_rt::blocking::BlockingPool;
-use starling_rt::{time, Actor, Ctx, Reply, TimerId, TrySendError, WeakAddr};
+use starling_rt::{time, Actor, ActorId, Ctx, Reply, TimerId, TrySendError, WeakAddr};
 use starling_session::Message;
 use starling_store::{Fsync, Op, Store};
 use tracing::{debug, error, warn};
@@ -114,7 +114,10 @@ impl StorageActor {
             // A commit runs: this goes into the next.
             return;
         }
-        if self.interval.is_zero() || self.pending.len() >= COMMIT_OPS_MAX {
+        if self.interval.is_zero()
+            || self.pending.len() >= COMMIT_OPS_MAX
+            || self.pending.is_empty()
+        {
             self.start(ctx);
         } else if self.armed.is_none() {
             self.armed = Some(ctx.after(self.interval, StoreMsg::CommitNow));
@@ -122,7 +125,15 @@ impl StorageActor {
     }
 
     fn start(&mut self, ctx: &mut Ctx<Self>) {
+        if self.store.is_none() {
+            // A commit runs: this goes into the next.
+            return;
+        }
         if self.pending.is_empty() && self.waiting.is_empty() {
+            // Nothing to commit: deliveries that only waited behind earlier commits (all
+            // done now) go back to their shards.
+            let held = std::mem::take(&mut self.deliveries);
+            hand_back(&self.shared, held, &[]);
             return;
         }
         let Some(mut store) = self.store.take() else {
@@ -200,31 +211,22 @@ impl StorageActor {
                 error!(error = %e, ops = done.ops, "store commit failed: these writes are not durable");
             }
         }
-        // Deliveries after the commit, so that what a subscriber acknowledges is stored; in
-        // order, one message per shard. A refused record drops its delivery: its publisher
-        // hears the store is full.
+        // Deliveries after the commit, so that what a subscriber acknowledges is stored.
         let refused: &[starling_store::Refused] = match &done.result {
             Ok(c) => &c.refused,
             Err(_) => &[],
         };
-        let mut to_shards: Vec<ToShard> = Vec::new();
-        for (h, shard) in done.deliveries {
-            if h.op.is_some_and(|i| refused.iter().any(|r| r.op == i)) {
-                add(&m.dropped_other, 1);
-                continue;
-            }
-            match to_shards.iter_mut().find(|(s, _)| s.id() == shard.id()) {
-                Some((_, ds)) => ds.push((h.subscriber, h.delivery)),
-                None => to_shards.push((shard, vec![(h.subscriber, h.delivery)])),
-            }
-        }
-        for (shard, ds) in to_shards {
-            send_urgent(&shard, RouterMsg::StoredDeliveries(ds));
-        }
+        hand_back(&self.shared, done.deliveries, refused);
         for w in done.waiting {
             let outcome = match &done.result {
                 Err(_) => Stored::Failed,
-                Ok(c) if c.refused.iter().any(|r| w.ops.contains(&r.op)) => Stored::Refused,
+                Ok(c)
+                    if c.refused
+                        .iter()
+                        .any(|r| w.ops.contains(&r.op) && drops(&r.reason)) =>
+                {
+                    Stored::Refused
+                }
                 Ok(_) => Stored::Durable,
             };
             tell(w, outcome);
@@ -241,7 +243,9 @@ impl StorageActor {
                 error!("the store was lost with its worker; later writes are dropped");
             }
         }
-        if self.store.is_some() && (!self.pending.is_empty() || !self.waiting.is_empty()) {
+        if self.store.is_some()
+            && (!self.pending.is_empty() || !self.waiting.is_empty() || !self.deliveries.is_empty())
+        {
             self.start(ctx);
         }
         if (self.pending.is_empty() && self.store.is_some()) || self.lost {
@@ -274,9 +278,9 @@ impl Actor for StorageActor {
                         tell(w, Stored::Failed);
                     }
                     // Routed all the same: delivered from memory.
-                    if let Some(shard) = &shard {
-                        let ds = deliveries.into_iter().map(|h| (h.subscriber, h.delivery));
-                        send_urgent(shard, RouterMsg::StoredDeliveries(ds.collect()));
+                    if let Some(shard) = shard {
+                        let held = deliveries.into_iter().map(|h| (h, shard.clone()));
+                        hand_back(&self.shared, held.collect(), &[]);
                     }
                     return;
                 }
@@ -307,6 +311,41 @@ impl Actor for StorageActor {
     }
 }
 
+/// Hands deliveries back to their shards once what they waited for is committed, in order,
+/// one message per shard. One whose record was refused is dropped: its publisher hears the
+/// store is full.
+fn hand_back(
+    shared: &Shared,
+    held: Vec<(HeldDelivery, WeakAddr<RouterMsg>)>,
+    refused: &[starling_store::Refused],
+) {
+    let mut to_shards: Vec<ToShard> = Vec::new();
+    for (h, shard) in held {
+        if h.op
+            .is_some_and(|i| refused.iter().any(|r| r.op == i && drops(&r.reason)))
+        {
+            add(&shared.metrics.dropped_other, 1);
+            continue;
+        }
+        let d = (h.subscriber, h.actor, h.delivery);
+        match to_shards.iter_mut().find(|(s, _)| s.id() == shard.id()) {
+            Some((_, ds)) => ds.push(d),
+            None => to_shards.push((shard, vec![d])),
+        }
+    }
+    for (shard, ds) in to_shards {
+        send_urgent(&shard, RouterMsg::StoredDeliveries(ds));
+    }
+}
+
+/// Whether a refused delivery record drops its delivery. A session that is not stored (it
+/// stopped outliving its connection, or ended, while the delivery was on its way) needs no
+/// record: delivered from memory, as for a session that never was persistent. Any other
+/// refusal (full, unencodable) drops it, as its publisher is told.
+fn drops(reason: &starling_store::Refusal) -> bool {
+    !matches!(reason, starling_store::Refusal::NoSession)
+}
+
 /// The store's gauges for `$SYS`.
 fn set_usage(shared: &Shared, store: &Store) {
     let (u, m) = (store.usage(), &shared.metrics);
@@ -318,7 +357,7 @@ fn set_usage(shared: &Shared, store: &Store) {
 }
 
 /// A shard and the deliveries a commit made durable for it.
-type ToShard = (WeakAddr<RouterMsg>, Vec<(Arc<str>, Delivery)>);
+type ToShard = (WeakAddr<RouterMsg>, Vec<(Arc<str>, ActorId, Delivery)>);
 
 /// Tells a publisher: its acknowledgements wait for this.
 fn tell(w: Waiter, outcome: Stored) {

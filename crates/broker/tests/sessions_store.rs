@@ -152,3 +152,68 @@ fn a_publish_to_a_persistent_session_is_acknowledged_once_stored() {
         b.shutdown().await;
     });
 }
+
+#[test]
+fn a_full_store_refuses_deliveries_to_a_persistent_session_with_quota_exceeded() {
+    on_actix(async {
+        let dir = temp_dir("sessions-full");
+        let (b, addr) = broker_with(config(&dir, "max_bytes = 1048576\n")).await;
+        let (mut s, _) = persistent(addr, Protocol::V5, "hoarder", 3600).await;
+        s.subscribe(1, "big/#", QoS::AtLeastOnce).await;
+        s.disconnect().await;
+        let mut p = Client::connect(addr, Protocol::V5, "pub", true).await;
+        let payload = vec![7u8; 16 * 1024];
+        let mut stored = 0;
+        let refused = loop {
+            let code = p
+                .publish_code("big/x", &payload, QoS::AtLeastOnce, false)
+                .await;
+            if code.is_error() {
+                break code;
+            }
+            stored += 1;
+            assert!(stored < 100, "1 MiB never filled");
+        };
+        assert_eq!(refused, starling_codec::ReasonCode::QuotaExceeded);
+        assert!(b.metrics().store_refused >= 1);
+        // What the subscriber gets is what was stored: the refused one never comes.
+        let (mut s, present) = persistent(addr, Protocol::V5, "hoarder", 3600).await;
+        assert!(present);
+        let seen = receive(&mut s, stored).await;
+        assert_eq!(seen.values().sum::<u32>(), stored as u32);
+        s.expect_no_publish(Duration::from_millis(300)).await;
+        // Received and acknowledged: the room is back.
+        s.disconnect().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let code = p
+            .publish_code("big/x", &payload, QoS::AtLeastOnce, false)
+            .await;
+        assert!(!code.is_error(), "{code:?}");
+        p.disconnect().await;
+        b.shutdown().await;
+    });
+}
+
+#[test]
+fn a_session_resumed_without_expiry_is_dropped_from_the_store_and_still_served() {
+    on_actix(async {
+        let dir = temp_dir("sessions-flip");
+        let (b, addr) = broker_with(config(&dir, "")).await;
+        let (mut s, _) = persistent(addr, Protocol::V5, "flip", 3600).await;
+        s.subscribe(1, "f/#", QoS::AtLeastOnce).await;
+        s.disconnect().await;
+        // Resumed with session expiry 0: it ends at this connection's end, so it leaves the
+        // store, and what it is sent now is delivered from memory (found by paho's
+        // test_client_topic_alias: the publisher got 0x97 and the message was lost).
+        let (mut s, present) = persistent(addr, Protocol::V5, "flip", 0).await;
+        assert!(present);
+        let mut p = Client::connect(addr, Protocol::V5, "pub", true).await;
+        p.publish("f/x", b"now", QoS::AtLeastOnce, false).await;
+        assert_eq!(&s.recv_publish().await.payload[..], b"now");
+        b.flush_store().await;
+        assert_eq!(b.metrics().store_sessions, 0);
+        s.disconnect().await;
+        p.disconnect().await;
+        b.shutdown().await;
+    });
+}

@@ -278,8 +278,9 @@ impl Client {
             return;
         };
         let known = r.known().to_vec();
+        let persistent = self.stores_deliveries();
         self.shards
-            .presence(self.client_id(), online, may_hold, &known)
+            .presence(self.client_id(), online, may_hold, persistent, &known)
             .await;
     }
 
