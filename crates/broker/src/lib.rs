@@ -555,6 +555,23 @@ async fn restore_sessions(
                 }
             }
         }
+        // Deliveries in flight come back in seq order, which is routing order per shard but
+        // not send order across shards; a resend must keep send order (MQTT 4.6). Packet ids
+        // were handed out in turn, so their circular order is that order.
+        let mut inflight_seqs = s.inflight_seqs;
+        if let Some(d) = state.detached.as_mut() {
+            let order = send_order(d.inflight.iter().map(|f| f.packet_id.get()));
+            let mut flights: Vec<_> = std::mem::take(&mut d.inflight)
+                .into_iter()
+                .map(Some)
+                .collect();
+            let mut seqs: Vec<_> = inflight_seqs.iter().copied().map(Some).collect();
+            d.inflight = order.iter().filter_map(|&i| flights[i].take()).collect();
+            inflight_seqs = order
+                .iter()
+                .filter_map(|&i| seqs.get_mut(i)?.take())
+                .collect();
+        }
         // The meta's next packet identifier dates from its last write; the session has sent
         // since. Going on after the last one in flight reuses none a client may still hold
         // (a client that keeps a resent QoS 2 PUBLISH twice, as libmosquitto does, would
@@ -569,7 +586,7 @@ async fn restore_sessions(
         match starling_session::Session::restore(state, shared.limits.clone(), now, wall) {
             Ok(mut session) => {
                 session.set_store_keys(
-                    s.inflight_seqs.iter().copied().map(Some),
+                    inflight_seqs.iter().copied().map(Some),
                     s.queue_seqs.iter().copied().map(Some),
                 );
                 restored.push((session, s.owner.map(Arc::from)));
@@ -589,6 +606,25 @@ async fn restore_sessions(
         took_ms = time::now().saturating_duration_since(started).as_millis() as u64,
         "stored sessions restored"
     );
+}
+
+/// The order in which packet ids handed out in turn were sent: ascending from just after the
+/// widest gap between them (where the counter wrapped, or the oldest still in flight).
+/// Indices into `ids`.
+fn send_order(ids: impl Iterator<Item = u16>) -> Vec<usize> {
+    let mut by_id: Vec<(u16, usize)> = ids.enumerate().map(|(i, id)| (id, i)).collect();
+    by_id.sort_unstable();
+    let n = by_id.len();
+    if n < 2 {
+        return by_id.into_iter().map(|(_, i)| i).collect();
+    }
+    // The gap before each id, counting round from the last: the widest is the start.
+    let gap = |k: usize| {
+        let prev = by_id[(k + n - 1) % n].0;
+        by_id[k].0.wrapping_sub(prev)
+    };
+    let start = (0..n).max_by_key(|&k| gap(k)).unwrap_or(0);
+    (0..n).map(|k| by_id[(start + k) % n].1).collect()
 }
 
 /// Hands each shard its part of what the store held, and waits until all have it.
@@ -655,5 +691,22 @@ impl WsDefaults for Option<starling_config::WsConfig> {
             Some(w) => (w.path, w.x_forwarded_for),
             None => (starling_net::WS_PATH_DEFAULT.to_owned(), false),
         }
+    }
+}
+
+#[cfg(test)]
+mod send_order_tests {
+    use super::send_order;
+
+    #[test]
+    fn packet_ids_come_back_in_the_order_they_were_handed_out() {
+        assert_eq!(send_order([3u16, 1, 2].into_iter()), [1, 2, 0]);
+        // Wrapped: 65534, 65535, then 1, 2.
+        assert_eq!(
+            send_order([2u16, 65535, 1, 65534].into_iter()),
+            [3, 1, 2, 0]
+        );
+        assert_eq!(send_order([9u16].into_iter()), [0]);
+        assert!(send_order(std::iter::empty()).is_empty());
     }
 }

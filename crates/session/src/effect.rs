@@ -82,7 +82,8 @@ pub enum Effect {
 /// A change to a session's stored deliveries, keyed by the delivery's store key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreChange {
-    /// The delivery went out under `packet_id` and now awaits acknowledgement in `phase`.
+    /// The QoS 2 delivery went out under `packet_id` and now awaits acknowledgement in
+    /// `phase`. (A QoS 1 delivery is not staged: a crash sends it again, as a new PUBLISH.)
     Stage {
         /// Its store key.
         seq: u64,

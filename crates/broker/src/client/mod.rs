@@ -708,6 +708,9 @@ impl Client {
             // expiry on: the stored meta follows.
             self.meta_changed(false);
         }
+        if attached && !self.session.is_attached() {
+            self.stage_qos1();
+        }
         self.after_turn(ctx).await;
     }
 
@@ -874,6 +877,7 @@ impl Client {
                 self.run_effects(ctx).await;
                 // Detached, as the restart finds it.
                 self.meta_changed(false);
+                self.stage_qos1();
                 self.write_store(ctx).await;
                 let _ = reply.send(());
                 return false;

@@ -108,6 +108,16 @@ impl Client {
         p.ops.push(op);
     }
 
+    /// The connection went: the QoS 1 deliveries in flight, not staged as they were sent,
+    /// are staged now, so that a restart resends them with their packet ids.
+    pub(super) fn stage_qos1(&mut self) {
+        if self.persist.as_ref().is_some_and(|p| p.stored) {
+            for change in self.session.qos1_stages() {
+                self.store_change(change);
+            }
+        }
+    }
+
     /// The session ended: its records go.
     pub(super) fn session_dropped(&mut self) {
         let client_id = self.session.client_id().to_string();

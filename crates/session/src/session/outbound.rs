@@ -228,8 +228,12 @@ impl Session {
                 };
                 let seq = self.next_seq;
                 self.next_seq += 1;
-                // In the store before the PUBLISH, when QoS 2 (see `StoreChange`).
-                self.stage(p.stored, id, stage);
+                // QoS 2: in the store before the PUBLISH (see `StoreChange`). QoS 1 is not
+                // staged: after a crash its record, still queued, is sent again under a new
+                // packet id, which at least once allows; that saves a write per message.
+                if stage != Stage::Qos1 {
+                    self.stage(p.stored, id, stage);
+                }
                 self.emit_publish(header, p.clone(), Some(id), false);
                 self.inflight.insert(
                     id,

@@ -86,6 +86,24 @@ impl Session {
         )
     }
 
+    /// The stages of the stored QoS 1 deliveries in flight, which the session does not
+    /// report as they are sent (see [`StoreChange::Stage`](crate::StoreChange)): for the
+    /// broker to write when the connection goes, so that a later restart resends them
+    /// under their packet ids, with DUP.
+    pub fn qos1_stages(&self) -> Vec<crate::StoreChange> {
+        self.inflight
+            .iter()
+            .filter(|(_, f)| f.stage == Stage::Qos1)
+            .filter_map(|(&packet_id, f)| {
+                f.out.stored.map(|seq| crate::StoreChange::Stage {
+                    seq,
+                    packet_id,
+                    phase: InflightPhase::AwaitingPuback,
+                })
+            })
+            .collect()
+    }
+
     /// Gives a restored session's deliveries their store keys, as [`Session::store_keys`]
     /// lists them. Extra keys are ignored; a delivery without one is not stored.
     pub fn set_store_keys(
