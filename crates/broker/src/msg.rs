@@ -84,6 +84,9 @@ pub(crate) enum ClientMsg {
         tag: u32,
         outcome: Stored,
     },
+    /// The publishes under these tags changed nothing in the store: their
+    /// acknowledgements may go. One message per publisher and shard burst, not per publish.
+    Routed(Vec<u32>),
     /// A session restored from the store at start: subscribe its filters again, then
     /// answer (before the listeners open).
     Resubscribe(Reply<()>),

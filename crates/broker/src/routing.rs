@@ -114,6 +114,9 @@ pub(crate) struct RouterActor {
     /// Deliveries to persistent sessions held for the commit of `to_store` (see
     /// [`HeldDelivery`]).
     store_deliveries: Vec<HeldDelivery>,
+    /// Publishers whose publishes of this burst wrote nothing to the store, with their tags:
+    /// told at the burst's end (see `send_routed_acks`).
+    routed_acks: Vec<(WeakAddr<ClientMsg>, Vec<u32>)>,
     /// This shard's next delivery key, drawn like `delayed_next`: increasing per shard, so
     /// that a session's stored deliveries of one topic come back in routing order.
     seq_next: u64,
@@ -186,6 +189,7 @@ impl RouterActor {
             store_retained: Vec::new(),
             delayed_next: delayed_base + index as u64,
             store_deliveries: Vec::new(),
+            routed_acks: Vec::new(),
             seq_next: seq_base + index as u64,
         }
     }
@@ -216,14 +220,24 @@ impl RouterActor {
                 ops: before..self.to_store.len(),
             });
         } else {
-            let tag = to.tag;
-            self.control(
-                &to.addr,
-                ClientMsg::Stored {
-                    tag,
-                    outcome: Stored::Durable,
-                },
-            );
+            // Answered with the burst's deliveries, one message per publisher.
+            let id = to.addr.id();
+            match self
+                .routed_acks
+                .iter_mut()
+                .rev()
+                .find(|(a, _)| a.id() == id)
+            {
+                Some((_, tags)) => tags.push(to.tag),
+                None => self.routed_acks.push((to.addr, vec![to.tag])),
+            }
+        }
+    }
+
+    /// Tells each publisher which of its publishes changed nothing in the store.
+    fn send_routed_acks(&mut self) {
+        for (addr, tags) in std::mem::take(&mut self.routed_acks) {
+            self.control(&addr, ClientMsg::Routed(tags));
         }
     }
 
@@ -858,8 +872,12 @@ impl Actor for RouterActor {
             }
         }
         // Hand out the batches once the burst is routed (nothing else waits in the mailbox),
-        // or at a fixed stride under a steady stream.
-        if !self.dirty.is_empty() && (self.routed >= FLUSH_EVERY_PUBLISHES || ctx.queued() == 0) {
+        // or at a fixed stride under a steady stream; the publishers' answers with them.
+        let burst_end = self.routed >= FLUSH_EVERY_PUBLISHES || ctx.queued() == 0;
+        if !self.routed_acks.is_empty() && burst_end {
+            self.send_routed_acks();
+        }
+        if !self.dirty.is_empty() && burst_end {
             self.flush(ctx);
         }
     }

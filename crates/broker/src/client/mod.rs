@@ -472,6 +472,24 @@ impl Client {
         }
     }
 
+    /// The answer for the publishes under `tags`: the acknowledgements waiting for them go,
+    /// in order.
+    fn stored(&mut self, tags: &[u32], outcome: Stored) {
+        let v5 = self.conn.as_ref().is_some_and(|c| c.protocol.is_v5());
+        let Some(a) = self.acks.as_mut() else { return };
+        for &tag in tags {
+            a.stored(tag, outcome, v5);
+        }
+        let ready: Vec<Packet> = a.ready().collect();
+        if a.is_empty() {
+            // Nothing waits: an idle connection keeps no box.
+            self.acks = None;
+        }
+        for p in &ready {
+            self.encode(p);
+        }
+    }
+
     /// Notes the shards `filters` reach as ones that know this subscriber (presence and
     /// the session's end go to them).
     fn meet_shards(&mut self, filters: &[starling_session::SubscribeRequest], ctx: &Ctx<Self>) {
@@ -856,20 +874,8 @@ impl Client {
                 }
                 self.own_write_durable();
             }
-            ClientMsg::Stored { tag, outcome } => {
-                let v5 = self.conn.as_ref().is_some_and(|c| c.protocol.is_v5());
-                if let Some(a) = self.acks.as_mut() {
-                    a.stored(tag, outcome, v5);
-                    let ready: Vec<Packet> = a.ready().collect();
-                    if a.is_empty() {
-                        // Nothing waits: an idle connection keeps no box.
-                        self.acks = None;
-                    }
-                    for p in &ready {
-                        self.encode(p);
-                    }
-                }
-            }
+            ClientMsg::Stored { tag, outcome } => self.stored(&[tag], outcome),
+            ClientMsg::Routed(tags) => self.stored(&tags, Stored::Durable),
             ClientMsg::Shutdown(reply) => {
                 self.closing = Some(DisconnectReason::Server(ReasonCode::ServerShuttingDown));
                 self.session
