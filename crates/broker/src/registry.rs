@@ -21,6 +21,8 @@ use crate::shards::Shards;
 
 /// How long shutdown waits for each client to say goodbye.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
+/// Restored sessions resubscribing at once, at start.
+const RESTORE_CHUNK: usize = 256;
 
 struct Entry {
     addr: Addr<ClientMsg>,
@@ -210,8 +212,12 @@ impl Actor for Registry {
                         },
                     );
                 }
-                // Routed before the listeners open: a publish after start reaches them.
-                futures::future::join_all(asks.iter().map(|a| a.ask(ClientMsg::Resubscribe))).await;
+                // Routed before the listeners open: a publish after start reaches them. A few
+                // hundred at a time (one join over 100k asks spent most of a start polling).
+                for chunk in asks.chunks(RESTORE_CHUNK) {
+                    let each = chunk.iter().map(|a| a.ask(ClientMsg::Resubscribe));
+                    futures::future::join_all(each).await;
+                }
                 let _ = reply.send(());
             }
             RegistryMsg::Shutdown(reply) => {
