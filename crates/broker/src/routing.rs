@@ -29,23 +29,26 @@ use rand::RngCore;
 use starling_codec::ReasonCode;
 use starling_config::StuckPolicy;
 use starling_router::{
-    parse_delayed, parse_subscription, Delayed, Delivery as Routed, Merge, PublishContext,
-    RetainedIndex, Router, RouterError, ShardMap, DELAYED_PREFIX,
+    parse_subscription, Delivery as Routed, Merge, PublishContext, RetainedIndex, Router,
+    RouterError, ShardMap, DELAYED_PREFIX,
 };
 use starling_rt::{rng, time, Actor, ActorId, Addr, Ctx, TimerId, TrySendError, WeakAddr};
-use starling_session::state::DeliveryState;
 use starling_session::{DeliveryOptions, Message, SubscribeRequest};
-use starling_store::{DeliveryStage, Op, StoredDelivery};
+use starling_store::Op;
 use tracing::debug;
 
 use crate::destination::{is_qos0, Destination, Flushed};
 use crate::flow::{Backlog, Outcome, StallRules};
 use crate::metrics::add;
 use crate::msg::{
-    AckTo, Admission, ClientMsg, DelayedKey, Delivery, HeldDelivery, Publisher, Restore, RouterMsg,
+    AckTo, Admission, ClientMsg, DelayedKey, HeldDelivery, Publisher, Restore, RouterMsg,
     RouterStats, StoreMsg, Stored, SubscribeMsg, SubscribeResult, Waiter, BATCH_MAX,
 };
 use crate::settings::Shared;
+
+mod stored;
+
+use stored::stored_delivery;
 
 /// A subscription's options as the shard stores them: what a delivery through it carries,
 /// merged with the subscriber's other matching subscriptions by the router core.
@@ -120,20 +123,6 @@ pub(crate) struct RouterActor {
     /// This shard's next delivery key, drawn like `delayed_next`: increasing per shard, so
     /// that a session's stored deliveries of one topic come back in routing order.
     seq_next: u64,
-}
-
-/// The record of a delivery to a persistent session, as the session will take it (QoS and
-/// RETAIN as its `deliver` sets them).
-fn stored_delivery(msg: &Message, opts: &DeliveryOptions) -> StoredDelivery {
-    StoredDelivery {
-        stage: DeliveryStage::Queued,
-        delivery: DeliveryState {
-            message: msg.to_state(time::now(), time::wall()),
-            qos: msg.qos.min(opts.qos),
-            retain: opts.from_retained || (opts.retain_as_published && msg.retain),
-            subscription_ids: opts.subscription_ids.clone(),
-        },
-    }
 }
 
 /// `total` split over `n` shards, rounded up: each shard's part of a node-wide cap.
@@ -416,135 +405,6 @@ impl RouterActor {
         if (blocked > 0 || !self.outbox.is_empty()) && self.retry.is_none() {
             self.retry = Some(ctx.after(RETRY_BLOCKED, RouterMsg::RetryBlocked));
         }
-    }
-
-    /// Deliveries whose records are durable (or that waited behind such), in routing order:
-    /// into their subscribers' pending lists. A stored one is kept up to the hard bound,
-    /// since its publisher may have been acknowledged; one dropped even so loses its
-    /// record too.
-    fn stored_deliveries(&mut self, ds: Vec<(Arc<str>, ActorId, Delivery)>) {
-        let hard = self.shared.limits.mqueue_len_hard();
-        for (subscriber, actor, d) in ds {
-            let dest = self.destinations.get_mut(&subscriber);
-            if dest.as_ref().is_some_and(|d| d.actor() != actor) {
-                // Its session ended (its records with it) and a new one took the client id.
-                continue;
-            }
-            let Some(Destination::Local(client)) = dest else {
-                if let Some(seq) = d.1.stored {
-                    self.to_store.push(Op::DropDelivery {
-                        client_id: subscriber.to_string(),
-                        seq,
-                    });
-                }
-                continue;
-            };
-            client.held = client.held.saturating_sub(1);
-            let was_empty = client.pending.is_empty();
-            let seq = d.1.stored;
-            if client
-                .pending
-                .push(d, hard, self.shared.limits.mqueue_policy)
-            {
-                if was_empty {
-                    self.dirty.push(subscriber);
-                }
-            } else {
-                add(&self.shared.metrics.dropped_mailbox_full, 1);
-                if let Some(seq) = seq {
-                    self.to_store.push(Op::DropDelivery {
-                        client_id: subscriber.to_string(),
-                        seq,
-                    });
-                }
-            }
-        }
-    }
-
-    fn store_retained(&mut self, msg: &Arc<Message>) {
-        let size = msg.topic.len() + msg.payload.len();
-        let stored = self
-            .retained
-            .publish(&msg.topic, msg.clone(), msg.payload.is_empty(), size);
-        match stored {
-            Err(e) => {
-                add(&self.shared.metrics.retained_refused, 1);
-                debug!(topic = %msg.topic, error = %e, "retained message refused");
-            }
-            // `$SYS` values are the broker's own and made again at start.
-            Ok(_) if self.store.is_some() && !msg.topic.starts_with("$SYS") => {
-                let topic = msg.topic.to_string();
-                if msg.payload.is_empty() {
-                    self.to_store.push(Op::DropRetained { topic });
-                } else {
-                    self.store_retained.push((self.to_store.len(), msg.clone()));
-                    self.to_store.push(Op::PutRetained {
-                        topic,
-                        message: msg.to_state(time::now(), time::wall()),
-                    });
-                }
-            }
-            Ok(_) => {}
-        }
-    }
-
-    /// The retained and delayed messages the store held at start, before any client
-    /// connects: put back as they were, without writing them again.
-    fn restore(
-        &mut self,
-        retained: Vec<Arc<Message>>,
-        delayed: Vec<(DelayedKey, Arc<Message>)>,
-        ctx: &mut Ctx<Self>,
-    ) {
-        for m in retained {
-            let size = m.topic.len() + m.payload.len();
-            if let Err(e) = self.retained.publish(&m.topic.clone(), m, false, size) {
-                add(&self.shared.metrics.retained_refused, 1);
-                tracing::warn!(error = %e, "stored retained message over the limits: not restored");
-            }
-        }
-        let wall = time::wall();
-        for (key, m) in delayed {
-            self.delayed += 1;
-            let left = key.due.duration_since(wall).unwrap_or(Duration::ZERO);
-            ctx.after(left, RouterMsg::DelayedDue(m, Some(key)));
-        }
-    }
-
-    /// `$delayed/{secs}/{topic}`: publish `topic` after `secs` seconds. This shard owns
-    /// `topic` (see [`ShardMap::of_publish`]), so the due message is routed here.
-    fn schedule(&mut self, msg: &Arc<Message>, ctx: &mut Ctx<Self>) {
-        let m = &self.shared.config.mqtt;
-        let parsed = parse_delayed(&msg.topic, &self.shared.topic_limits, m.delayed_max_secs);
-        let Ok(Some(Delayed { secs, target })) = parsed else {
-            add(&self.shared.metrics.delayed_refused, 1);
-            debug!(topic = %msg.topic, ?parsed, "malformed $delayed publish dropped");
-            return;
-        };
-        if self.delayed >= self.delayed_max {
-            add(&self.shared.metrics.delayed_refused, 1);
-            debug!(topic = %msg.topic, max = m.delayed_publish_max, "$delayed publish dropped: too many pending");
-            return;
-        }
-        let mut due = Message::clone(msg);
-        due.topic = Arc::from(target);
-        self.delayed += 1;
-        let delay = Duration::from_secs(u64::from(secs));
-        let key = self.store.is_some().then(|| {
-            let key = DelayedKey {
-                id: self.delayed_next,
-                due: time::wall() + delay,
-            };
-            self.delayed_next += self.map.count() as u64;
-            self.to_store.push(Op::PutDelayed {
-                id: key.id,
-                due: key.due,
-                target: due.topic.to_string(),
-                message: due.to_state(time::now(), time::wall()),
-            });
-            key
-        });
-        ctx.after(delay, RouterMsg::DelayedDue(Arc::new(due), key));
     }
 
     fn subscribe(

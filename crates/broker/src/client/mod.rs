@@ -29,6 +29,7 @@ use acks::Acks;
 use persist::Persist;
 
 mod acks;
+mod attach;
 mod hooks;
 mod input;
 mod persist;
@@ -117,28 +118,6 @@ impl Client {
         c
     }
 
-    /// A client actor for a session restored from the store at start, detached, belonging
-    /// to `owner`.
-    pub(crate) fn restored(
-        shared: Arc<Shared>,
-        shards: Shards,
-        chain: Arc<Chain>,
-        registry: WeakAddr<RegistryMsg>,
-        session: Session,
-        owner: Option<Arc<str>>,
-    ) -> Self {
-        let gate = AuthGate::new(
-            shared.clone(),
-            chain,
-            owner.as_deref().map(String::from),
-            session.client_id().clone(),
-            std::net::Ipv4Addr::UNSPECIFIED.into(),
-        );
-        let mut c = Self::with(shared, shards, registry, session, gate);
-        c.persist = Some(Box::new(Persist::restored()));
-        c
-    }
-
     fn with(
         shared: Arc<Shared>,
         shards: Shards,
@@ -201,74 +180,6 @@ impl Client {
             .as_ref()
             .and_then(|c| c.username.as_deref())
             .map(Arc::from)
-    }
-
-    async fn attach(&mut self, nc: Box<NewConn>, ctx: &mut Ctx<Self>) {
-        self.attaches = self.attaches.wrapping_add(1);
-        self.retiring = false;
-        if self.session.is_attached() {
-            // Takeover (MQTT 5 §3.1.4): the old connection is closed (0x8E), the session
-            // moves to the new one.
-            debug!(peer = %nc.peer, "session taken over");
-            self.closing = Some(DisconnectReason::Server(ReasonCode::SessionTakenOver));
-            self.session.detach(time::now(), DetachReason::TakenOver);
-            self.run_effects(ctx).await;
-        }
-        // A connection the session no longer knows (it was closed above, or broke while a
-        // write failed) must not linger.
-        self.close_conn(None, ctx).await;
-        let NewConn {
-            connect,
-            io,
-            buf,
-            peer,
-            username,
-            permit,
-        } = *nc;
-        let chain = self.gate.chain().clone();
-        self.gate = AuthGate::new(
-            self.shared.clone(),
-            chain,
-            username,
-            self.client_id(),
-            peer.ip(),
-        );
-        // A wait of the old connection is over: its packets went with it.
-        self.waiting = false;
-        self.closing = None;
-        let protocol = connect.protocol;
-        self.conn = Some(Conn {
-            io,
-            input: buf,
-            input_ended: false,
-            end_owed: false,
-            held: None,
-            releasing: false,
-            eof: false,
-            out: BytesMut::new(),
-            protocol,
-            _permit: permit,
-        });
-        match self.session.attach(time::now(), &connect) {
-            Ok(a) => {
-                add(&self.shared.metrics.clients_connected, 1);
-                // Stored before the CONNACK goes: a session the client is told it has.
-                self.meta_changed(true);
-                self.presence(true).await;
-                self.attached_events(&connect, peer, a);
-            }
-            Err(e) => {
-                // The session refused the connection before anything was sent (a CONNACK
-                // past the client's Maximum Packet Size, MQTT 5 §3.1.2.11.4): close it at
-                // once. It never counted as connected, so no presence or event goes out.
-                debug!(error = %e, "attach refused; closing");
-                if let Some(c) = self.conn.take() {
-                    starling_rt::spawn(linger(c.io).instrument(tracing::Span::current()));
-                }
-                return;
-            }
-        }
-        self.run_effects(ctx).await;
     }
 
     async fn presence(&mut self, online: bool) {
@@ -472,24 +383,6 @@ impl Client {
         }
     }
 
-    /// The answer for the publishes under `tags`: the acknowledgements waiting for them go,
-    /// in order.
-    fn stored(&mut self, tags: &[u32], outcome: Stored) {
-        let v5 = self.conn.as_ref().is_some_and(|c| c.protocol.is_v5());
-        let Some(a) = self.acks.as_mut() else { return };
-        for &tag in tags {
-            a.stored(tag, outcome, v5);
-        }
-        let ready: Vec<Packet> = a.ready().collect();
-        if a.is_empty() {
-            // Nothing waits: an idle connection keeps no box.
-            self.acks = None;
-        }
-        for p in &ready {
-            self.encode(p);
-        }
-    }
-
     /// Notes the shards `filters` reach as ones that know this subscriber (presence and
     /// the session's end go to them).
     fn meet_shards(&mut self, filters: &[starling_session::SubscribeRequest], ctx: &Ctx<Self>) {
@@ -507,41 +400,6 @@ impl Client {
             (0..shards)
                 .filter(|&s| reach.includes(s))
                 .for_each(|s| r.met(s));
-        }
-    }
-
-    /// Whether the shards store this session's QoS 1/2 deliveries before handing them over.
-    fn stores_deliveries(&self) -> bool {
-        self.shards.store().is_some() && self.session.outlives_connection()
-    }
-
-    /// A session restored at start subscribes its filters again, as they were granted; the
-    /// retained messages they match are not sent again.
-    async fn resubscribe(&mut self, ctx: &mut Ctx<Self>) {
-        let filters: Vec<starling_session::SubscribeRequest> = self
-            .session
-            .subscriptions()
-            .iter()
-            .map(
-                |(filter, (options, id))| starling_session::SubscribeRequest {
-                    filter: filter.clone(),
-                    options: *options,
-                    subscription_id: *id,
-                },
-            )
-            .collect();
-        if filters.is_empty() {
-            return;
-        }
-        self.meet_shards(&filters, ctx);
-        let may_hold = self.may_hold();
-        let r = self
-            .shards
-            .subscribe(self.client_id(), ctx.weak_addr(), may_hold, true, filters)
-            .await;
-        self.presence(false).await;
-        if r.results.iter().any(Result::is_err) {
-            tracing::warn!(client_id = %self.client_id(), "a stored subscription was refused at restore");
         }
     }
 

@@ -1,8 +1,10 @@
 //! A persistent session's own writes to the store: its meta (subscriptions, will, expiry)
 //! on CONNECT, SUBSCRIBE, UNSUBSCRIBE, detach and timeouts; its deliveries' stages and
 //! retirements as the session reports them ([`StoreChange`]); its inbound QoS 2 packet
-//! identifiers as PUBRELs release them. The shards write the deliveries themselves (see
-//! `routing`), and a QoS 2 identifier's record goes with the routing of its PUBLISH.
+//! identifiers as PUBRELs release them. Also the client actor of a session restored at
+//! start, which routes its stored subscriptions again. The shards write the deliveries
+//! themselves (see `routing`), and a QoS 2 identifier's record goes with the routing of its
+//! PUBLISH.
 //!
 //! What must be durable before the client sees what follows (a QoS 2 delivery's packet
 //! identifier before its PUBLISH, its release before the PUBREL, the subscriptions before
@@ -12,14 +14,19 @@
 //! changed: one writer per session, and the store's mailbox keeps a sender's order.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
-use starling_codec::PacketId;
-use starling_rt::{time, Ctx};
-use starling_session::StoreChange;
+use starling_codec::{Packet, PacketId};
+use starling_hooks::Chain;
+use starling_rt::{time, Ctx, WeakAddr};
+use starling_session::{Session, StoreChange, SubscribeRequest};
 use starling_store::{DeliveryStage, Op, SessionParts};
 
 use super::Client;
-use crate::msg::{AckTo, StoreMsg, Waiter, OWN_WRITE};
+use crate::gate::AuthGate;
+use crate::msg::{AckTo, RegistryMsg, StoreMsg, Stored, Waiter, OWN_WRITE};
+use crate::settings::Shared;
+use crate::shards::Shards;
 
 /// Made when a session that outlives its connection first writes (or is restored).
 #[derive(Debug, Default)]
@@ -240,5 +247,78 @@ impl Client {
             client_id: parts.client_id,
             meta: parts.meta,
         })
+    }
+
+    /// A client actor for a session restored from the store at start, detached, belonging
+    /// to `owner`.
+    pub(crate) fn restored(
+        shared: Arc<Shared>,
+        shards: Shards,
+        chain: Arc<Chain>,
+        registry: WeakAddr<RegistryMsg>,
+        session: Session,
+        owner: Option<Arc<str>>,
+    ) -> Self {
+        let gate = AuthGate::new(
+            shared.clone(),
+            chain,
+            owner.as_deref().map(String::from),
+            session.client_id().clone(),
+            std::net::Ipv4Addr::UNSPECIFIED.into(),
+        );
+        let mut c = Self::with(shared, shards, registry, session, gate);
+        c.persist = Some(Box::new(Persist::restored()));
+        c
+    }
+
+    /// Whether the shards store this session's QoS 1/2 deliveries before handing them over.
+    pub(super) fn stores_deliveries(&self) -> bool {
+        self.shards.store().is_some() && self.session.outlives_connection()
+    }
+
+    /// A session restored at start subscribes its filters again, as they were granted; the
+    /// retained messages they match are not sent again.
+    pub(super) async fn resubscribe(&mut self, ctx: &mut Ctx<Self>) {
+        let filters: Vec<SubscribeRequest> = self
+            .session
+            .subscriptions()
+            .iter()
+            .map(|(filter, (options, id))| SubscribeRequest {
+                filter: filter.clone(),
+                options: *options,
+                subscription_id: *id,
+            })
+            .collect();
+        if filters.is_empty() {
+            return;
+        }
+        self.meet_shards(&filters, ctx);
+        let may_hold = self.may_hold();
+        let r = self
+            .shards
+            .subscribe(self.client_id(), ctx.weak_addr(), may_hold, true, filters)
+            .await;
+        self.presence(false).await;
+        if r.results.iter().any(Result::is_err) {
+            tracing::warn!(client_id = %self.client_id(), "a stored subscription was refused at restore");
+        }
+    }
+
+    /// The answer for the publishes under `tags`: the acknowledgements waiting for them go,
+    /// in order.
+    pub(super) fn stored(&mut self, tags: &[u32], outcome: Stored) {
+        let v5 = self.conn.as_ref().is_some_and(|c| c.protocol.is_v5());
+        let Some(a) = self.acks.as_mut() else { return };
+        for &tag in tags {
+            a.stored(tag, outcome, v5);
+        }
+        let ready: Vec<Packet> = a.ready().collect();
+        if a.is_empty() {
+            // Nothing waits: an idle connection keeps no box.
+            self.acks = None;
+        }
+        for p in &ready {
+            self.encode(p);
+        }
     }
 }
