@@ -560,17 +560,13 @@ async fn restore_sessions(
         // were handed out in turn, so their circular order is that order.
         let mut inflight_seqs = s.inflight_seqs;
         if let Some(d) = state.detached.as_mut() {
-            let order = send_order(d.inflight.iter().map(|f| f.packet_id.get()));
-            let mut flights: Vec<_> = std::mem::take(&mut d.inflight)
+            let first = send_start(d.inflight.iter().map(|f| f.packet_id.get()));
+            let mut both: Vec<_> = std::mem::take(&mut d.inflight)
                 .into_iter()
-                .map(Some)
+                .zip(inflight_seqs)
                 .collect();
-            let mut seqs: Vec<_> = inflight_seqs.iter().copied().map(Some).collect();
-            d.inflight = order.iter().filter_map(|&i| flights[i].take()).collect();
-            inflight_seqs = order
-                .iter()
-                .filter_map(|&i| seqs.get_mut(i)?.take())
-                .collect();
+            both.sort_by_key(|(f, _)| f.packet_id.get().wrapping_sub(first));
+            (d.inflight, inflight_seqs) = both.into_iter().unzip();
         }
         // The meta's next packet identifier dates from its last write; the session has sent
         // since. Going on after the last one in flight reuses none a client may still hold
@@ -608,23 +604,16 @@ async fn restore_sessions(
     );
 }
 
-/// The order in which packet ids handed out in turn were sent: ascending from just after the
-/// widest gap between them (where the counter wrapped, or the oldest still in flight).
-/// Indices into `ids`.
-fn send_order(ids: impl Iterator<Item = u16>) -> Vec<usize> {
-    let mut by_id: Vec<(u16, usize)> = ids.enumerate().map(|(i, id)| (id, i)).collect();
-    by_id.sort_unstable();
-    let n = by_id.len();
-    if n < 2 {
-        return by_id.into_iter().map(|(_, i)| i).collect();
-    }
-    // The gap before each id, counting round from the last: the widest is the start.
-    let gap = |k: usize| {
-        let prev = by_id[(k + n - 1) % n].0;
-        by_id[k].0.wrapping_sub(prev)
-    };
-    let start = (0..n).max_by_key(|&k| gap(k)).unwrap_or(0);
-    (0..n).map(|k| by_id[(start + k) % n].1).collect()
+/// The first sent of packet ids handed out in turn: the one after the widest gap between
+/// them (where the counter wrapped, or the oldest still in flight). Sorting by
+/// `id.wrapping_sub(first)` then gives send order.
+fn send_start(ids: impl Iterator<Item = u16>) -> u16 {
+    let mut ids: Vec<u16> = ids.collect();
+    ids.sort_unstable();
+    let n = ids.len();
+    (0..n)
+        .max_by_key(|&k| ids[k].wrapping_sub(ids[(k + n - 1) % n]))
+        .map_or(0, |k| ids[k])
 }
 
 /// Hands each shard its part of what the store held, and waits until all have it.
@@ -696,17 +685,23 @@ impl WsDefaults for Option<starling_config::WsConfig> {
 
 #[cfg(test)]
 mod send_order_tests {
-    use super::send_order;
+    use super::send_start;
+
+    fn in_send_order(ids: &[u16]) -> Vec<u16> {
+        let first = send_start(ids.iter().copied());
+        let mut v = ids.to_vec();
+        v.sort_by_key(|id| id.wrapping_sub(first));
+        v
+    }
 
     #[test]
     fn packet_ids_come_back_in_the_order_they_were_handed_out() {
-        assert_eq!(send_order([3u16, 1, 2].into_iter()), [1, 2, 0]);
+        assert_eq!(in_send_order(&[3, 1, 2]), [1, 2, 3]);
         // Wrapped: 65534, 65535, then 1, 2.
-        assert_eq!(
-            send_order([2u16, 65535, 1, 65534].into_iter()),
-            [3, 1, 2, 0]
-        );
-        assert_eq!(send_order([9u16].into_iter()), [0]);
-        assert!(send_order(std::iter::empty()).is_empty());
+        assert_eq!(in_send_order(&[2, 65535, 1, 65534]), [65534, 65535, 1, 2]);
+        // Holes where deliveries were acknowledged.
+        assert_eq!(in_send_order(&[40, 7, 9]), [7, 9, 40]);
+        assert_eq!(in_send_order(&[9]), [9]);
+        assert!(in_send_order(&[]).is_empty());
     }
 }
