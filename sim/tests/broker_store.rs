@@ -158,6 +158,15 @@ fn broker_on(h: &Handle, disk: Arc<Mutex<SimDisk>>) -> madsim::runtime::NodeHand
         .build()
 }
 
+/// Kills the node, crashes its disk and restarts it on what the disk kept.
+async fn kill_and_restart(h: &Handle, node: &madsim::runtime::NodeHandle, disk: &Mutex<SimDisk>) {
+    h.kill(node.id());
+    crash(disk);
+    sleep(Duration::from_millis(50)).await;
+    h.restart(node.id());
+    sleep(Duration::from_millis(300)).await;
+}
+
 /// The disk of a killed node: unsynced writes lost, the last one sometimes torn.
 fn crash(disk: &Mutex<SimDisk>) {
     let torn = match thread_rng().gen_range(0..3) {
@@ -188,11 +197,7 @@ async fn scenario() {
         writer.spawn(publisher(o, round as u64 * 1_000_000));
         // Killed at a random moment of the writes, commits in progress included.
         sleep(Duration::from_millis(thread_rng().gen_range(5..400))).await;
-        h.kill(node.id());
-        crash(&disk);
-        sleep(Duration::from_millis(50)).await;
-        h.restart(node.id());
-        sleep(Duration::from_millis(300)).await;
+        kill_and_restart(&h, &node, &disk).await;
 
         let found = clients
             .node(format!("reader-{round}"))
@@ -391,11 +396,7 @@ async fn session_scenario() {
         let writer = clients.node(format!("writer-{round}"));
         writer.spawn(session_publisher(acked.clone(), round as u64 * 1_000_000));
         sleep(Duration::from_millis(thread_rng().gen_range(5..400))).await;
-        h.kill(node.id());
-        crash(&disk);
-        sleep(Duration::from_millis(50)).await;
-        h.restart(node.id());
-        sleep(Duration::from_millis(300)).await;
+        kill_and_restart(&h, &node, &disk).await;
     }
     // Drain: everything acknowledged must come, each QoS 2 message once.
     clients
