@@ -1,5 +1,6 @@
 //! Back-pressure between clients, by messages: a subscriber whose queue backs up holds back
-//! the publishers that feed it QoS 1/2 messages, until it has drained.
+//! the publishers that feed it QoS 1/2 messages, until it has drained; a QoS 0 publisher
+//! only when most of a publish's deliveries find no room ([`Qos0Tally`]).
 //!
 //! Without it, a flood of QoS 1 publishes into one subscriber is accepted at the rate the
 //! publishers send, and all but what the subscriber's window lets through is dropped at its
@@ -31,6 +32,7 @@
 //! Nothing is shared between the actors but their mailboxes. An offline session is never
 //! backlogged: its queue fills and drops by its policy.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use starling_rt::{ActorId, WeakAddr};
@@ -74,6 +76,38 @@ impl StallRules {
 /// epoch, whichever subscriber asks first: the publisher heeds its latest Hold only, so
 /// more would be traffic for nothing; only the one that sent it sends the Release).
 pub(crate) type Holder = (ActorId, WeakAddr<ClientMsg>, u32, bool);
+
+/// A publish's QoS 0 deliveries to subscribers that could hold it back, and how many of
+/// them found no room at a backlogged subscriber (`mqtt.backpressure_qos0`). QoS 0 may be
+/// dropped, so a single slow subscriber among many does not hold its publisher; when most
+/// of a publish's deliveries are dropped, though, routing it mostly makes work to throw
+/// away, and that work is taken from the subscribers that must drain: the publisher is held
+/// until the first of them drains.
+#[derive(Default)]
+pub(crate) struct Qos0Tally {
+    total: u32,
+    backlogged: u32,
+    first: Option<Arc<str>>,
+}
+
+impl Qos0Tally {
+    pub(crate) fn count(&mut self, backlogged: bool, subscriber: &Arc<str>) {
+        self.total += 1;
+        if backlogged {
+            self.backlogged += 1;
+            if self.first.is_none() {
+                self.first = Some(subscriber.clone());
+            }
+        }
+    }
+
+    /// The subscriber to hold the publisher for, when more than half are backlogged.
+    pub(crate) fn overloaded(self) -> Option<Arc<str>> {
+        (self.backlogged * 2 > self.total)
+            .then_some(self.first)
+            .flatten()
+    }
+}
 
 /// What a shard does after its [`Backlog`] changed.
 #[derive(Debug, Default)]

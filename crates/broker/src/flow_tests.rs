@@ -279,3 +279,22 @@ fn a_full_queue_keeps_what_a_shard_that_has_not_learned_sends() {
     assert!(r.absorbs(0, 30), "full until down to the low mark");
     assert!(!r.absorbs(0, 25));
 }
+
+#[test]
+fn a_qos0_publish_holds_only_when_most_of_its_deliveries_find_no_room() {
+    let tally = |dropped: &[bool]| {
+        let mut t = Qos0Tally::default();
+        for (i, d) in dropped.iter().enumerate() {
+            t.count(*d, &Arc::from(format!("s{i}")));
+        }
+        t.overloaded().map(|s| s.to_string())
+    };
+    assert_eq!(tally(&[]), None);
+    assert_eq!(tally(&[true]), Some("s0".into()));
+    assert_eq!(tally(&[false]), None);
+    // One slow subscriber among others never holds; half is not most.
+    assert_eq!(tally(&[false, true, false]), None);
+    assert_eq!(tally(&[true, false]), None);
+    // Held for the first that found no room.
+    assert_eq!(tally(&[false, true, true]), Some("s1".into()));
+}

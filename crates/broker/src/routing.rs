@@ -38,7 +38,7 @@ use starling_store::Op;
 use tracing::debug;
 
 use crate::destination::{is_qos0, Destination, Flushed};
-use crate::flow::{Backlog, Outcome, StallRules};
+use crate::flow::{Backlog, Outcome, Qos0Tally, StallRules};
 use crate::metrics::add;
 use crate::msg::{
     AckTo, Admission, ClientMsg, DelayedKey, HeldDelivery, Publisher, Restore, RouterMsg,
@@ -260,11 +260,51 @@ impl RouterActor {
             &mut merged,
             |a, b| Arc::ptr_eq(a, b) || a == b,
         );
+        let mut qos0 = Qos0Tally::default();
         for d in merged.drain(..) {
-            self.offer(&msg, d.subscriber, d.options.0, from.as_ref(), ctx);
+            self.offer(
+                &msg,
+                d.subscriber,
+                d.options.0,
+                from.as_ref(),
+                &mut qos0,
+                ctx,
+            );
         }
         self.routed += 1;
         self.merged = merged;
+        if let (Some(from), Some(subscriber)) = (from.as_ref(), qos0.overloaded()) {
+            self.hold_for(&subscriber, from);
+        }
+    }
+
+    /// Holds `from` back for `subscriber` (once per publisher and release epoch: see
+    /// [`crate::flow`]); only the shard that sent the Hold sends its Release.
+    fn hold_for(&mut self, subscriber: &Arc<str>, from: &Publisher) {
+        let Some(Destination::Local(client)) = self.destinations.get_mut(subscriber) else {
+            return;
+        };
+        if client.backlog.is_holding(from.id, from.epoch) {
+            return;
+        }
+        let send = self.sent_holds.get(&from.id) != Some(&from.epoch);
+        client
+            .backlog
+            .hold((from.id, from.addr.clone(), from.epoch, send));
+        if !send {
+            return;
+        }
+        self.sent_holds.insert(from.id, from.epoch);
+        add(&self.shared.metrics.backpressure_holds, 1);
+        let me = client.addr.id();
+        let shard = self.index as u16;
+        self.control(
+            &from.addr,
+            ClientMsg::Hold {
+                shard,
+                subscriber: me,
+            },
+        );
     }
 
     /// One delivery to one subscriber's destination: held-back marking, the saturated
@@ -275,6 +315,7 @@ impl RouterActor {
         subscriber: Arc<str>,
         mut opts: DeliveryOptions,
         from: Option<&Publisher>,
+        qos0: &mut Qos0Tally,
         ctx: &mut Ctx<Self>,
     ) {
         // One lookup per delivery: what must be sent or scheduled is carried out after.
@@ -283,33 +324,29 @@ impl RouterActor {
         };
         let me = client.addr.id();
         let mut outcome = None;
-        let mut hold = None;
-        if let Some(from) = from.filter(|f| f.id != me && client.online) {
-            // Held back for a QoS 1/2 delivery to an online subscriber only, and never
-            // by itself. What waits here and in its mailbox counts: its own queue shows a
-            // flood only after its next turn, too late for what is routed meanwhile.
-            if !is_qos0(msg, &opts) {
-                let (holds, o) = client
-                    .backlog
-                    .judge(time::now, client.pending.len(), &self.rules);
-                outcome = o;
-                if holds && !client.backlog.is_holding(from.id, from.epoch) {
-                    let send = self.sent_holds.get(&from.id) != Some(&from.epoch);
-                    client
-                        .backlog
-                        .hold((from.id, from.addr.clone(), from.epoch, send));
-                    if send {
-                        self.sent_holds.insert(from.id, from.epoch);
-                        hold = Some(from.addr.clone());
-                    }
-                }
-                if holds {
-                    // Read and acknowledged before the hold reached its publisher: kept
-                    // past the queue bound (up to the hard bound) rather than dropped.
-                    opts.held_back = true;
-                }
+        let mut hold = false;
+        // Held back for a delivery to an online subscriber only, and never by itself.
+        let may_hold = from.is_some_and(|f| f.id != me) && client.online;
+        // A QoS 0 delivery counts towards holding its publisher only when it finds no room
+        // (`Qos0Tally`): holding one whose subscribers are merely behind turned a steady
+        // fan-out into stop-and-go, at three quarters of the throughput.
+        let qos0_may_hold =
+            may_hold && is_qos0(msg, &opts) && self.shared.config.mqtt.backpressure_qos0;
+        if may_hold && !is_qos0(msg, &opts) {
+            // What waits here and in its mailbox counts: its own queue shows a flood only
+            // after its next turn, too late for what is routed meanwhile.
+            let (holds, o) = client
+                .backlog
+                .judge(time::now, client.pending.len(), &self.rules);
+            outcome = o;
+            if holds {
+                hold = true;
+                // Read and acknowledged before the hold reached its publisher: kept
+                // past the queue bound (up to the hard bound) rather than dropped.
+                opts.held_back = true;
             }
         }
+        let mut no_room = false;
         let mut first = false;
         // A persistent session's QoS 1/2 delivery waits for its record to be durable, and
         // whatever follows it to that session waits behind it (order, MQTT 4.6).
@@ -339,6 +376,7 @@ impl RouterActor {
         } else if client.backlog.saturated() && !opts.held_back {
             // What the session would do with it, without the trip.
             add(&self.shared.metrics.dropped_queue_full, 1);
+            no_room = true;
         } else {
             let was_empty = client.pending.is_empty();
             let bound = if opts.held_back {
@@ -346,26 +384,37 @@ impl RouterActor {
             } else {
                 self.pending_max
             };
+            // Full: this one or an older one is dropped.
+            no_room = client.pending.len() >= bound;
             if client
                 .pending
                 .push((msg.clone(), opts), bound, self.shared.limits.mqueue_policy)
             {
                 first = was_empty;
+                if no_room {
+                    // An older delivery made room (the queue policy's victim): a drop too.
+                    add(&self.shared.metrics.dropped_mailbox_full, 1);
+                }
             } else {
                 add(&self.shared.metrics.dropped_mailbox_full, 1);
                 debug!(client_id = %subscriber, topic = %msg.topic, "delivery dropped: client behind");
             }
         }
-        if let Some(addr) = hold {
-            add(&self.shared.metrics.backpressure_holds, 1);
-            let shard = self.index as u16;
-            self.control(
-                &addr,
-                ClientMsg::Hold {
-                    shard,
-                    subscriber: me,
-                },
-            );
+        if qos0_may_hold {
+            let holds = no_room && {
+                let (holds, o) = client
+                    .backlog
+                    .judge(time::now, client.pending.len(), &self.rules);
+                outcome = o;
+                holds
+            };
+            // Counted now, decided for the whole publish.
+            qos0.count(holds, &subscriber);
+        }
+        if hold {
+            if let Some(from) = from {
+                self.hold_for(&subscriber, from);
+            }
         }
         if let Some(o) = outcome {
             self.apply(&subscriber, o, ctx);
@@ -376,8 +425,8 @@ impl RouterActor {
     }
 
     /// Hands each pending batch to its destination; one without room keeps its batch
-    /// here for the next flush or the retry timer.
-    fn flush(&mut self, ctx: &mut Ctx<Self>) {
+    /// here for the next flush or the retry timer. Returns how many had no room.
+    fn flush(&mut self, ctx: &mut Ctx<Self>) -> usize {
         self.routed = 0;
         let mut blocked = 0;
         let mut i = 0;
@@ -405,6 +454,7 @@ impl RouterActor {
         if (blocked > 0 || !self.outbox.is_empty()) && self.retry.is_none() {
             self.retry = Some(ctx.after(RETRY_BLOCKED, RouterMsg::RetryBlocked));
         }
+        blocked
     }
 
     fn subscribe(
@@ -601,7 +651,7 @@ impl Actor for RouterActor {
             RouterMsg::RetryBlocked => {
                 self.retry = None;
                 if !self.outbox.is_empty() && self.dirty.is_empty() {
-                    self.flush(ctx);
+                    let _ = self.flush(ctx);
                 }
             }
             RouterMsg::Subscribe(sub) => {
@@ -738,7 +788,13 @@ impl Actor for RouterActor {
             self.send_routed_acks();
         }
         if !self.dirty.is_empty() && burst_end {
-            self.flush(ctx);
+            let blocked = self.flush(ctx);
+            if blocked > 0 && ctx.queued() > 0 {
+                // Subscribers whose mailboxes are full get a turn before more is routed:
+                // a shard runs its whole mailbox in one poll, and under a flood what it
+                // routed past their room was dropped while they had no turn to drain it.
+                starling_rt::yield_now().await;
+            }
         }
     }
 }

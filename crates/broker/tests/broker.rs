@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
+use starling_broker::MetricsSnapshot;
 use starling_codec::{
     Packet, Properties, Protocol, Publish, QoS, ReasonCode, RetainHandling, SubscriptionOptions,
 };
@@ -510,6 +511,66 @@ fn backlogged_subscriber_holds_back_its_qos1_publisher_and_loses_nothing() {
         assert_eq!(acks + rest, 120);
         let m = b.metrics();
         assert_eq!(m.dropped_queue_full + m.dropped_mailbox_full, 0, "{m:?}");
+    })
+}
+
+/// Three subscribers that read nothing, and a QoS 0 publisher sending 1 KiB messages for
+/// `secs` (or until it is no longer read): the broker's metrics after.
+async fn qos0_flood_into_readers_that_stall(extra: &str, secs: u64) -> MetricsSnapshot {
+    let (b, addr) = broker(extra).await;
+    let mut subs = Vec::new();
+    for k in 0..3 {
+        let mut s = Client::connect(addr, Protocol::V5, &format!("stalled{k}"), true).await;
+        s.subscribe(1, "flood", QoS::AtMostOnce).await;
+        subs.push(s);
+    }
+    let mut p = Client::connect(addr, Protocol::V5, "flooder", true).await;
+    let payload = [7u8; 1024];
+    // Many times what the sockets, mailboxes and pending lists hold.
+    let flood = async {
+        for _ in 0..50_000u32 {
+            p.publish("flood", &payload, QoS::AtMostOnce, false).await;
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(secs), flood).await;
+    b.metrics()
+}
+
+#[test]
+fn a_qos0_flood_whose_deliveries_find_no_room_holds_its_publisher() {
+    common::on_actix(async {
+        // Once every delivery of a publish is dropped, its publisher is read no more (the
+        // flood does not finish) and only what was read before the hold was dropped.
+        // (Stall rules wide enough that the stalled readers keep holding.)
+        let m = qos0_flood_into_readers_that_stall(
+            "[mqtt]\nmax_mqueue_len = 100\nbackpressure_stall_secs = 60\nbackpressure_max_secs = 60\n",
+            3,
+        )
+        .await;
+        assert!(m.backpressure_holds >= 1, "never held: {m:?}");
+        let dropped = m.dropped_queue_full + m.dropped_mailbox_full;
+        assert!(dropped > 0, "{m:?}");
+        assert!(
+            m.messages_received < 50_000 / 2 && dropped < 3 * 50_000 / 2,
+            "the publisher went on being read after it was held: {m:?}"
+        );
+    })
+}
+
+#[test]
+fn without_backpressure_qos0_a_qos0_flood_is_never_held_and_drops() {
+    common::on_actix(async {
+        let m = qos0_flood_into_readers_that_stall(
+            "[mqtt]\nmax_mqueue_len = 100\nbackpressure_qos0 = false\n",
+            20,
+        )
+        .await;
+        assert_eq!(m.backpressure_holds, 0, "{m:?}");
+        let dropped = m.dropped_queue_full + m.dropped_mailbox_full;
+        assert!(
+            m.messages_received > 50_000 / 2 && dropped > 50_000,
+            "the flood went through and was mostly dropped: {m:?}"
+        );
     })
 }
 

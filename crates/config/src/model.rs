@@ -305,6 +305,12 @@ pub struct MqttConfig {
     /// publish QoS 1/2 messages to it (they are not read until it drains to a quarter),
     /// instead of its queue dropping what does not fit. Default true.
     pub backpressure: bool,
+    /// Whether QoS 0 publishes are held back too, when more than half of one publish's
+    /// deliveries go to subscribers that are backlogged: QoS 0 may be dropped, but routing
+    /// a flood that is mostly dropped takes the time the subscribers need to drain. One
+    /// slow subscriber among many never holds a QoS 0 publisher. Needs `backpressure`.
+    /// Default true.
+    pub backpressure_qos0: bool,
     /// Longest a subscriber may stay backlogged without draining to a quarter before it
     /// stops holding its publishers back (its queue then drops by its policy, as without
     /// back-pressure): a client that stops acknowledging must not stall its publishers
@@ -385,6 +391,7 @@ impl Default for MqttConfig {
             max_mqueue_len: 1000,
             mqueue_drop_policy: DropPolicy::DropOldestQos0First,
             backpressure: true,
+            backpressure_qos0: true,
             backpressure_max_secs: 10,
             backpressure_stall_secs: 2,
             backpressure_stalls_max: 2,

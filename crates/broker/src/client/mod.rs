@@ -239,9 +239,12 @@ impl Client {
                         retain: m.retain,
                         payload: m.payload.clone(),
                     });
-                    // A shard holds a QoS 1/2 publisher that feeds a backlogged
-                    // subscriber back (see `crate::flow`).
-                    let from = (m.qos != QoS::AtMostOnce && self.shared.config.mqtt.backpressure)
+                    // A shard holds a publisher that feeds a backlogged subscriber back
+                    // (see `crate::flow`); a QoS 0 one only if most of its deliveries
+                    // would wait (`mqtt.backpressure_qos0`).
+                    let mqtt = &self.shared.config.mqtt;
+                    let from = (mqtt.backpressure
+                        && (m.qos != QoS::AtMostOnce || mqtt.backpressure_qos0))
                         .then(|| {
                             let f = self.flow_mut(ctx);
                             Publisher {
