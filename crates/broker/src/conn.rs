@@ -51,6 +51,12 @@ pub(crate) struct Conn {
     pub(crate) eof: bool,
     pub(crate) out: BytesMut,
     pub(crate) protocol: Protocol,
+    /// For an operator's view (`ClientInfo`): when it was accepted (Unix seconds; u32
+    /// lasts until 2106 and fits where a u64 would grow every connection), the peer's port
+    /// (its address is the gate's), and whether it asked for a clean start.
+    pub(crate) connected_at: u32,
+    pub(crate) peer_port: u16,
+    pub(crate) clean_start: bool,
     pub(crate) _permit: Option<OwnedSemaphorePermit>,
 }
 

@@ -75,6 +75,11 @@ impl AuthGate {
     }
 
     /// The connection's user (the TLS certificate's CN where that is the username).
+    /// The connection's address.
+    pub(crate) fn ip(&self) -> IpAddr {
+        self.addr
+    }
+
     pub(crate) fn username(&self) -> Option<&Arc<str>> {
         self.username.as_ref()
     }
@@ -321,7 +326,7 @@ impl Gate for AuthGate {
 /// other `$` namespace the broker may give a meaning to). `$delayed/` is the one `$` topic
 /// clients publish to: the broker's delayed-publish service. `$share/`, `$exclusive/` and
 /// `$limit/` are subscription prefixes, not topics, so a publish to them is refused too.
-fn is_reserved(topic: &str) -> bool {
+pub(crate) fn is_reserved(topic: &str) -> bool {
     topic.starts_with('$') && !topic.starts_with(DELAYED_PREFIX)
 }
 

@@ -35,6 +35,7 @@
 //! [`Broker::reload_tls`] (the `starling` binary calls it on SIGHUP); connections already
 //! up keep the certificate they were accepted with.
 
+mod admin;
 mod builtin;
 mod client;
 mod conn;
@@ -69,9 +70,11 @@ use starling_rt::{start_with, time, Addr, Options};
 use starling_session::Message;
 use starling_store::{Limits as StoreLimits, Location, Recovered, Store};
 
+pub use admin::{Admin, AdminError, AdminPublish, BrokerStats};
 pub use conn::Io;
 pub use error::{BrokerError, StoreOpenError};
-pub use metrics::MetricsSnapshot;
+pub use metrics::{MetricKind, MetricsSnapshot};
+pub use msg::{ClientInfo, ClientSubscriptions};
 /// The hook seam, for embedders: providers to start the broker with
 /// ([`Broker::start_with`]).
 pub use starling_hooks as hooks;
@@ -340,6 +343,15 @@ impl Broker {
     }
 
     /// The counters now.
+    /// A handle for the operator's requests (the HTTP API): see [`Admin`].
+    pub fn admin(&self) -> Admin {
+        Admin::new(
+            self.shared.clone(),
+            self.registry.clone(),
+            self._router.clone(),
+        )
+    }
+
     pub fn metrics(&self) -> MetricsSnapshot {
         self.shared.metrics.snapshot()
     }

@@ -170,3 +170,222 @@ impl Metrics {
         }
     }
 }
+
+/// Whether a metric only grows (a counter) or goes up and down (a gauge).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter,
+    Gauge,
+}
+
+impl MetricsSnapshot {
+    /// Every figure with its name (the field's), what it counts and its kind: for
+    /// expositions (the HTTP API's JSON and Prometheus text) that must list them all.
+    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 31] {
+        use MetricKind::{Counter as C, Gauge as G};
+        [
+            (
+                "clients_connected",
+                "Clients with an attached connection",
+                G,
+                self.clients_connected,
+            ),
+            (
+                "connections_refused",
+                "Connections refused at accept or CONNECT",
+                C,
+                self.connections_refused,
+            ),
+            (
+                "messages_received",
+                "PUBLISH packets accepted from clients",
+                C,
+                self.messages_received,
+            ),
+            (
+                "messages_sent",
+                "PUBLISH packets written to clients",
+                C,
+                self.messages_sent,
+            ),
+            (
+                "bytes_received",
+                "Bytes read from client sockets",
+                C,
+                self.bytes_received,
+            ),
+            (
+                "bytes_sent",
+                "Bytes written to client sockets",
+                C,
+                self.bytes_sent,
+            ),
+            (
+                "dropped_queue_full",
+                "Messages a full session queue dropped",
+                C,
+                self.dropped_queue_full,
+            ),
+            (
+                "dropped_mailbox_full",
+                "Deliveries dropped where a shard's pending list was full",
+                C,
+                self.dropped_mailbox_full,
+            ),
+            (
+                "dropped_expired",
+                "Messages dropped because their expiry passed",
+                C,
+                self.dropped_expired,
+            ),
+            (
+                "dropped_other",
+                "Messages dropped for other reasons",
+                C,
+                self.dropped_other,
+            ),
+            (
+                "delayed_refused",
+                "Delayed publishes refused",
+                C,
+                self.delayed_refused,
+            ),
+            (
+                "retained_refused",
+                "Retained messages the retained store refused",
+                C,
+                self.retained_refused,
+            ),
+            (
+                "reserved_topic_refused",
+                "Publishes refused for a reserved topic",
+                C,
+                self.reserved_topic_refused,
+            ),
+            (
+                "dropped_acl",
+                "Deliveries withheld by the subscriber's ACL",
+                C,
+                self.dropped_acl,
+            ),
+            (
+                "client_id_refused",
+                "CONNECTs refused: client id of another identity",
+                C,
+                self.client_id_refused,
+            ),
+            (
+                "backpressure_stalls",
+                "Subscribers found stalled while holding publishers",
+                C,
+                self.backpressure_stalls,
+            ),
+            (
+                "backpressure_holds",
+                "Publishers held back for a backlogged subscriber",
+                C,
+                self.backpressure_holds,
+            ),
+            (
+                "connect_too_large",
+                "CONNECTs larger than max_connect_packet_size",
+                C,
+                self.connect_too_large,
+            ),
+            (
+                "connect_budget_waits",
+                "CONNECT reads that waited for the read budget",
+                C,
+                self.connect_budget_waits,
+            ),
+            (
+                "login_failed",
+                "CONNECTs whose credentials were wrong or missing",
+                C,
+                self.login_failed,
+            ),
+            (
+                "login_banned",
+                "CONNECTs refused from a banned address",
+                C,
+                self.login_banned,
+            ),
+            (
+                "verify_queue_full",
+                "CONNECTs refused: password verification queue full",
+                C,
+                self.verify_queue_full,
+            ),
+            (
+                "verdict_timeouts",
+                "Authorization verdicts that timed out",
+                C,
+                self.verdict_timeouts,
+            ),
+            ("store_commits", "Store commits", C, self.store_commits),
+            ("store_ops", "Store operations committed", C, self.store_ops),
+            (
+                "store_commit_us",
+                "Microseconds spent in store commits",
+                C,
+                self.store_commit_us,
+            ),
+            (
+                "store_refused",
+                "Writes the full store refused",
+                C,
+                self.store_refused,
+            ),
+            (
+                "store_errors",
+                "Store commits that failed",
+                C,
+                self.store_errors,
+            ),
+            (
+                "store_bytes",
+                "Bytes held by the store",
+                G,
+                self.store_bytes,
+            ),
+            (
+                "store_sessions",
+                "Sessions held by the store",
+                G,
+                self.store_sessions,
+            ),
+            (
+                "store_messages",
+                "Messages held by the store",
+                G,
+                self.store_messages,
+            ),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MetricsSnapshot;
+
+    #[test]
+    fn named_lists_every_field_once() {
+        let fields = format!("{:?}", MetricsSnapshot::default())
+            .matches(": ")
+            .count();
+        let named = MetricsSnapshot::default().named();
+        assert_eq!(
+            named.len(),
+            fields,
+            "a field is missing from MetricsSnapshot::named"
+        );
+        let mut names: Vec<&str> = named.iter().map(|n| n.0).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), fields);
+        let debug = format!("{:?}", MetricsSnapshot::default());
+        for n in names {
+            assert!(debug.contains(&format!("{n}: ")), "{n} is not a field");
+        }
+    }
+}

@@ -92,6 +92,51 @@ pub(crate) enum ClientMsg {
     Resubscribe(Reply<()>),
     /// The broker is stopping.
     Shutdown(Reply<()>),
+    /// An operator asks what this client is (the HTTP API).
+    Info(Reply<ClientInfo>),
+    /// An operator asks for this client's subscriptions.
+    Subscriptions(Reply<ClientSubscriptions>),
+    /// An operator discards this client's session: its connection, if any, is closed (v5
+    /// DISCONNECT 0x98 Administrative action), its will published, its subscriptions and
+    /// queue dropped. Answers what the client was.
+    Kick(Reply<ClientInfo>),
+}
+
+/// A client as an operator sees it (`GET /api/v1/clients`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientInfo {
+    pub client_id: String,
+    pub username: Option<String>,
+    /// The connection's address; `None` while the session has none.
+    pub peer: Option<SocketAddr>,
+    pub connected: bool,
+    /// When the current connection was accepted, in Unix seconds; `None` while offline.
+    pub connected_at: Option<u64>,
+    /// 3 (MQTT 3.1), 4 (3.1.1) or 5; `None` for a session restored and not yet resumed.
+    pub proto_ver: Option<u8>,
+    /// The keep alive in force, seconds (0: off or offline).
+    pub keepalive: u16,
+    /// Whether the current connection asked for a clean start (clean session in 3.x).
+    pub clean_start: bool,
+    /// Session Expiry Interval in force, seconds (`u32::MAX`: never).
+    pub expiry_interval: u32,
+    pub subscriptions: usize,
+    pub inflight: usize,
+    pub max_inflight: usize,
+    pub mqueue_len: usize,
+    pub max_mqueue: usize,
+}
+
+/// A client's subscriptions as an operator sees them (`GET /api/v1/subscriptions`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientSubscriptions {
+    pub client_id: String,
+    pub peer: Option<SocketAddr>,
+    /// 3, 4 or 5, as in [`ClientInfo::proto_ver`].
+    pub proto_ver: Option<u8>,
+    /// Each filter as subscribed (with its `$share/`, `$exclusive/` or `$limit/` prefix),
+    /// its options and its subscription identifier.
+    pub filters: Vec<(String, starling_codec::SubscriptionOptions, Option<u32>)>,
 }
 
 /// What an authorization verdict is remembered for.
@@ -119,6 +164,13 @@ pub(crate) enum RegistryMsg {
     },
     /// Close every connection (v5 0x8B) and stop every client actor.
     Shutdown(Reply<()>),
+    /// Every client actor, for an operator's list (at most `limit`).
+    Clients {
+        limit: usize,
+        reply: Reply<Vec<starling_rt::Addr<ClientMsg>>>,
+    },
+    /// The client actor of one client id.
+    Client(Arc<str>, Reply<Option<starling_rt::Addr<ClientMsg>>>),
     /// Sessions read back from the store at start, each with the username it belongs to:
     /// give each a client actor, route its subscriptions again, then answer.
     Restore(
@@ -240,6 +292,13 @@ pub(crate) enum RouterMsg {
     /// The store refused this retained message (full): it goes, unless another replaced it.
     RetainedRefused(Arc<Message>),
     Stats(Reply<RouterStats>),
+    /// This shard's retained messages whose topics match `filter`, at most `limit`, in
+    /// topic order (an operator's list).
+    Retained {
+        filter: String,
+        limit: usize,
+        reply: Reply<Vec<Arc<Message>>>,
+    },
     /// Retry the batches of clients whose mailbox was full.
     RetryBlocked,
     /// Deliveries to persistent sessions whose records are now durable (or, for those

@@ -220,6 +220,13 @@ impl Actor for Registry {
                 }
                 let _ = reply.send(());
             }
+            RegistryMsg::Clients { limit, reply } => {
+                let all = self.clients.values().take(limit).map(|e| e.addr.clone());
+                let _ = reply.send(all.collect());
+            }
+            RegistryMsg::Client(client_id, reply) => {
+                let _ = reply.send(self.clients.get(&client_id).map(|e| e.addr.clone()));
+            }
             RegistryMsg::Shutdown(reply) => {
                 // All at once: one slow peer's last write must not hold up the others.
                 let goodbyes = self.clients.drain().map(|(_, e)| async move {

@@ -46,6 +46,7 @@ use crate::msg::{
 };
 use crate::settings::Shared;
 
+mod admin;
 mod stored;
 
 use stored::stored_delivery;
@@ -734,6 +735,13 @@ impl Actor for RouterActor {
                     let o = c.backlog.check(time::now(), epoch, &self.rules);
                     self.apply(&client_id, o, ctx);
                 }
+            }
+            RouterMsg::Retained {
+                filter,
+                limit,
+                reply,
+            } => {
+                let _ = reply.send(self.retained_list(&filter, limit));
             }
             RouterMsg::Stats(reply) => {
                 let _ = reply.send(RouterStats {

@@ -67,6 +67,11 @@ impl Shards {
     }
 
     /// The shard that routes a publish to `topic` (see [`ShardMap::of_publish`]).
+    /// Every shard, in index order.
+    pub(crate) fn all(&self) -> &[Addr<RouterMsg>] {
+        &self.0.addrs
+    }
+
     pub(crate) fn for_publish(&self, topic: &str) -> &Addr<RouterMsg> {
         match &self.0.addrs[..] {
             [only] => only,

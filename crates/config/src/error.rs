@@ -124,4 +124,8 @@ pub enum Warning {
         kind: ListenerKind,
         bind: SocketAddr,
     },
+    /// The HTTP API is served beyond loopback with no `http.bearer_token`: anyone who can
+    /// reach it can list and kick clients and publish.
+    #[error("http: the API on {bind} is open to anyone who can reach it: set http.bearer_token or bind to 127.0.0.1")]
+    HttpWithoutToken { bind: SocketAddr },
 }

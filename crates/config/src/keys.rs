@@ -9,8 +9,8 @@ use serde::de::{self, Deserialize, Deserializer, Visitor};
 
 use crate::error::ConfigError;
 use crate::model::{
-    AuthConfig, LogConfig, MqttConfig, NodeConfig, RawConfig, RawListener, RawTls, RouterSettings,
-    StorageConfig,
+    AuthConfig, HttpConfig, LogConfig, MqttConfig, NodeConfig, RawConfig, RawListener, RawTls,
+    RouterSettings, StorageConfig,
 };
 
 /// The field names that `T`'s derived `Deserialize` accepts.
@@ -52,13 +52,14 @@ impl<'de> Deserializer<'de> for Introspect<'_> {
 }
 
 /// The sections and their field lists: (name in the file, fields).
-fn sections() -> [(&'static str, &'static [&'static str]); 6] {
+fn sections() -> [(&'static str, &'static [&'static str]); 7] {
     [
         ("node", fields_of::<NodeConfig>()),
         ("mqtt", fields_of::<MqttConfig>()),
         ("router", fields_of::<RouterSettings>()),
         ("storage", fields_of::<StorageConfig>()),
         ("auth", fields_of::<AuthConfig>()),
+        ("http", fields_of::<HttpConfig>()),
         ("log", fields_of::<LogConfig>()),
     ]
 }
@@ -157,6 +158,7 @@ mod tests {
                 "router",
                 "storage",
                 "auth",
+                "http",
                 "log"
             ]
         );

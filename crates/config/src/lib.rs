@@ -18,8 +18,9 @@ mod validate;
 pub use error::{ConfigError, Warning};
 pub use model::{
     AclDefault, AuthConfig, BackpressureHolders, ClientIdPolicy, Config, DropPolicy, FsyncPolicy,
-    ListenerConfig, ListenerKind, LogConfig, MqttConfig, NodeConfig, QuicConfig, RouterSettings,
-    ShardCount, SharedStrategy, StorageConfig, StuckPolicy, TimeoutVerdict, TlsConfig, WsConfig,
+    HttpConfig, ListenerConfig, ListenerKind, LogConfig, MqttConfig, NodeConfig, QuicConfig,
+    RouterSettings, ShardCount, SharedStrategy, StorageConfig, StuckPolicy, TimeoutVerdict,
+    TlsConfig, WsConfig,
 };
 
 /// Every key the file format accepts, as dotted paths with `listeners[]` for the array

@@ -23,6 +23,8 @@ pub struct Config {
     pub storage: StorageConfig,
     /// `[auth]`: password file and ACL.
     pub auth: AuthConfig,
+    /// `[http]`: the HTTP API and metrics.
+    pub http: HttpConfig,
     /// `[log]`: logging.
     pub log: LogConfig,
 }
@@ -36,6 +38,7 @@ impl Default for Config {
             router: RouterSettings::default(),
             storage: StorageConfig::default(),
             auth: AuthConfig::default(),
+            http: HttpConfig::default(),
             log: LogConfig::default(),
         }
     }
@@ -259,6 +262,7 @@ pub(crate) struct RawConfig {
     pub router: RouterSettings,
     pub storage: StorageConfig,
     pub auth: AuthConfig,
+    pub http: HttpConfig,
     pub log: LogConfig,
 }
 
@@ -544,6 +548,44 @@ pub struct RouterSettings {
     /// Topic shards, each an actor with its own part of the subscriptions, retained and
     /// delayed messages: `"auto"` (one per worker thread, the default) or 1..=256.
     pub shards: ShardCount,
+}
+
+/// `[http]`: the HTTP API on RMQTT's paths (`/api/v1/...`), served by the broker process.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Serve it. Default false: it lists clients, kicks them and publishes, so it is
+    /// switched on by the operator (config/starling.toml does, on loopback).
+    pub enabled: bool,
+    /// Address to listen on. Default `0.0.0.0:6060` (RMQTT's).
+    pub bind: SocketAddr,
+    /// When set, every request under `/api/v1` must carry `Authorization: Bearer <token>`;
+    /// others get 401. Default unset (no check; a warning when bound beyond loopback).
+    pub bearer_token: Option<String>,
+    /// Largest request body accepted, in bytes; a larger one gets 413. 1 KiB..=16 MiB,
+    /// default 1 MiB.
+    pub max_body_bytes: u32,
+    /// Connections served at once; more wait in the accept backlog. 1..=10000, default 256.
+    pub max_connections: u32,
+    /// Threads serving requests (each asks the broker's actors by message). 1..=16,
+    /// default 1.
+    pub workers: u16,
+    /// Rows a list returns at most, whatever `_limit` asks. 1..=100000, default 10000.
+    pub max_rows: u32,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 6060)),
+            bearer_token: None,
+            max_body_bytes: 1 << 20,
+            max_connections: 256,
+            workers: 1,
+            max_rows: 10_000,
+        }
+    }
 }
 
 /// `[storage]`.

@@ -106,6 +106,7 @@ fn validate(raw: RawConfig, base: Option<&Path>) -> Result<(Config, Vec<Warning>
     };
     validate_auth(&auth)?;
     validate_log(&raw.log)?;
+    validate_http(&raw.http, &mut warnings)?;
 
     let listeners = match raw.listeners {
         None => vec![ListenerConfig::default()],
@@ -140,9 +141,29 @@ fn validate(raw: RawConfig, base: Option<&Path>) -> Result<(Config, Vec<Warning>
         router: raw.router,
         storage: raw.storage,
         auth,
+        http: raw.http,
         log: raw.log,
     };
     Ok((config, warnings))
+}
+
+fn validate_http(h: &HttpConfig, warnings: &mut Vec<Warning>) -> Result<(), ConfigError> {
+    range("http.max_body_bytes", h.max_body_bytes, 1024, 16 << 20)?;
+    range("http.max_connections", h.max_connections, 1, 10_000)?;
+    range("http.workers", h.workers, 1, 16)?;
+    range("http.max_rows", h.max_rows, 1, 100_000)?;
+    if let Some(t) = &h.bearer_token {
+        if t.trim().is_empty() || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(ConfigError::Invalid {
+                key: "http.bearer_token".into(),
+                problem: "must be non-empty, without spaces or control characters",
+            });
+        }
+    }
+    if h.enabled && h.bearer_token.is_none() && !h.bind.ip().is_loopback() {
+        warnings.push(Warning::HttpWithoutToken { bind: h.bind });
+    }
+    Ok(())
 }
 
 fn validate_node(node: NodeConfig, base: Option<&Path>) -> Result<NodeConfig, ConfigError> {

@@ -153,7 +153,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     };
     rt.block_on(async move {
         let signals = Signals::register();
+        let http = config.http.clone();
         let broker = Broker::start(config).await?;
+        let api = if http.enabled {
+            Some(starling_http::HttpApi::start(&http, broker.admin())?)
+        } else {
+            None
+        };
         tracing::info!(
             version = env!("CARGO_PKG_VERSION"),
             backend = starling_rt::BACKEND,
@@ -161,6 +167,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         );
         signals.serve(&broker).await;
         tracing::info!("starling stopping");
+        if let Some(api) = api {
+            api.stop().await;
+        }
         broker.shutdown().await;
         anyhow::Ok(())
     })?;

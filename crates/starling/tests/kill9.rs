@@ -16,33 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{mosquitto, temp_dir, Daemon};
+use common::{free_port, have, mosquitto, temp_dir, Daemon};
 
 const COUNT: usize = 10_000;
-
-/// A port free now, for a broker that must come back on the same one.
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
-/// Whether a program runs; under CI a missing one fails the test instead.
-fn have(program: &str, check: &[&str], install: &str) -> bool {
-    let ok = Command::new(program)
-        .args(check)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{program} is missing and CI is set: {install}"
-        );
-        println!("skipped: {program} missing ({install})");
-    }
-    ok
-}
 
 /// A persistent `mosquitto_sub` on `k/#` at QoS 2, printing `topic payload` lines to `out`.
 fn subscriber(port: u16, id: &str, version: &str, out: &Path) -> Child {

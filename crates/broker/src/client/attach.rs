@@ -58,6 +58,9 @@ impl Client {
             eof: false,
             out: BytesMut::new(),
             protocol,
+            connected_at: u32::try_from(time::unix_secs()).unwrap_or(u32::MAX),
+            peer_port: peer.port(),
+            clean_start: connect.clean_start,
             _permit: permit,
         });
         match self.session.attach(time::now(), &connect) {

@@ -29,6 +29,7 @@ use acks::Acks;
 use persist::Persist;
 
 mod acks;
+mod admin;
 mod attach;
 mod hooks;
 mod input;
@@ -749,6 +750,16 @@ impl Client {
                 let _ = reply.send(());
                 return false;
             }
+            ClientMsg::Info(reply) => {
+                let _ = reply.send(self.info());
+            }
+            ClientMsg::Subscriptions(reply) => {
+                let _ = reply.send(self.subscription_list());
+            }
+            ClientMsg::Kick(reply) => {
+                let was = self.kick(ctx).await;
+                let _ = reply.send(was);
+            }
             ClientMsg::Resubscribe(reply) => {
                 self.resubscribe(ctx).await;
                 let _ = reply.send(());
@@ -782,7 +793,9 @@ mod size_tests {
         // own, `Actor::deadline`).
         // 488: +8 for the acknowledgements that wait for the store (client/acks.rs).
         // 496: +8 for a persistent session's own writes to the store (client/persist.rs).
-        assert!(client <= 496, "Client is {client} bytes");
+        // 504: +8 for the connection's accept time, peer port and clean start, the
+        // operator's view of it (client/admin.rs, the HTTP API).
+        assert!(client <= 504, "Client is {client} bytes");
         assert!(session <= 224, "Session is {session} bytes");
     }
 }

@@ -380,6 +380,26 @@ impl Session {
     }
 
     /// The subscriptions the router granted: filter → (options, subscription id).
+    /// The keep alive in force, seconds: 0 when off or detached.
+    pub fn keep_alive_secs(&self) -> u16 {
+        match &self.phase {
+            Phase::Attached(c) => c
+                .keep_alive
+                .map_or(0, |ka| u16::try_from(ka.as_secs()).unwrap_or(u16::MAX)),
+            _ => 0,
+        }
+    }
+
+    /// The Session Expiry Interval in force, seconds; `u32::MAX`: never.
+    pub fn expiry_secs(&self) -> u32 {
+        self.expiry_secs
+    }
+
+    /// The limits this session runs under.
+    pub fn limits(&self) -> &SessionLimits {
+        &self.limits
+    }
+
     pub fn subscriptions(&self) -> &BTreeMap<String, (SubscriptionOptions, Option<u32>)> {
         &self.subscriptions
     }

@@ -143,3 +143,27 @@ pub fn mosquitto(program: &str, args: &[&str]) -> Option<std::process::Output> {
         Err(e) => panic!("{program}: {e}"),
     }
 }
+
+/// A port free now, for a broker that must come back on the same one.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// Whether a program runs; under CI a missing one fails the test instead.
+pub fn have(program: &str, check: &[&str], install: &str) -> bool {
+    let ok = Command::new(program)
+        .args(check)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{program} is missing and CI is set: {install}"
+        );
+        println!("skipped: {program} missing ({install})");
+    }
+    ok
+}

@@ -1,0 +1,281 @@
+//! The operator's seam: what the HTTP API (and tools after it) ask of a running broker.
+//! Every answer comes from the actors by message (the registry for who is there, each
+//! client actor for what it is, the shards for routing state), never by reaching into
+//! their state; the counters are the broker's metrics.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use starling_codec::{Properties, QoS};
+use starling_router::{validate_topic_filter, validate_topic_name};
+use starling_rt::{time, Addr};
+use starling_session::{Expiry, Message};
+use thiserror::Error;
+
+use crate::gate::is_reserved;
+use crate::metrics::MetricsSnapshot;
+use crate::msg::{ClientInfo, ClientMsg, ClientSubscriptions, RegistryMsg, RouterMsg};
+use crate::settings::Shared;
+use crate::shards::Shards;
+
+/// How long one client actor may take to describe itself before it is left out of a list
+/// (a client blocked writing to a peer that reads nothing must not hang the operator).
+const INFO_WAIT: Duration = Duration::from_secs(2);
+/// Client actors asked at once for a list.
+const INFO_CHUNK: usize = 256;
+
+/// Why an operator's request was refused.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum AdminError {
+    #[error("invalid topic: {0}")]
+    Topic(String),
+    #[error("topic {0:?} is reserved for the broker")]
+    Reserved(String),
+    #[error("the broker is stopping")]
+    Stopping,
+}
+
+/// A message an operator publishes (`POST /api/v1/mqtt/publish`).
+#[derive(Debug, Clone)]
+pub struct AdminPublish {
+    pub topic: String,
+    pub payload: Bytes,
+    pub qos: QoS,
+    pub retain: bool,
+    /// MQTT 5 Message Expiry Interval, seconds.
+    pub expiry_secs: Option<u32>,
+    /// Payload Format Indicator, Content Type, Response Topic, Correlation Data, User
+    /// Properties, as subscribers get them.
+    pub properties: Properties,
+}
+
+/// Counts of the broker's state (`GET /api/v1/stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BrokerStats {
+    /// Clients with a connection.
+    pub connections: u64,
+    /// Sessions, connected or not.
+    pub sessions: u64,
+    pub subscriptions: u64,
+    pub retained: u64,
+    pub delayed: u64,
+}
+
+/// A handle on a running broker for its operator; cheap to clone, usable from any thread
+/// of the runtime.
+#[derive(Clone)]
+pub struct Admin {
+    shared: Arc<Shared>,
+    registry: Addr<RegistryMsg>,
+    shards: Shards,
+    started: SystemTime,
+}
+
+impl Admin {
+    pub(crate) fn new(shared: Arc<Shared>, registry: Addr<RegistryMsg>, shards: Shards) -> Self {
+        Self {
+            shared,
+            registry,
+            shards,
+            started: time::wall(),
+        }
+    }
+
+    /// `node.id`.
+    pub fn node_id(&self) -> u64 {
+        self.shared.config.node.id
+    }
+
+    /// `node.name`.
+    pub fn node_name(&self) -> &str {
+        &self.shared.config.node.name
+    }
+
+    /// When the broker started (wall clock).
+    pub fn started(&self) -> SystemTime {
+        self.started
+    }
+
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.shared.metrics.snapshot()
+    }
+
+    pub async fn stats(&self) -> BrokerStats {
+        let router = self.shards.stats().await;
+        let sessions = self
+            .registry
+            .ask(|reply| RegistryMsg::Clients {
+                limit: usize::MAX,
+                reply,
+            })
+            .await
+            .map_or(0, |all| all.len());
+        BrokerStats {
+            connections: self.metrics().clients_connected,
+            sessions: sessions as u64,
+            subscriptions: router.subscriptions as u64,
+            retained: router.retained as u64,
+            delayed: router.delayed as u64,
+        }
+    }
+
+    /// Up to `limit` clients (online or with a session kept), in no particular order. A
+    /// client that does not answer within 2 s is left out.
+    pub async fn clients(&self, limit: usize) -> Vec<ClientInfo> {
+        self.ask_clients(limit, ClientMsg::Info).await
+    }
+
+    /// Asks up to `limit` client actors, 256 at a time; those that do not answer within
+    /// 2 s are left out.
+    async fn ask_clients<R: Send + 'static>(
+        &self,
+        limit: usize,
+        make: fn(starling_rt::Reply<R>) -> ClientMsg,
+    ) -> Vec<R> {
+        let Ok(addrs) = self
+            .registry
+            .ask(|reply| RegistryMsg::Clients { limit, reply })
+            .await
+        else {
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(addrs.len());
+        for chunk in addrs.chunks(INFO_CHUNK) {
+            let asks = chunk.iter().map(|a| time::timeout(INFO_WAIT, a.ask(make)));
+            out.extend(
+                futures::future::join_all(asks)
+                    .await
+                    .into_iter()
+                    .filter_map(|r| r.and_then(Result::ok)),
+            );
+        }
+        out
+    }
+
+    /// One client, if the broker has a session for it.
+    pub async fn client(&self, client_id: &str) -> Option<ClientInfo> {
+        let addr = self.lookup(client_id).await?;
+        time::timeout(INFO_WAIT, addr.ask(ClientMsg::Info))
+            .await?
+            .ok()
+    }
+
+    /// Discards a client's session (its connection closed with v5 DISCONNECT 0x98): what
+    /// it was, or `None` if the broker had no session for it.
+    pub async fn kick(&self, client_id: &str) -> Option<ClientInfo> {
+        let addr = self.lookup(client_id).await?;
+        addr.ask(ClientMsg::Kick).await.ok()
+    }
+
+    /// The subscriptions of up to `limit` clients (those with none left out).
+    pub async fn subscriptions(&self, limit: usize) -> Vec<ClientSubscriptions> {
+        let mut all = self.ask_clients(limit, ClientMsg::Subscriptions).await;
+        all.retain(|s| !s.filters.is_empty());
+        all
+    }
+
+    /// One client's subscriptions, if the broker has a session for it.
+    pub async fn client_subscriptions(&self, client_id: &str) -> Option<ClientSubscriptions> {
+        let addr = self.lookup(client_id).await?;
+        time::timeout(INFO_WAIT, addr.ask(ClientMsg::Subscriptions))
+            .await?
+            .ok()
+    }
+
+    /// Retained messages whose topics match `filter`, in topic order, from `offset`, at
+    /// most `limit`; and whether more follow.
+    ///
+    /// # Errors
+    /// [`AdminError::Topic`] for a filter that is not a valid topic filter.
+    pub async fn retained(
+        &self,
+        filter: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<Arc<Message>>, bool), AdminError> {
+        validate_topic_filter(filter, &self.shared.topic_limits)
+            .map_err(|e| AdminError::Topic(e.to_string()))?;
+        // Each shard sends its first offset + limit + 1: enough to cut the page and tell
+        // whether more follow, whatever the shards' shares.
+        let want = offset.saturating_add(limit).saturating_add(1);
+        let mut all = Vec::new();
+        for shard in self.shards.all() {
+            let got = shard
+                .ask(|reply| RouterMsg::Retained {
+                    filter: filter.to_owned(),
+                    limit: want,
+                    reply,
+                })
+                .await;
+            all.extend(got.unwrap_or_default());
+        }
+        all.sort_unstable_by(|a, b| a.topic.cmp(&b.topic));
+        let more = all.len() > offset.saturating_add(limit);
+        let page = all.into_iter().skip(offset).take(limit).collect();
+        Ok((page, more))
+    }
+
+    /// Deletes the retained message of `topic`: false if there was none.
+    ///
+    /// # Errors
+    /// As [`Admin::publish`], for a topic that is not a topic name or is reserved.
+    pub async fn delete_retained(&self, topic: &str) -> Result<bool, AdminError> {
+        validate_topic_name(topic, &self.shared.topic_limits)
+            .map_err(|e| AdminError::Topic(e.to_string()))?;
+        let (found, _) = self.retained(topic, 0, 1).await?;
+        if found.is_empty() {
+            return Ok(false);
+        }
+        self.publish(AdminPublish {
+            topic: topic.to_owned(),
+            payload: Bytes::new(),
+            qos: QoS::AtMostOnce,
+            retain: true,
+            expiry_secs: None,
+            properties: Properties::default(),
+        })
+        .await?;
+        Ok(true)
+    }
+
+    async fn lookup(&self, client_id: &str) -> Option<Addr<ClientMsg>> {
+        self.registry
+            .ask(|reply| RegistryMsg::Client(Arc::from(client_id), reply))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Publishes as the broker: routed like a client's publish (retained, `$delayed/`,
+    /// shared groups), with no publisher to acknowledge.
+    ///
+    /// # Errors
+    /// [`AdminError::Topic`] for a topic that is not a valid topic name,
+    /// [`AdminError::Reserved`] for `$SYS` and the other `$` topics but `$delayed/`.
+    pub async fn publish(&self, p: AdminPublish) -> Result<(), AdminError> {
+        validate_topic_name(&p.topic, &self.shared.topic_limits)
+            .map_err(|e| AdminError::Topic(e.to_string()))?;
+        if is_reserved(&p.topic) {
+            return Err(AdminError::Reserved(p.topic));
+        }
+        let expires_at = p
+            .expiry_secs
+            .map(|s| Expiry::announced(time::now() + Duration::from_secs(u64::from(s))));
+        let msg = Arc::new(Message {
+            topic: Arc::from(p.topic),
+            payload: p.payload,
+            qos: p.qos,
+            retain: p.retain,
+            properties: p.properties,
+            expires_at,
+            publisher: None,
+            shared_headers: Default::default(),
+        });
+        self.shards
+            .for_publish(&msg.topic)
+            .send(RouterMsg::Publish(msg, None, None))
+            .await
+            .map_err(|_| AdminError::Stopping)
+    }
+}

@@ -1,0 +1,176 @@
+//! State counts (`/stats`), counters (`/metrics`) and their Prometheus text exposition.
+//! With one node, a sum is that node's figures; the shapes are RMQTT's, ready for a
+//! cluster's fan-out.
+
+use std::fmt::Write;
+
+use actix_web::{web, HttpResponse};
+use serde_json::{json, Map, Value};
+use starling_broker::{BrokerStats, MetricKind, MetricsSnapshot};
+
+use crate::reply::other_node;
+use crate::ApiState;
+
+type State = web::Data<ApiState>;
+
+pub(crate) fn routes(cfg: &mut web::ServiceConfig) {
+    // The fixed paths before `{id}`, which would take them.
+    cfg.route("/stats", web::get().to(stats))
+        .route("/stats/sum", web::get().to(stats_sum))
+        .route("/stats/{id}", web::get().to(stats_one))
+        .route("/metrics", web::get().to(metrics))
+        .route("/metrics/sum", web::get().to(metrics_sum))
+        .route("/metrics/prometheus", web::get().to(prometheus))
+        .route("/metrics/prometheus/sum", web::get().to(prometheus_sum))
+        .route("/metrics/{id}", web::get().to(metrics_one));
+}
+
+/// RMQTT's stats keys that the broker counts. Their `.max` companions (high-water marks)
+/// are not tracked yet and are left out rather than made up.
+fn stats_json(s: &BrokerStats) -> Value {
+    json!({
+        "connections.count": s.connections,
+        "sessions.count": s.sessions,
+        "subscriptions.count": s.subscriptions,
+        "retaineds.count": s.retained,
+        "delayed_publishs.count": s.delayed,
+    })
+}
+
+fn node_head(s: &ApiState) -> Value {
+    json!({"id": s.admin.node_id(), "name": s.admin.node_name(), "running": true})
+}
+
+async fn node_stats(s: &ApiState) -> Value {
+    let st = s.admin.stats().await;
+    json!({"node": node_head(s), "stats": stats_json(&st)})
+}
+
+async fn stats(s: State) -> HttpResponse {
+    HttpResponse::Ok().json([node_stats(&s).await])
+}
+
+async fn stats_one(s: State, id: web::Path<String>) -> HttpResponse {
+    match other_node(&s, &id) {
+        Some(r) => r,
+        None => HttpResponse::Ok().json(node_stats(&s).await),
+    }
+}
+
+async fn stats_sum(s: State) -> HttpResponse {
+    let st = s.admin.stats().await;
+    let mut nodes = Map::new();
+    nodes.insert(
+        s.admin.node_id().to_string(),
+        json!({"name": s.admin.node_name(), "running": true}),
+    );
+    HttpResponse::Ok().json(json!({"nodes": nodes, "stats": stats_json(&st)}))
+}
+
+/// The counters under dotted names (`messages.received`, as RMQTT spells its own).
+fn metrics_json(m: &MetricsSnapshot) -> Value {
+    let mut out = Map::new();
+    for (name, _, _, v) in m.named() {
+        out.insert(name.replace('_', "."), json!(v));
+    }
+    Value::Object(out)
+}
+
+async fn metrics(s: State) -> HttpResponse {
+    let m = s.admin.metrics();
+    HttpResponse::Ok().json([json!({
+        "node": {"id": s.admin.node_id(), "name": s.admin.node_name()},
+        "metrics": metrics_json(&m),
+    })])
+}
+
+async fn metrics_one(s: State, id: web::Path<String>) -> HttpResponse {
+    other_node(&s, &id).unwrap_or_else(|| {
+        HttpResponse::Ok().json(json!({
+            "node": {"id": s.admin.node_id(), "name": s.admin.node_name()},
+            "metrics": metrics_json(&s.admin.metrics()),
+        }))
+    })
+}
+
+async fn metrics_sum(s: State) -> HttpResponse {
+    HttpResponse::Ok().json(metrics_json(&s.admin.metrics()))
+}
+
+/// Prometheus text format 0.0.4: one family per figure, `starling_<name>` (counters end
+/// in `_total`), labelled with the node; `node="all"` is the sum over the nodes.
+pub(crate) fn exposition(
+    m: &MetricsSnapshot,
+    st: &BrokerStats,
+    nodes: &[(String, bool)],
+) -> String {
+    let mut out = String::new();
+    let mut family = |name: &str, help: &str, kind: MetricKind, v: u64| {
+        let (name, kind) = match kind {
+            MetricKind::Counter => (format!("starling_{name}_total"), "counter"),
+            MetricKind::Gauge => (format!("starling_{name}"), "gauge"),
+        };
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (node, _) in nodes {
+            let _ = writeln!(out, "{name}{{node=\"{node}\"}} {v}");
+        }
+    };
+    for (name, help, kind, v) in m.named() {
+        family(name, help, kind, v);
+    }
+    let g = MetricKind::Gauge;
+    family("sessions", "Sessions, connected or not", g, st.sessions);
+    family("subscriptions", "Subscriptions", g, st.subscriptions);
+    family("retained", "Retained messages", g, st.retained);
+    family("delayed", "Delayed publishes waiting", g, st.delayed);
+    out
+}
+
+async fn prometheus_with(s: &ApiState, per_node: bool) -> HttpResponse {
+    let m = s.admin.metrics();
+    let st = s.admin.stats().await;
+    let mut nodes = Vec::new();
+    if per_node {
+        nodes.push((s.admin.node_id().to_string(), true));
+    }
+    nodes.push(("all".to_owned(), true));
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(exposition(&m, &st, &nodes))
+}
+
+async fn prometheus(s: State) -> HttpResponse {
+    prometheus_with(&s, true).await
+}
+
+async fn prometheus_sum(s: State) -> HttpResponse {
+    prometheus_with(&s, false).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_sample_follows_its_family_header() {
+        let text = exposition(
+            &MetricsSnapshot::default(),
+            &BrokerStats::default(),
+            &[("1".into(), true), ("all".into(), true)],
+        );
+        let mut family = String::new();
+        let mut samples = 0;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                family = rest.split(' ').next().unwrap().to_owned();
+            } else if !line.starts_with('#') {
+                assert!(line.starts_with(&format!("{family}{{node=")), "{line}");
+                samples += 1;
+            }
+        }
+        assert_eq!(samples, 2 * (31 + 4));
+        assert!(text.contains("starling_messages_received_total{node=\"1\"} 0"));
+        assert!(text.contains("# TYPE starling_clients_connected gauge"));
+    }
+}

@@ -1,0 +1,62 @@
+"""An MQTT 5 subscriber with paho-mqtt 2.x that reports what happens to it, a line each:
+`subscribed` once its SUBACK came, `msg TOPIC PAYLOAD` per message, and
+`disconnected CODE` (the reason code's value, e.g. 152 for 0x98 Administrative action)
+when the broker ends the connection, after which it exits.
+
+    python3 watch_v5.py --port 1883 --id watcher --topic 'api/#'
+"""
+
+import argparse
+import sys
+import threading
+
+import paho.mqtt.client as mqtt
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--id", required=True)
+    ap.add_argument("--topic", required=True)
+    args = ap.parse_args()
+
+    if not hasattr(mqtt, "CallbackAPIVersion"):
+        sys.exit("paho-mqtt 2.x is needed")
+    client = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2, client_id=args.id, protocol=mqtt.MQTTv5
+    )
+    over = threading.Event()
+
+    def say(line):
+        print(line, flush=True)
+
+    def on_connect(c, userdata, flags, reason_code, properties):
+        if reason_code.is_failure:
+            say(f"refused {reason_code.value}")
+            over.set()
+            return
+        c.subscribe(args.topic, qos=1)
+
+    def on_subscribe(c, userdata, mid, reason_codes, properties):
+        say("subscribed")
+
+    def on_message(c, userdata, msg):
+        say(f"msg {msg.topic} {msg.payload.decode('utf-8', 'replace')}")
+
+    def on_disconnect(c, userdata, flags, reason_code, properties):
+        say(f"disconnected {reason_code.value}")
+        over.set()
+
+    client.on_connect = on_connect
+    client.on_subscribe = on_subscribe
+    client.on_message = on_message
+    client.on_disconnect = on_disconnect
+    client.connect(args.host, args.port, keepalive=30)
+    client.loop_start()
+    over.wait(120)
+    client.loop_stop()
+
+
+if __name__ == "__main__":
+    main()

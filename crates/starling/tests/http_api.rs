@@ -1,0 +1,355 @@
+//! The HTTP API end to end: the daemon with `[http]` on, a real HTTP client (curl) and
+//! real MQTT clients (paho-mqtt, mosquitto_pub): listing and searching clients, kicking
+//! one (it gets DISCONNECT 0x98), publishing through the API to a subscriber, the bearer
+//! token, the node, stats and metrics endpoints, and JSON errors for bad requests.
+
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{free_port, have, temp_dir, Daemon, WAIT};
+
+const TOKEN: &str = "t0ken-for-tests";
+
+/// A `curl` call: (status, body). `auth` sends the bearer token.
+fn curl(port: u16, method: &str, path: &str, body: Option<&str>, auth: bool) -> (u16, String) {
+    let mut c = Command::new("curl");
+    c.args(["-s", "-S", "-X", method, "-w", "\n%{http_code}"])
+        .arg(format!("http://127.0.0.1:{port}/api/v1{path}"));
+    if auth {
+        c.args(["-H", &format!("Authorization: Bearer {TOKEN}")]);
+    }
+    if let Some(b) = body {
+        c.args(["-H", "Content-Type: application/json", "--data-binary", b]);
+    }
+    let out = c.output().expect("curl runs");
+    assert!(out.status.success(), "curl failed: {out:?}");
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let (body, code) = text.rsplit_once('\n').expect("status line");
+    (code.trim().parse().expect("status"), body.to_owned())
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// The paho subscriber of `tests/clients/watch_v5.py`, its lines on a channel.
+fn watcher(port: u16, id: &str) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/clients/watch_v5.py"
+        ))
+        .args(["--port", &port.to_string(), "--id", id, "--topic", "api/#"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python3 runs");
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().expect("piped");
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (child, rx)
+}
+
+fn next_line(rx: &mpsc::Receiver<String>, want: &str) {
+    let line = rx
+        .recv_timeout(WAIT)
+        .unwrap_or_else(|_| panic!("no line, waiting for {want:?}"));
+    assert_eq!(line, want);
+}
+
+/// The HTTP port from the daemon's "HTTP API serving http_addr=..." line.
+fn http_port(d: &mut Daemon) -> u16 {
+    d.expect("HTTP API serving");
+    let line = d
+        .seen
+        .iter()
+        .find(|l| l.contains("HTTP API serving"))
+        .expect("seen");
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http_addr="))
+        .expect("http_addr= in the line");
+    addr.parse::<std::net::SocketAddr>()
+        .expect("address")
+        .port()
+}
+
+#[test]
+fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
+    if !have("curl", &["--version"], "apt-get install curl")
+        || !have(
+            "python3",
+            &["-c", "import paho.mqtt.client as m; m.CallbackAPIVersion"],
+            "pip install paho-mqtt",
+        )
+    {
+        return;
+    }
+    let dir = temp_dir("http-api");
+    let mqtt = free_port();
+    let config = dir.join("starling.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[node]\ndata_dir = \"{}\"\n\
+             [[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:{mqtt}\"\n\
+             [http]\nenabled = true\nbind = \"127.0.0.1:0\"\nbearer_token = \"{TOKEN}\"\n\
+             max_body_bytes = 2048\n",
+            dir.join("data").display()
+        ),
+    )
+    .expect("write config");
+    let mut d = Daemon::start(&config);
+    let port = http_port(&mut d);
+
+    // The token is enforced on every path, known or not.
+    for path in ["/clients", "/brokers", "/nope"] {
+        let (code, body) = curl(port, "GET", path, None, false);
+        assert_eq!(code, 401, "{path}: {body}");
+        assert_eq!(json(&body)["code"], 401);
+    }
+
+    let (mut sub, lines) = watcher(mqtt, "watcher");
+    next_line(&lines, "subscribed");
+
+    // Listing and search.
+    let (code, body) = curl(port, "GET", "/clients", None, true);
+    assert_eq!(code, 200, "{body}");
+    let all = json(&body);
+    let me = all
+        .as_array()
+        .expect("a list")
+        .iter()
+        .find(|c| c["clientid"] == "watcher")
+        .unwrap_or_else(|| panic!("watcher not listed: {body}"));
+    assert_eq!(me["connected"], true);
+    assert_eq!(me["proto_ver"], 5);
+    assert_eq!(me["ip_address"], "127.0.0.1");
+    assert_eq!(me["subscriptions_cnt"], 1);
+    assert_eq!(me["keepalive"], 30);
+    let search = |q: &str| json(&curl(port, "GET", &format!("/clients?{q}"), None, true).1);
+    assert_eq!(
+        search("_like_clientid=watch&connected=true")
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(search("clientid=nobody").as_array().unwrap().len(), 0);
+    assert_eq!(search("proto_ver=4").as_array().unwrap().len(), 0);
+    assert_eq!(
+        search("_gte_connected_at=2000-01-01%2000:00:00")
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(search("_lte_connected_at=0").as_array().unwrap().len(), 0);
+    assert_eq!(search("_limit=1").as_array().unwrap().len(), 1);
+    let (code, body) = curl(port, "GET", "/clients?_gte_connected_at=soon", None, true);
+    assert_eq!(
+        (code, json(&body)["code"].clone()),
+        (400, 400.into()),
+        "{body}"
+    );
+    let (code, body) = curl(port, "GET", "/clients/watcher", None, true);
+    assert_eq!(
+        (code, json(&body)["clientid"].clone()),
+        (200, "watcher".into())
+    );
+    assert_eq!(
+        curl(port, "GET", "/clients/watcher/online", None, true).1,
+        "true"
+    );
+
+    // Publishing through the API reaches the subscriber, plain and base64, to one topic
+    // or several.
+    let publish = |b: &str| curl(port, "POST", "/mqtt/publish", Some(b), true);
+    assert_eq!(
+        publish(r#"{"topic":"api/one","payload":"hello","qos":1}"#),
+        (200, "ok".to_owned())
+    );
+    next_line(&lines, "msg api/one hello");
+    assert_eq!(
+        publish(r#"{"topics":"api/two, api/three","payload":"d29ybGQ=","encoding":"base64"}"#).0,
+        200
+    );
+    next_line(&lines, "msg api/two world");
+    next_line(&lines, "msg api/three world");
+    for (bad, code) in [
+        (r#"{"topic":"api/+","payload":"x"}"#, 400),
+        (r#"{"topic":"api/x","payload":"x","qos":3}"#, 400),
+        (r#"{"topic":"$SYS/x","payload":"x"}"#, 400),
+        (r#"{"payload":"x"}"#, 400),
+        (r#"{"topic":"api/x"}"#, 400),
+        (
+            r#"{"topic":"api/x","payload":"%%%","encoding":"base64"}"#,
+            400,
+        ),
+        ("not json", 400),
+    ] {
+        let (got, body) = publish(bad);
+        assert_eq!(got, code, "{bad}: {body}");
+        assert_eq!(json(&body)["code"], code, "{bad}: {body}");
+    }
+    let big = format!(r#"{{"topic":"api/x","payload":"{}"}}"#, "x".repeat(4096));
+    assert_eq!(publish(&big).0, 413);
+
+    // Stats and metrics count what happened.
+    let (code, body) = curl(port, "GET", "/stats", None, true);
+    assert_eq!(code, 200);
+    let stats = &json(&body)[0]["stats"];
+    assert_eq!(stats["connections.count"], 1, "{body}");
+    assert_eq!(stats["subscriptions.count"], 1, "{body}");
+    let (code, body) = curl(port, "GET", "/metrics/sum", None, true);
+    assert_eq!(code, 200);
+    assert!(
+        json(&body)["messages.sent"].as_u64().unwrap() >= 3,
+        "{body}"
+    );
+    let (code, text) = curl(port, "GET", "/metrics/prometheus", None, true);
+    assert_eq!(code, 200);
+    assert!(
+        text.contains("# TYPE starling_messages_sent_total counter"),
+        "{text}"
+    );
+    assert!(
+        text.contains("starling_clients_connected{node=\"1\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("starling_subscriptions{node=\"all\"} 1"),
+        "{text}"
+    );
+    for path in [
+        "",
+        "/brokers",
+        "/brokers/1",
+        "/nodes",
+        "/nodes/1",
+        "/health/check",
+        "/stats/1",
+        "/stats/sum",
+        "/metrics",
+        "/metrics/1",
+    ] {
+        let (code, body) = curl(port, "GET", path, None, true);
+        assert_eq!(code, 200, "{path}: {body}");
+        json(&body);
+    }
+    for path in ["/brokers/2", "/nodes/x", "/stats/7", "/nope"] {
+        let (code, body) = curl(port, "GET", path, None, true);
+        assert_eq!(
+            (code, json(&body)["code"].clone()),
+            (404, 404.into()),
+            "{path}"
+        );
+    }
+
+    // Subscriptions and routes: the watcher's one filter.
+    let (code, body) = curl(port, "GET", "/subscriptions", None, true);
+    assert_eq!(code, 200, "{body}");
+    let subs = json(&body);
+    assert_eq!(subs.as_array().unwrap().len(), 1, "{body}");
+    assert_eq!(subs[0]["clientid"], "watcher");
+    assert_eq!(subs[0]["topic"], "api/#");
+    assert_eq!(subs[0]["opts"]["qos"], 1);
+    assert_eq!(subs[0]["opts"]["no_local"], false);
+    let count = |path: &str| {
+        json(&curl(port, "GET", path, None, true).1)
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    assert_eq!(count("/subscriptions?_match_topic=api/x/y"), 1);
+    assert_eq!(count("/subscriptions?_match_topic=other"), 0);
+    assert_eq!(count("/subscriptions?qos=2"), 0);
+    assert_eq!(count("/subscriptions/watcher"), 1);
+    assert_eq!(
+        curl(port, "GET", "/subscriptions/nobody", None, true).0,
+        404
+    );
+    assert_eq!(count("/routes"), 1);
+    assert_eq!(count("/routes/api%2Fx"), 1);
+    assert_eq!(count("/routes/elsewhere"), 0);
+
+    // Retained messages: listed with their payload, paged, deleted.
+    for (t, p) in [("api/r1", "one"), ("api/r2", "two"), ("other/r3", "three")] {
+        assert_eq!(
+            publish(&format!(
+                r#"{{"topic":"{t}","payload":"{p}","retain":true}}"#
+            ))
+            .0,
+            200
+        );
+        if t.starts_with("api/") {
+            next_line(&lines, &format!("msg {t} {p}"));
+        }
+    }
+    let (code, body) = curl(port, "GET", "/retains?topic_filter=api/%23", None, true);
+    assert_eq!(code, 200, "{body}");
+    let r = json(&body);
+    assert_eq!(r["items"].as_array().unwrap().len(), 2, "{body}");
+    assert_eq!(r["items"][0]["topic"], "api/r1");
+    assert_eq!(r["items"][0]["publish"]["payload"], "b25l"); // "one"
+    assert_eq!(r["has_more"], false);
+    let r = json(
+        &curl(
+            port,
+            "GET",
+            "/retains?topic_filter=%23&offset=1&limit=1",
+            None,
+            true,
+        )
+        .1,
+    );
+    assert_eq!(
+        (r["items"][0]["topic"].clone(), r["has_more"].clone()),
+        ("api/r2".into(), true.into())
+    );
+    assert_eq!(
+        curl(port, "DELETE", "/retains?topic=api/r1", None, true),
+        (200, "ok".to_owned())
+    );
+    // The delete is a retained publish with an empty payload: subscribers get it too.
+    next_line(&lines, "msg api/r1 ");
+    assert_eq!(
+        curl(port, "DELETE", "/retains?topic=api/r1", None, true).0,
+        404
+    );
+    assert_eq!(
+        curl(port, "DELETE", "/retains?topic=api/%2B", None, true).0,
+        400
+    );
+    assert_eq!(curl(port, "DELETE", "/retains", None, true).0, 400);
+    let r = json(&curl(port, "GET", "/retains?topic_filter=api/%23", None, true).1);
+    assert_eq!(r["items"].as_array().unwrap().len(), 1, "{r}");
+
+    // A kick: the client is told 0x98 and its session is gone.
+    let (code, body) = curl(port, "DELETE", "/clients/watcher", None, true);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["clientid"], "watcher");
+    next_line(&lines, "disconnected 152");
+    let _ = sub.wait();
+    assert_eq!(curl(port, "GET", "/clients/watcher", None, true).0, 404);
+    assert_eq!(
+        curl(port, "GET", "/clients/watcher/online", None, true).1,
+        "false"
+    );
+    assert_eq!(curl(port, "DELETE", "/clients/watcher", None, true).0, 404);
+    std::thread::sleep(Duration::from_millis(100));
+    let (_, body) = curl(port, "GET", "/stats", None, true);
+    assert_eq!(json(&body)[0]["stats"]["sessions.count"], 0, "{body}");
+}
