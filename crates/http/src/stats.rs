@@ -106,6 +106,11 @@ pub(crate) fn exposition(
 ) -> String {
     let mut out = String::new();
     let mut family = |name: &str, help: &str, kind: MetricKind, v: u64| {
+        // Prometheus wants base units: microseconds go out as seconds.
+        let (name, value) = match name.strip_suffix("_us") {
+            Some(stem) => (format!("{stem}_seconds"), format!("{}", v as f64 / 1e6)),
+            None => (name.to_owned(), v.to_string()),
+        };
         let (name, kind) = match kind {
             MetricKind::Counter => (format!("starling_{name}_total"), "counter"),
             MetricKind::Gauge => (format!("starling_{name}"), "gauge"),
@@ -113,7 +118,7 @@ pub(crate) fn exposition(
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} {kind}");
         for (node, _) in nodes {
-            let _ = writeln!(out, "{name}{{node=\"{node}\"}} {v}");
+            let _ = writeln!(out, "{name}{{node=\"{node}\"}} {value}");
         }
     };
     for (name, help, kind, v) in m.named() {
@@ -172,5 +177,6 @@ mod tests {
         assert_eq!(samples, 2 * (31 + 4));
         assert!(text.contains("starling_messages_received_total{node=\"1\"} 0"));
         assert!(text.contains("# TYPE starling_clients_connected gauge"));
+        assert!(text.contains("starling_store_commit_seconds_total{node=\"all\"} 0"));
     }
 }

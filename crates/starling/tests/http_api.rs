@@ -89,6 +89,7 @@ fn http_port(d: &mut Daemon) -> u16 {
 #[test]
 fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
     if !have("curl", &["--version"], "apt-get install curl")
+        || !have("promtool", &["--version"], "apt-get install prometheus")
         || !have(
             "python3",
             &["-c", "import paho.mqtt.client as m; m.CallbackAPIVersion"],
@@ -233,6 +234,18 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
         text.contains("starling_subscriptions{node=\"all\"} 1"),
         "{text}"
     );
+    // Prometheus's own checker accepts the exposition, lint included.
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool runs");
+    std::io::Write::write_all(&mut check.stdin.take().expect("piped"), text.as_bytes())
+        .expect("write to promtool");
+    let out = check.wait_with_output().expect("promtool ends");
+    assert!(out.status.success(), "promtool check metrics: {out:?}");
     for path in [
         "",
         "/brokers",
