@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand};
 use starling_broker::Broker;
 use starling_config::{Config, Warning};
 
+mod ctl;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "starling",
@@ -42,6 +44,11 @@ enum Command {
     Cert {
         #[command(subcommand)]
         command: CertCommand,
+    },
+    /// The HTTP API of the node `--config` names (its `[http]` bind and bearer token).
+    Ctl {
+        #[command(subcommand)]
+        command: ctl::CtlCommand,
     },
     /// The durable store (`{node.data_dir}/store.redb`).
     Store {
@@ -123,6 +130,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Store {
             command: StoreCommand::Check { file },
         }) => return store_check(cli.config.as_deref(), file.as_deref()),
+        Some(Command::Ctl { command }) => {
+            let config = match &cli.config {
+                Some(path) => Config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?.0,
+                None => Config::default(),
+            };
+            return ctl::run(&config.http, command);
+        }
         None => {}
     }
     let (config, warnings) = match &cli.config {

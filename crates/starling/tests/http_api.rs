@@ -350,6 +350,55 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
     let r = json(&curl(port, "GET", "/retains?topic_filter=api/%23", None, true).1);
     assert_eq!(r["items"].as_array().unwrap().len(), 1, "{r}");
 
+    // `starling ctl`, pointed at the node by a config file with its [http] section.
+    let ctl_config = dir.join("ctl.toml");
+    let write_ctl = |token: &str| {
+        std::fs::write(
+            &ctl_config,
+            format!(
+                "[http]\nenabled = true\nbind = \"127.0.0.1:{port}\"\nbearer_token = \"{token}\"\n"
+            ),
+        )
+        .expect("write ctl config")
+    };
+    let ctl = |args: &[&str]| {
+        common::starling()
+            .arg("--config")
+            .arg(&ctl_config)
+            .arg("ctl")
+            .args(args)
+            .output()
+            .expect("starling ctl runs")
+    };
+    write_ctl(TOKEN);
+    let out = ctl(&["clients", "--like", "watch", "--connected", "true"]);
+    assert!(out.status.success(), "{out:?}");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+    assert!(listed.contains("\"clientid\":\"watcher\""), "{listed}");
+    let out = ctl(&["publish", "api/ctl", "from ctl", "--qos", "1"]);
+    assert!(out.status.success(), "{out:?}");
+    next_line(&lines, "msg api/ctl from ctl");
+    let out = ctl(&["stats"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("connections.count"),
+        "{out:?}"
+    );
+    let out = ctl(&["kick", "nobody"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("HTTP 404"),
+        "{out:?}"
+    );
+    write_ctl("wrong");
+    let out = ctl(&["stats"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("HTTP 401"),
+        "{out:?}"
+    );
+
     // A kick: the client is told 0x98 and its session is gone.
     let (code, body) = curl(port, "DELETE", "/clients/watcher", None, true);
     assert_eq!(code, 200, "{body}");
