@@ -1,5 +1,7 @@
 //! The `$SYS` actor: publishes the broker's statistics under `$SYS/brokers/{node}/` every
-//! `mqtt.sys_interval_secs`, retained so that a new subscriber sees the latest values.
+//! `mqtt.sys_interval_secs` and once at start, retained so that a new subscriber sees the
+//! latest values: one topic per figure, and all of them as JSON under `.../stats` and
+//! `.../metrics`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,6 +95,19 @@ impl SysActor {
         for (name, value) in values {
             self.publish(name, value).await;
         }
+        // The same figures as JSON objects, in the HTTP API's names (docs/http-api.md).
+        let stats_json = format!(
+            "{{\"connections.count\":{},\"subscriptions.count\":{},\"retaineds.count\":{},\"delayed_publishs.count\":{}}}",
+            m.clients_connected, stats.subscriptions, stats.retained, stats.delayed
+        );
+        self.publish("stats", stats_json).await;
+        let fields: Vec<String> = m
+            .named()
+            .iter()
+            .map(|(name, _, _, v)| format!("\"{}\":{v}", name.replace('_', ".")))
+            .collect();
+        self.publish("metrics", format!("{{{}}}", fields.join(",")))
+            .await;
         for (kind, port, counters) in &self.listeners {
             let c = counters.snapshot();
             for (name, value) in [

@@ -427,6 +427,51 @@ fn sys_topics_are_published_with_stats_and_client_events() {
 }
 
 #[test]
+fn sys_stats_and_metrics_as_json_are_there_from_the_start() {
+    common::on_actix(async {
+        // A period far longer than the test: what arrives is the snapshot taken at start,
+        // retained.
+        let (_b, addr) = broker("[node]\nname = \"n1\"\n[mqtt]\nsys_interval_secs = 600\n").await;
+        let mut s = Client::connect(addr, Protocol::V5, "sys", true).await;
+        s.subscribe(1, "$SYS/brokers/n1/+", QoS::AtMostOnce).await;
+        let mut got = std::collections::BTreeMap::new();
+        let want = ["$SYS/brokers/n1/stats", "$SYS/brokers/n1/metrics"];
+        while !want.iter().all(|w| got.contains_key(*w)) {
+            let p = tokio::time::timeout(Duration::from_secs(2), s.recv_publish())
+                .await
+                .expect("the retained snapshots arrive at once");
+            let text = String::from_utf8(p.payload.to_vec()).unwrap();
+            got.insert(p.topic.clone(), text);
+        }
+        let stats = &got["$SYS/brokers/n1/stats"];
+        assert!(stats.starts_with('{') && stats.ends_with('}'), "{stats}");
+        for key in [
+            "connections.count",
+            "subscriptions.count",
+            "retaineds.count",
+        ] {
+            assert!(
+                stats.contains(&format!("\"{key}\":")),
+                "{key} missing: {stats}"
+            );
+        }
+        let metrics = &got["$SYS/brokers/n1/metrics"];
+        for key in [
+            "messages.received",
+            "bytes.sent",
+            "dropped.queue.full",
+            "store.commits",
+        ] {
+            assert!(
+                metrics.contains(&format!("\"{key}\":")),
+                "{key} missing: {metrics}"
+            );
+        }
+        assert_eq!(metrics.matches(':').count(), 31, "{metrics}");
+    })
+}
+
+#[test]
 fn slow_subscriber_queue_is_bounded_and_drops_are_counted() {
     common::on_actix(async {
         let (b, addr) =
