@@ -69,23 +69,6 @@ fn next_line(rx: &mpsc::Receiver<String>, want: &str) {
     assert_eq!(line, want);
 }
 
-/// The HTTP port from the daemon's "HTTP API serving http_addr=..." line.
-fn http_port(d: &mut Daemon) -> u16 {
-    d.expect("HTTP API serving");
-    let line = d
-        .seen
-        .iter()
-        .find(|l| l.contains("HTTP API serving"))
-        .expect("seen");
-    let addr = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http_addr="))
-        .expect("http_addr= in the line");
-    addr.parse::<std::net::SocketAddr>()
-        .expect("address")
-        .port()
-}
-
 #[test]
 fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
     if !have("curl", &["--version"], "apt-get install curl")
@@ -113,7 +96,8 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
     )
     .expect("write config");
     let mut d = Daemon::start(&config);
-    let port = http_port(&mut d);
+    // From the daemon's "HTTP API serving http_addr=..." line.
+    let port = common::logged_addr(&mut d, "HTTP API serving", "http_addr=").port();
 
     // The token is enforced on every path, known or not.
     for path in ["/clients", "/brokers", "/nope"] {

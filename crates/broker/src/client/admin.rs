@@ -10,16 +10,20 @@ use super::Client;
 use crate::msg::{ClientInfo, ClientSubscriptions};
 
 impl Client {
+    /// The connection's address, while there is one.
+    fn peer(&self) -> Option<SocketAddr> {
+        self.conn
+            .as_ref()
+            .map(|c| SocketAddr::new(self.gate.ip(), c.peer_port))
+    }
+
     pub(super) fn info(&self) -> ClientInfo {
         let s = &self.session;
         let limits = s.limits();
         ClientInfo {
             client_id: s.client_id().to_string(),
             username: self.gate.username().map(|u| u.to_string()),
-            peer: self
-                .conn
-                .as_ref()
-                .map(|c| SocketAddr::new(self.gate.ip(), c.peer_port)),
+            peer: self.peer(),
             connected: s.is_attached(),
             connected_at: self.conn.as_ref().map(|c| u64::from(c.connected_at)),
             proto_ver: s.protocol().map(|p| p.level()),
@@ -38,10 +42,7 @@ impl Client {
         let s = &self.session;
         ClientSubscriptions {
             client_id: s.client_id().to_string(),
-            peer: self
-                .conn
-                .as_ref()
-                .map(|c| SocketAddr::new(self.gate.ip(), c.peer_port)),
+            peer: self.peer(),
             proto_ver: s.protocol().map(|p| p.level()),
             filters: s
                 .subscriptions()

@@ -115,16 +115,17 @@ impl Drop for Daemon {
 }
 
 pub fn listening_addr(d: &mut Daemon) -> std::net::SocketAddr {
-    d.expect("listening");
-    let line = d
-        .seen
-        .iter()
-        .find(|l| l.contains("listening"))
-        .expect("seen");
+    logged_addr(d, "listening", "addr=")
+}
+
+/// The address after `key` in the first log line containing `text` (waited for).
+pub fn logged_addr(d: &mut Daemon, text: &str, key: &str) -> std::net::SocketAddr {
+    d.expect(text);
+    let line = d.seen.iter().find(|l| l.contains(text)).expect("seen");
     let addr = line
         .split_whitespace()
-        .find_map(|w| w.strip_prefix("addr="))
-        .expect("addr= in the listening line");
+        .find_map(|w| w.strip_prefix(key))
+        .unwrap_or_else(|| panic!("{key} in the line {line:?}"));
     addr.parse().expect("a socket address")
 }
 
