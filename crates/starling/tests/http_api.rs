@@ -246,6 +246,21 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
         assert_eq!(code, 200, "{path}: {body}");
         json(&body);
     }
+    // What `GET /api/v1` lists is what is served: every listed GET without a parameter
+    // answers 200 (the list and the routes are two tables that must not drift).
+    let listed = json(&curl(port, "GET", "", None, true).1);
+    let mut served = 0;
+    for e in listed.as_array().expect("a list") {
+        let path = e["path"].as_str().expect("a path");
+        if e["method"] != "GET" || path.contains(['{', '?']) {
+            continue;
+        }
+        let rest = path.strip_prefix("/api/v1").expect("under /api/v1");
+        let (code, body) = curl(port, "GET", rest, None, true);
+        assert_eq!(code, 200, "listed {path}: {body}");
+        served += 1;
+    }
+    assert!(served >= 12, "{listed}");
     for path in ["/brokers/2", "/nodes/x", "/stats/7", "/nope"] {
         let (code, body) = curl(port, "GET", path, None, true);
         assert_eq!(
