@@ -1,0 +1,87 @@
+//! The cluster state as starling-raft's [`StateMachine`]: commands decoded from the log,
+//! applied, and what they changed handed to the node's [`Replica`].
+
+use starling_raft::StateMachine;
+use starling_router::filter_matches;
+
+use crate::command::{decode, encode, Answer, Command, Output, Query};
+use crate::state::{Change, ClusterState};
+
+/// Where a node learns what the log changed: its forwarding table, retained index and
+/// sessions. Called on the raft driver's turn, so it must not wait; it is told every change
+/// in apply order, or, after a snapshot, given the whole state again.
+pub trait Replica: Send + 'static {
+    /// What the entry at `index` changed (nothing is called for entries that changed
+    /// nothing), with the command's output.
+    fn changed(&mut self, index: u64, changes: Vec<Change>, output: &Output);
+
+    /// The state was replaced by a snapshot; rebuild from it.
+    fn reset(&mut self, state: &ClusterState);
+}
+
+/// A replica that keeps nothing (a node that only votes, and tests).
+impl Replica for () {
+    fn changed(&mut self, _: u64, _: Vec<Change>, _: &Output) {}
+    fn reset(&mut self, _: &ClusterState) {}
+}
+
+/// The state machine of the cluster's raft group.
+pub struct ClusterSm<R: Replica> {
+    state: ClusterState,
+    replica: R,
+}
+
+impl<R: Replica> ClusterSm<R> {
+    pub fn new(replica: R) -> Self {
+        ClusterSm {
+            state: ClusterState::new(),
+            replica,
+        }
+    }
+
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    pub fn replica(&self) -> &R {
+        &self.replica
+    }
+}
+
+impl<R: Replica> StateMachine for ClusterSm<R> {
+    fn apply(&mut self, index: u64, command: &[u8]) -> Vec<u8> {
+        let output = match decode::<Command>(command) {
+            Ok(c) => {
+                let mut changes = Vec::new();
+                let out = self.state.apply(index, c, &mut changes);
+                if !changes.is_empty() || matches!(out, Output::Claimed { .. }) {
+                    self.replica.changed(index, changes, &out);
+                }
+                out
+            }
+            // Every replica refuses the same bytes the same way: still deterministic.
+            Err(e) => Output::Refused(format!("undecodable command: {e}")),
+        };
+        encode(&output)
+    }
+
+    fn query(&self, query: &[u8]) -> impl std::future::Future<Output = Vec<u8>> + Send {
+        // Answered before the future is made: the future then holds no borrow of the
+        // replica, which need not be `Sync`.
+        let answer = match decode::<Query>(query) {
+            Ok(q) => self.state.query(&q, filter_matches),
+            Err(e) => Answer::Refused(format!("undecodable query: {e}")),
+        };
+        std::future::ready(encode(&answer))
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        encode(&self.state)
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        self.state = decode(snapshot).map_err(|e| format!("cluster snapshot: {e}"))?;
+        self.replica.reset(&self.state);
+        Ok(())
+    }
+}
