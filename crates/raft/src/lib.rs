@@ -18,7 +18,9 @@ pub use disk::{Crash, Disk, FsDisk, MemDisk};
 pub use driver::{start, Client, Consistency, Metrics, RaftHandle};
 pub use error::{ConfigError, Error, RequestError, Result};
 pub use node::{Effect, Membership, Node, PeerProgress, ProposeError, Role, Status};
-pub use quic::{node_name, NodeTls, QuicMetrics, QuicNet, QuicOptions, QuicTransport};
+pub use quic::{
+    node_name, DataLinks, DataSendError, NodeTls, QuicMetrics, QuicNet, QuicOptions, QuicTransport,
+};
 pub use sm::{RequestId, StateMachine};
 #[cfg(feature = "testkit")]
 pub use testkit::{LocalNet, LocalTransport};

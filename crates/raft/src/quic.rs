@@ -12,7 +12,9 @@
 //!   ends is retried with exponential backoff and jitter (`reconnect_min` to
 //!   `reconnect_max`).
 //! - **Streams.** Raft messages travel on a stream of their own; snapshots (`MsgSnapshot`,
-//!   up to megabytes) on a second one, so a heartbeat never queues behind bulk data.
+//!   up to megabytes) on a second one, so a heartbeat never queues behind bulk data; the
+//!   application's own frames ([`DataLinks`], the cluster's forwarded publishes) on a
+//!   third. A stream opens with one byte naming its kind.
 //! - **Frames.** `[u32 big-endian length][protobuf eraftpb::Message]`, at most
 //!   `frame_bytes_max`. A larger outgoing message is dropped and counted; a larger incoming
 //!   length ends the connection (the peer is broken).
@@ -120,6 +122,62 @@ pub struct QuicMetrics {
     pub refused: AtomicU64,
     /// Messages received and handed to the driver.
     pub delivered: AtomicU64,
+    /// Data frames sent, and received and handed to the application.
+    pub data_sent: AtomicU64,
+    pub data_received: AtomicU64,
+    /// Data frames dropped because their link went down before they were written.
+    pub data_dropped_link_down: AtomicU64,
+}
+
+/// The kind byte a stream opens with.
+const STREAM_RAFT: u8 = 0;
+const STREAM_BULK: u8 = 1;
+const STREAM_DATA: u8 = 2;
+
+/// Why [`DataLinks::try_send`] did not queue a frame.
+#[derive(Debug, PartialEq, Eq)]
+pub enum DataSendError {
+    /// The peer's data queue is full (it is slow, or its link is down); try later.
+    Full(Vec<u8>),
+    /// Not a configured peer, or the node is stopping.
+    Closed,
+}
+
+/// The application's frames to peers, on a stream of their own beside raft's, in order per
+/// peer. Cheap to clone. Frames queued while a peer's link is down are dropped when the
+/// link is redialed (counted in `data_dropped_link_down`): what needs more than that must
+/// be acknowledged by the application.
+#[derive(Clone, Default)]
+pub struct DataLinks {
+    peers: Arc<BTreeMap<u64, mpsc::Sender<Vec<u8>>>>,
+    metrics: Arc<QuicMetrics>,
+}
+
+impl DataLinks {
+    /// Queues `frame` (at most `frame_bytes_max`) for `peer` without waiting.
+    ///
+    /// # Errors
+    /// [`DataSendError::Full`] with the frame when the peer's queue is full;
+    /// [`DataSendError::Closed`] for an unknown peer or a stopped node.
+    pub fn try_send(&self, peer: u64, frame: Vec<u8>) -> Result<(), DataSendError> {
+        let Some(tx) = self.peers.get(&peer) else {
+            return Err(DataSendError::Closed);
+        };
+        match tx.try_send(frame) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Full(f)) => Err(DataSendError::Full(f)),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(DataSendError::Closed),
+        }
+    }
+
+    /// The peers frames can go to.
+    pub fn peers(&self) -> impl Iterator<Item = u64> + '_ {
+        self.peers.keys().copied()
+    }
+
+    pub fn metrics(&self) -> &QuicMetrics {
+        &self.metrics
+    }
 }
 
 /// A bound QUIC endpoint of one raft node.
@@ -132,6 +190,7 @@ pub struct QuicNet {
     metrics: Arc<QuicMetrics>,
     /// Every member's id and address, set by [`QuicNet::transport`].
     peers: BTreeMap<u64, SocketAddr>,
+    data: DataLinks,
 }
 
 impl QuicNet {
@@ -154,6 +213,7 @@ impl QuicNet {
             endpoint,
             metrics: Arc::default(),
             peers: BTreeMap::new(),
+            data: DataLinks::default(),
         })
     }
 
@@ -173,12 +233,15 @@ impl QuicNet {
     pub fn transport(&mut self, peers: BTreeMap<u64, SocketAddr>) -> QuicTransport {
         self.peers = peers;
         let mut queues = BTreeMap::new();
+        let mut data = BTreeMap::new();
         for (&id, &addr) in &self.peers {
             if id == self.opts.id {
                 continue;
             }
             let (raft_tx, raft_rx) = mpsc::channel(self.opts.queue_max);
             let (bulk_tx, bulk_rx) = mpsc::channel(self.opts.queue_max);
+            let (data_tx, data_rx) = mpsc::channel(self.opts.queue_max);
+            data.insert(id, data_tx);
             let link = Link {
                 peer: id,
                 addr,
@@ -186,18 +249,34 @@ impl QuicNet {
                 opts: self.opts.clone(),
                 metrics: self.metrics.clone(),
             };
-            starling_rt::spawn(link.run(raft_rx, bulk_rx));
+            starling_rt::spawn(link.run(raft_rx, bulk_rx, data_rx));
             queues.insert(id, PeerQueues { raft_tx, bulk_tx });
         }
+        self.data = DataLinks {
+            peers: Arc::new(data),
+            metrics: self.metrics.clone(),
+        };
         QuicTransport {
             peers: queues,
             metrics: self.metrics.clone(),
         }
     }
 
+    /// The sending half of the data streams (after [`QuicNet::transport`]).
+    pub fn data(&self) -> DataLinks {
+        self.data.clone()
+    }
+
     /// Accepts peers' connections and delivers their messages to `raft`, in a background
-    /// task, until [`QuicNet::close`].
+    /// task, until [`QuicNet::close`]. Data streams are left unread.
     pub fn serve(&self, raft: RaftHandle) {
+        self.serve_with_data(raft, None);
+    }
+
+    /// As [`QuicNet::serve`], handing each data frame with its sender's id to `data`. A
+    /// full channel stops that stream being read, so QUIC flow control holds the sender
+    /// back.
+    pub fn serve_with_data(&self, raft: RaftHandle, data: Option<mpsc::Sender<(u64, Vec<u8>)>>) {
         let endpoint = self.endpoint.clone();
         let ctx = Arc::new(Inbound {
             me: self.opts.id,
@@ -205,6 +284,7 @@ impl QuicNet {
             frame_bytes_max: self.opts.frame_bytes_max,
             metrics: self.metrics.clone(),
             raft,
+            data,
         });
         starling_rt::spawn(async move {
             while let Some(incoming) = endpoint.accept().await {
@@ -275,7 +355,12 @@ struct Link {
 }
 
 impl Link {
-    async fn run(self, mut raft_rx: mpsc::Receiver<Message>, mut bulk_rx: mpsc::Receiver<Message>) {
+    async fn run(
+        self,
+        mut raft_rx: mpsc::Receiver<Message>,
+        mut bulk_rx: mpsc::Receiver<Message>,
+        mut data_rx: mpsc::Receiver<Vec<u8>>,
+    ) {
         let mut rng = starling_rt::rng::rng();
         let mut backoff = self.opts.reconnect_min;
         let name = node_name(self.peer);
@@ -288,7 +373,9 @@ impl Link {
                 self.metrics.connects.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(node_id = self.opts.id, peer = self.peer, "raft link up");
                 let up_at = starling_rt::time::now();
-                let r = self.pump(&conn, &mut raft_rx, &mut bulk_rx).await;
+                let r = self
+                    .pump(&conn, &mut raft_rx, &mut bulk_rx, &mut data_rx)
+                    .await;
                 conn.close(0, b"link reset");
                 // Start over from the shortest delay only after a link that held: a peer
                 // that accepts and then drops us at once is retried ever more slowly.
@@ -304,6 +391,11 @@ impl Link {
             // Messages queued while the link was down are stale; raft resends what matters.
             while raft_rx.try_recv().is_ok() {}
             while bulk_rx.try_recv().is_ok() {}
+            while data_rx.try_recv().is_ok() {
+                self.metrics
+                    .data_dropped_link_down
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             // Full jitter in [backoff/2, backoff): peers restarting together do not dial in
             // lockstep.
             let half = backoff / 2;
@@ -313,28 +405,37 @@ impl Link {
         }
     }
 
-    /// Writes both queues to their streams until the connection fails (`Some(())`) or the
+    /// Writes the queues to their streams until the connection fails (`Some(())`) or the
     /// queues close (`None`).
     async fn pump(
         &self,
         conn: &QuicConnection,
         raft_rx: &mut mpsc::Receiver<Message>,
         bulk_rx: &mut mpsc::Receiver<Message>,
+        data_rx: &mut mpsc::Receiver<Vec<u8>>,
     ) -> Option<()> {
-        let Ok((raft_send, _)) = conn.open_bi().await else {
-            return Some(());
-        };
-        let Ok((bulk_send, _)) = conn.open_bi().await else {
-            return Some(());
-        };
+        let mut streams = Vec::with_capacity(3);
+        for kind in [STREAM_RAFT, STREAM_BULK, STREAM_DATA] {
+            let Ok((mut send, _)) = conn.open_bi().await else {
+                return Some(());
+            };
+            if send.write_all(&[kind]).await.is_err() {
+                return Some(());
+            }
+            streams.push(send);
+        }
+        let data_send = streams.pop().expect("three streams");
+        let bulk_send = streams.pop().expect("three streams");
+        let raft_send = streams.pop().expect("three streams");
         let max = self.opts.frame_bytes_max;
         let metrics = &self.metrics;
-        // Two independent loops in one task: a snapshot blocked on flow control never holds
-        // up the raft stream.
+        // Independent loops in one task: a snapshot or a data burst blocked on flow control
+        // never holds up the raft stream.
         tokio::select! {
             biased;
             r = write_loop(raft_send, raft_rx, max, metrics) => r,
             r = write_loop(bulk_send, bulk_rx, max, metrics) => r,
+            r = data_write_loop(data_send, data_rx, max, metrics) => r,
             _ = conn.closed() => Some(()),
         }
     }
@@ -374,6 +475,40 @@ async fn write_loop(
     }
 }
 
+/// Frames data from `rx` onto `send`, as [`write_loop`] does raft messages.
+async fn data_write_loop(
+    mut send: QuicSend,
+    rx: &mut mpsc::Receiver<Vec<u8>>,
+    max: usize,
+    metrics: &QuicMetrics,
+) -> Option<()> {
+    let mut buf = Vec::new();
+    loop {
+        let frame = rx.recv().await?;
+        buf.clear();
+        let mut next = Some(frame);
+        let mut n = 0;
+        while let Some(f) = next {
+            if f.len() > max {
+                metrics.dropped_oversize.fetch_add(1, Ordering::Relaxed);
+            } else {
+                buf.extend_from_slice(&(f.len() as u32).to_be_bytes());
+                buf.extend_from_slice(&f);
+                n += 1;
+            }
+            next = if buf.len() < 256 << 10 {
+                rx.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        if send.write_all(&buf).await.is_err() {
+            return Some(());
+        }
+        metrics.data_sent.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
 /// What an accepted connection needs to deliver messages.
 struct Inbound {
     me: u64,
@@ -381,6 +516,7 @@ struct Inbound {
     frame_bytes_max: usize,
     metrics: Arc<QuicMetrics>,
     raft: RaftHandle,
+    data: Option<mpsc::Sender<(u64, Vec<u8>)>>,
 }
 
 impl Inbound {
@@ -407,8 +543,25 @@ impl Inbound {
         }
     }
 
-    /// Reads frames until the stream ends (`Ok`) or a peer error (`Err`).
+    /// Reads the stream's kind, then its frames until it ends (`Ok`) or a peer error
+    /// (`Err`).
     async fn read_loop(&self, from: u64, mut recv: QuicRecv) -> Result<(), ()> {
+        let mut kind = [0u8; 1];
+        if recv.read_exact(&mut kind).await.is_err() {
+            return Ok(());
+        }
+        match kind[0] {
+            STREAM_RAFT | STREAM_BULK => {}
+            STREAM_DATA => {
+                // A node that takes no data leaves the stream unread: its peers' data
+                // queues fill and refuse, while raft goes on.
+                let Some(data) = &self.data else {
+                    return Ok(());
+                };
+                return self.data_loop(from, recv, data).await;
+            }
+            _ => return Err(()),
+        }
         let mut body = Vec::new();
         loop {
             let mut len = [0u8; 4];
@@ -430,6 +583,33 @@ impl Inbound {
             }
             self.metrics.delivered.fetch_add(1, Ordering::Relaxed);
             self.raft.deliver(msg);
+        }
+    }
+
+    async fn data_loop(
+        &self,
+        from: u64,
+        mut recv: QuicRecv,
+        data: &mpsc::Sender<(u64, Vec<u8>)>,
+    ) -> Result<(), ()> {
+        loop {
+            let mut len = [0u8; 4];
+            if recv.read_exact(&mut len).await.is_err() {
+                return Ok(());
+            }
+            let len = u32::from_be_bytes(len) as usize;
+            if len > self.frame_bytes_max {
+                return Err(());
+            }
+            let mut body = vec![0u8; len];
+            if recv.read_exact(&mut body).await.is_err() {
+                return Ok(());
+            }
+            self.metrics.data_received.fetch_add(1, Ordering::Relaxed);
+            // Waits while the application is behind: this stream is not read meanwhile.
+            if data.send((from, body)).await.is_err() {
+                return Ok(());
+            }
         }
     }
 }

@@ -176,3 +176,71 @@ fn a_node_with_a_foreign_certificate_is_not_heard() {
         }
     });
 }
+
+/// Application frames on the data stream arrive in order, from the right sender, beside a
+/// working raft group.
+#[test]
+fn data_frames_arrive_in_order_beside_raft() {
+    starling_rt::Runtime::new(2).block_on(async {
+        let ca = CertAuthority::generate("test CA").unwrap();
+        let mut nets = Vec::new();
+        for id in 1..=3 {
+            nets.push(bind(&ca, id).await);
+        }
+        let peers: BTreeMap<u64, SocketAddr> = nets
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (i as u64 + 1, n.local_addr()))
+            .collect();
+        let mut inboxes = Vec::new();
+        let mut hs = Vec::new();
+        for (i, n) in nets.iter_mut().enumerate() {
+            let id = i as u64 + 1;
+            let mut c = Config::new(id);
+            c.initial_voters = vec![1, 2, 3];
+            c.tick_interval = Duration::from_millis(20);
+            let log = DiskLog::open(MemDisk::new(), c.log.clone()).unwrap();
+            let node = Node::new(
+                c.validate().unwrap(),
+                log,
+                Kv::default(),
+                starling_rt::rng::rng(),
+            )
+            .unwrap();
+            let h = start(node, n.transport(peers.clone()));
+            let (tx, rx) = tokio::sync::mpsc::channel(16);
+            n.serve_with_data(h.clone(), Some(tx));
+            inboxes.push(rx);
+            hs.push(h);
+        }
+        leader_of(&hs).await.expect("a leader within 5 s");
+        let links = nets[0].data();
+        let mut sent = 0u32;
+        while sent < 1000 {
+            match links.try_send(3, sent.to_be_bytes().to_vec()) {
+                Ok(()) => sent += 1,
+                Err(starling_raft::DataSendError::Full(_)) => {
+                    starling_rt::time::sleep(Duration::from_millis(1)).await
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        assert_eq!(
+            links.try_send(7, vec![1]),
+            Err(starling_raft::DataSendError::Closed)
+        );
+        for want in 0..1000u32 {
+            let (from, frame) = tokio::time::timeout(Duration::from_secs(5), inboxes[2].recv())
+                .await
+                .expect("frames within 5 s")
+                .unwrap();
+            assert_eq!(from, 1);
+            assert_eq!(frame, want.to_be_bytes());
+        }
+        assert!(inboxes[1].try_recv().is_err(), "node 2 got nothing");
+        for (h, n) in hs.iter().zip(&nets) {
+            h.stop();
+            n.close();
+        }
+    });
+}
