@@ -7,6 +7,7 @@
 
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 
+use crate::cluster::RawCluster;
 use crate::error::ConfigError;
 use crate::model::{
     AuthConfig, HttpConfig, LogConfig, MqttConfig, NodeConfig, RawConfig, RawListener, RawTls,
@@ -52,7 +53,7 @@ impl<'de> Deserializer<'de> for Introspect<'_> {
 }
 
 /// The sections and their field lists: (name in the file, fields).
-fn sections() -> [(&'static str, &'static [&'static str]); 7] {
+fn sections() -> [(&'static str, &'static [&'static str]); 8] {
     [
         ("node", fields_of::<NodeConfig>()),
         ("mqtt", fields_of::<MqttConfig>()),
@@ -61,6 +62,7 @@ fn sections() -> [(&'static str, &'static [&'static str]); 7] {
         ("auth", fields_of::<AuthConfig>()),
         ("http", fields_of::<HttpConfig>()),
         ("log", fields_of::<LogConfig>()),
+        ("cluster", fields_of::<RawCluster>()),
     ]
 }
 
@@ -159,7 +161,8 @@ mod tests {
                 "storage",
                 "auth",
                 "http",
-                "log"
+                "log",
+                "cluster"
             ]
         );
         assert!(fields_of::<MqttConfig>().contains(&"max_packet_size"));

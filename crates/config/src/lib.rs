@@ -10,11 +10,13 @@
 //! Relative paths in a loaded file are resolved against the file's directory, so a config
 //! works the same from any working directory.
 
+mod cluster;
 mod error;
 mod keys;
 mod model;
 mod validate;
 
+pub use cluster::ClusterConfig;
 pub use error::{ConfigError, Warning};
 pub use model::{
     AclDefault, AuthConfig, BackpressureHolders, ClientIdPolicy, Config, DropPolicy, FsyncPolicy,

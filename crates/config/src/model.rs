@@ -27,6 +27,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// `[log]`: logging.
     pub log: LogConfig,
+    /// `[cluster]`: membership of a raft cluster.
+    pub cluster: crate::cluster::ClusterConfig,
 }
 
 impl Default for Config {
@@ -40,6 +42,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             http: HttpConfig::default(),
             log: LogConfig::default(),
+            cluster: crate::cluster::ClusterConfig::default(),
         }
     }
 }
@@ -264,6 +267,7 @@ pub(crate) struct RawConfig {
     pub auth: AuthConfig,
     pub http: HttpConfig,
     pub log: LogConfig,
+    pub cluster: crate::cluster::RawCluster,
 }
 
 /// What to drop when a client's message queue is full.

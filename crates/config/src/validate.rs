@@ -107,6 +107,7 @@ fn validate(raw: RawConfig, base: Option<&Path>) -> Result<(Config, Vec<Warning>
     validate_auth(&auth)?;
     validate_log(&raw.log)?;
     validate_http(&raw.http, &mut warnings)?;
+    let cluster = crate::cluster::validate_cluster(raw.cluster, node.id, base)?;
 
     let listeners = match raw.listeners {
         None => vec![ListenerConfig::default()],
@@ -143,6 +144,7 @@ fn validate(raw: RawConfig, base: Option<&Path>) -> Result<(Config, Vec<Warning>
         auth,
         http: raw.http,
         log: raw.log,
+        cluster,
     };
     Ok((config, warnings))
 }
@@ -536,7 +538,12 @@ fn resolve_file(key: &str, path: PathBuf, base: Option<&Path>) -> Result<PathBuf
     })
 }
 
-fn range(key: &str, value: impl Into<u64>, min: u64, max: u64) -> Result<(), ConfigError> {
+pub(crate) fn range(
+    key: &str,
+    value: impl Into<u64>,
+    min: u64,
+    max: u64,
+) -> Result<(), ConfigError> {
     let value = value.into();
     if (min..=max).contains(&value) {
         Ok(())

@@ -440,3 +440,41 @@ fn router_shards_take_auto_or_a_count_in_range() {
     let e = shards("\"many\"").unwrap_err().to_string();
     assert!(e.contains("router.shards") && e.contains("auto"), "{e}");
 }
+
+#[test]
+fn cluster_peers_are_checked_and_name_the_key() {
+    let three = "[node]\nid = 2\n[cluster]\nenabled = true\n[cluster.peers]\n1 = \"127.0.0.1:7001\"\n2 = \"127.0.0.1:7002\"\n3 = \"127.0.0.1:7003\"\n";
+    let (c, _) = ok(three);
+    assert!(c.cluster.enabled);
+    assert_eq!(c.cluster.peers.len(), 3);
+    assert_eq!(c.cluster.bind, "127.0.0.1:7002".parse().unwrap());
+    assert!(c.cluster.bootstrap);
+
+    let m = msg("[cluster]\nenabled = true\n[cluster.peers]\nx = \"127.0.0.1:7001\"\n");
+    assert!(
+        m.contains("cluster.peers.x") && m.contains("not a node id"),
+        "{m}"
+    );
+    let m = msg("[cluster]\nenabled = true\n[cluster.peers]\n1 = \"nowhere\"\n");
+    assert!(
+        m.contains("cluster.peers.1") && m.contains("host:port"),
+        "{m}"
+    );
+    let m = msg("[cluster]\nenabled = true\n[cluster.peers]\n1 = \"127.0.0.1:7001\"\n2 = \"127.0.0.1:7001\"\n");
+    assert!(m.contains("cluster.peers.2") && m.contains("node 1"), "{m}");
+    let m = msg("[cluster]\nenabled = true\n");
+    assert!(
+        m.contains("cluster.peers") && m.contains("no member"),
+        "{m}"
+    );
+    // This node (id 1 by default) bootstrapping but not listed.
+    let m = msg("[cluster]\nenabled = true\n[cluster.peers]\n2 = \"127.0.0.1:7002\"\n");
+    assert!(m.contains("cluster.bootstrap"), "{m}");
+    let m = msg("[cluster]\ntick_ms = 1\n");
+    assert!(m.contains("cluster.tick_ms"), "{m}");
+    let m = msg("[cluster]\nbootstarp = true\n");
+    assert!(m.contains("bootstrap"), "{m}");
+    // A joining node needs only its own bind.
+    let (c, _) = ok("[cluster]\nenabled = true\nbootstrap = false\nbind = \"127.0.0.1:7004\"\n[cluster.peers]\n1 = \"127.0.0.1:7001\"\n");
+    assert_eq!(c.cluster.bind, "127.0.0.1:7004".parse().unwrap());
+}
