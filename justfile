@@ -5,6 +5,11 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 run *ARGS:
     cargo run --release --bin starling -- {{ARGS}}
 
+# The example three-node cluster (config/cluster/node{1,2,3}.toml) in the foreground, with its
+# certificates written first if missing; Ctrl-C or SIGTERM stops all three.
+cluster:
+    scripts/cluster.sh
+
 # Build everything.
 build:
     cargo build --workspace

@@ -15,7 +15,9 @@ use thiserror::Error;
 
 use crate::gate::is_reserved;
 use crate::metrics::MetricsSnapshot;
-use crate::msg::{ClientInfo, ClientMsg, ClientSubscriptions, RegistryMsg, RouterMsg};
+use crate::msg::{
+    ClientInfo, ClientMsg, ClientSubscriptions, ClusterMsg, ClusterStatus, RegistryMsg, RouterMsg,
+};
 use crate::settings::Shared;
 use crate::shards::Shards;
 
@@ -70,16 +72,37 @@ pub struct Admin {
     registry: Addr<RegistryMsg>,
     shards: Shards,
     started: SystemTime,
+    cluster: Option<Addr<ClusterMsg>>,
 }
 
 impl Admin {
-    pub(crate) fn new(shared: Arc<Shared>, registry: Addr<RegistryMsg>, shards: Shards) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        registry: Addr<RegistryMsg>,
+        shards: Shards,
+        cluster: Option<Addr<ClusterMsg>>,
+    ) -> Self {
         Self {
             shared,
             registry,
             shards,
             started: time::wall(),
+            cluster,
         }
+    }
+
+    /// This node's view of the cluster; `None` when `cluster.enabled` is false.
+    ///
+    /// # Errors
+    /// [`AdminError::Stopping`] when the cluster actor no longer answers.
+    pub async fn cluster_status(&self) -> Result<Option<ClusterStatus>, AdminError> {
+        let Some(c) = &self.cluster else {
+            return Ok(None);
+        };
+        c.ask(ClusterMsg::Status)
+            .await
+            .map(Some)
+            .map_err(|_| AdminError::Stopping)
     }
 
     /// `node.id`.

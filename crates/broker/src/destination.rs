@@ -1,11 +1,11 @@
 //! Where a shard delivers: a [`Destination`] per subscriber, holding the deliveries routed
 //! to it and not yet handed over.
 //!
-//! A local session is the only kind today; a remote node (the cluster forwards a publish
-//! once per node) and a bridge are the kinds to come, each with its own way of handing a
-//! batch over but the same pending list and the same queue policy, the session's
-//! ([`QueueFullPolicy::victim`]), so that what is dropped where a queue is full does not
-//! depend on which queue it was.
+//! Two kinds: a local session (its client actor) and a remote node (the cluster forwards a
+//! publish once per node that has subscribers for it; that node delivers to them). A bridge
+//! is the kind to come. Each hands a batch over its own way but keeps the same pending
+//! list and the same queue policy, the session's ([`QueueFullPolicy::victim`]), so that
+//! what is dropped where a queue is full does not depend on which queue it was.
 
 use std::collections::VecDeque;
 
@@ -14,6 +14,7 @@ use starling_rt::{ActorId, TrySendError, WeakAddr};
 use starling_session::{DeliveryOptions, Message, QueueFullPolicy};
 
 use crate::flow::{Backlog, Holder};
+use crate::forward;
 use crate::msg::{ClientMsg, Delivery, BATCH_MAX};
 
 /// Whether a delivery goes out at QoS 0.
@@ -117,7 +118,24 @@ pub(crate) enum Flushed {
 pub(crate) enum Destination {
     /// A session on this node: its client actor.
     Local(LocalSession),
+    /// Another node of the cluster, for the filters its subscribers hold.
+    Remote(RemoteNode),
 }
+
+pub(crate) struct RemoteNode {
+    pub node: u64,
+    pub links: starling_raft::DataLinks,
+    pub pending: Pending,
+}
+
+/// The subscriber key of node `node` in a shard's router: a client id cannot hold U+0000
+/// (MQTT 1.5.4), so no client's key is ever the same.
+pub(crate) fn remote_key(node: u64) -> std::sync::Arc<str> {
+    std::sync::Arc::from(format!("\u{0}node-{node}"))
+}
+
+/// Deliveries per forwarded frame: a frame is one write on the peer's data stream.
+const FORWARD_BATCH_MAX: usize = 256;
 
 pub(crate) struct LocalSession {
     pub addr: WeakAddr<ClientMsg>,
@@ -148,6 +166,7 @@ impl Destination {
     pub(crate) fn online(&self) -> bool {
         match self {
             Destination::Local(l) => l.online,
+            Destination::Remote(_) => true,
         }
     }
 
@@ -155,6 +174,7 @@ impl Destination {
     pub(crate) fn actor(&self) -> ActorId {
         match self {
             Destination::Local(l) => l.addr.id(),
+            Destination::Remote(_) => ActorId(0),
         }
     }
 
@@ -162,6 +182,7 @@ impl Destination {
     pub(crate) fn end(&mut self) -> Vec<Holder> {
         match self {
             Destination::Local(l) => l.backlog.end(),
+            Destination::Remote(_) => Vec::new(),
         }
     }
 
@@ -182,6 +203,27 @@ impl Destination {
                         Err(_) => {
                             l.pending.clear();
                             return Flushed::Gone;
+                        }
+                    }
+                }
+                Flushed::Done
+            }
+            Destination::Remote(r) => {
+                let (now, wall) = (starling_rt::time::now(), starling_rt::time::wall());
+                while !r.pending.is_empty() {
+                    let batch = r.pending.take(FORWARD_BATCH_MAX);
+                    let frame = forward::encode(batch.iter().map(|(m, _)| m), now, wall);
+                    match r.links.try_send(r.node, frame) {
+                        Ok(()) => {}
+                        Err(starling_raft::DataSendError::Full(_)) => {
+                            r.pending.put_back(batch);
+                            return Flushed::Blocked;
+                        }
+                        // The node is not a peer of this one (or is stopping): nothing to
+                        // deliver to; the routes will say so too.
+                        Err(starling_raft::DataSendError::Closed) => {
+                            r.pending.clear();
+                            return Flushed::Done;
                         }
                     }
                 }

@@ -41,6 +41,10 @@ pub enum BrokerError {
     /// The password file or the ACL file did not load.
     #[error(transparent)]
     Auth(#[from] starling_auth::AuthError),
+    /// The cluster could not start: its certificates, its raft log, or its endpoint (the
+    /// message names the key or the file).
+    #[error("cluster: {0}")]
+    Cluster(String),
 }
 
 /// Why the store did not open.

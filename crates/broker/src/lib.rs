@@ -38,10 +38,12 @@
 mod admin;
 mod builtin;
 mod client;
+mod cluster;
 mod conn;
 mod destination;
 mod error;
 mod flow;
+mod forward;
 mod gate;
 mod listener;
 mod metrics;
@@ -74,7 +76,7 @@ pub use admin::{Admin, AdminError, AdminPublish, BrokerStats};
 pub use conn::Io;
 pub use error::{BrokerError, StoreOpenError};
 pub use metrics::{MetricKind, MetricsSnapshot};
-pub use msg::{ClientInfo, ClientSubscriptions};
+pub use msg::{ClientInfo, ClientSubscriptions, ClusterStatus, MemberStatus};
 /// The hook seam, for embedders: providers to start the broker with
 /// ([`Broker::start_with`]).
 pub use starling_hooks as hooks;
@@ -159,6 +161,8 @@ pub struct Broker {
     chain: Arc<Chain>,
     /// The storage actor, when `storage.enabled`.
     store: Option<Addr<StoreMsg>>,
+    /// This node's cluster side, when `cluster.enabled`.
+    cluster: Option<cluster::ClusterNode>,
 }
 
 impl Broker {
@@ -216,6 +220,8 @@ impl Broker {
             .max()
             .map_or(0, |m| m + 1);
         let router = start_shards(&shared, store.as_ref(), recovered.next_delayed_id, seq_base);
+        // Before the sessions are routed again: their subscriptions are the node's routes.
+        let cluster = cluster::ClusterNode::start(&shared, &router).await?;
         let sessions = std::mem::take(&mut recovered.sessions);
         let default_allow = shared.config.auth.acl_default == starling_config::AclDefault::Allow;
         let chain = builtin::builtin(&shared)
@@ -269,6 +275,7 @@ impl Broker {
             sys,
             chain,
             store,
+            cluster,
         })
     }
 
@@ -349,6 +356,7 @@ impl Broker {
             self.shared.clone(),
             self.registry.clone(),
             self._router.clone(),
+            self.cluster.as_ref().map(cluster::ClusterNode::actor),
         )
     }
 
@@ -392,6 +400,9 @@ impl Broker {
         let _ = self.registry.ask(RegistryMsg::Shutdown).await;
         self.registry.stop();
         self.sys.stop();
+        if let Some(c) = &self.cluster {
+            c.stop();
+        }
         if let Some(store) = &self.store {
             // What the shards wrote last is committed, and the file closed, before the
             // process ends (or another broker opens it).

@@ -247,6 +247,15 @@ pub(crate) struct SubscribeMsg {
     pub reply: Reply<SubscribeResult>,
 }
 
+/// A shard's part in the cluster, given once at start when `cluster.enabled`.
+pub(crate) struct ShardCluster {
+    pub node: u64,
+    /// Where forwarded batches go: one data stream per peer.
+    pub links: starling_raft::DataLinks,
+    /// Told when this shard's local subscriptions to a filter it is home to start or end.
+    pub actor: starling_rt::Addr<ClusterMsg>,
+}
+
 pub(crate) enum RouterMsg {
     /// Route (and retain, or schedule if `$delayed/`) a message; with its publisher when
     /// it may be held back, and whom to tell once what it changed in the store is durable
@@ -304,6 +313,77 @@ pub(crate) enum RouterMsg {
     /// Deliveries to persistent sessions whose records are now durable (or, for those
     /// without a record, which waited behind them): hand them over.
     StoredDeliveries(Vec<(Arc<str>, ActorId, Delivery)>),
+    /// The cluster's wiring (see [`ShardCluster`]).
+    Cluster(Box<ShardCluster>),
+    /// The replicated routes list `node` for `filter` (`present`) or no longer do: publishes
+    /// this node receives that match it are forwarded there, once per publish.
+    RemoteRoute {
+        filter: String,
+        node: u64,
+        present: bool,
+    },
+    /// A publish another node forwarded: for this node's subscribers only (never forwarded
+    /// again, not retained here).
+    Forwarded(Arc<Message>),
+}
+
+// --- to the cluster actor -------------------------------------------------------------
+
+pub(crate) enum ClusterMsg {
+    /// A home shard's local subscriptions to the topic filter `filter` started (`present`)
+    /// or all ended.
+    Route {
+        filter: String,
+        present: bool,
+    },
+    /// What entries of the raft log changed, in order (from the replica, on the raft
+    /// driver's turn).
+    Changed(Vec<starling_cluster::Change>),
+    /// The whole replicated state, as changes from nothing: the state was replaced by a
+    /// snapshot, or changes were lost on the way.
+    Reset(Vec<starling_cluster::Change>),
+    /// The raft driver is up.
+    Raft(starling_raft::RaftHandle),
+    /// The outcome of this node's own proposal (`join`: its Join; otherwise a route batch).
+    Proposed {
+        join: bool,
+        result: Result<starling_cluster::Output, String>,
+    },
+    Tick,
+    Status(Reply<ClusterStatus>),
+}
+
+/// A node's view of the cluster (`starling cluster status`, `GET /api/v1/cluster`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterStatus {
+    pub node: u64,
+    /// "leader", "follower", "candidate", "pre_candidate", or "unknown" when the raft
+    /// driver does not answer.
+    pub role: String,
+    pub term: u64,
+    pub leader: Option<u64>,
+    pub commit: u64,
+    pub applied: u64,
+    pub members: Vec<MemberStatus>,
+    /// Filters with at least one node, in the replicated routes.
+    pub routes: usize,
+    /// This node's local subscriptions are all in the replicated routes.
+    pub routes_converged: bool,
+}
+
+/// One member as a node sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberStatus {
+    pub id: u64,
+    pub mqtt: Option<String>,
+    pub cluster: Option<String>,
+    pub http: Option<String>,
+    pub voter: bool,
+    /// Known only on the leader: whether it heard from the member within an election
+    /// timeout (`None` elsewhere).
+    pub active: Option<bool>,
+    /// The leader's replication of it: the last log index it holds.
+    pub matched: Option<u64>,
 }
 
 // --- to the storage actor -------------------------------------------------------------

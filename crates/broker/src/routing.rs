@@ -48,6 +48,7 @@ use crate::settings::Shared;
 
 mod admin;
 mod control;
+mod remote;
 mod stored;
 
 use stored::stored_delivery;
@@ -125,6 +126,12 @@ pub(crate) struct RouterActor {
     /// This shard's next delivery key, drawn like `delayed_next`: increasing per shard, so
     /// that a session's stored deliveries of one topic come back in routing order.
     seq_next: u64,
+    /// Its part in the cluster, when `cluster.enabled` (see `remote`).
+    cluster: Option<crate::msg::ShardCluster>,
+    /// Local subscriptions per topic filter this shard is home to (cluster only).
+    route_counts: HashMap<String, u32, FixedState>,
+    /// Route transitions not yet taken by the cluster actor, oldest first.
+    route_outbox: std::collections::VecDeque<(String, bool)>,
 }
 
 /// `total` split over `n` shards, rounded up: each shard's part of a node-wide cap.
@@ -154,6 +161,7 @@ impl RouterActor {
         let pending_max = shared.limits.mqueue_len_max.max(BATCH_MAX);
         let delayed_max = share_of(u64::from(shared.config.mqtt.delayed_publish_max), n);
         let rules = StallRules::new(&shared.config.mqtt, &shared.limits);
+        let route_seed = rng.next_u64();
         Self {
             rules,
             outbox: Vec::new(),
@@ -182,6 +190,9 @@ impl RouterActor {
             store_deliveries: Vec::new(),
             routed_acks: Vec::new(),
             seq_next: seq_base + index as u64,
+            cluster: None,
+            route_counts: HashMap::with_hasher(FixedState::with_seed(route_seed)),
+            route_outbox: std::collections::VecDeque::new(),
         }
     }
 
@@ -203,7 +214,7 @@ impl RouterActor {
                 });
             }
         }
-        self.publish(msg, from, ctx);
+        self.publish(msg, from, true, ctx);
         let Some(to) = ack else { return };
         if self.to_store.len() > before {
             self.store_waiters.push(Waiter {
@@ -232,8 +243,16 @@ impl RouterActor {
         }
     }
 
-    fn publish(&mut self, msg: Arc<Message>, from: Option<Publisher>, ctx: &mut Ctx<Self>) {
-        if msg.topic.starts_with(DELAYED_PREFIX) {
+    /// Routes a publish; `local`: it was published on this node (a forwarded one is
+    /// delivered to this node's subscribers only, and its retained copy is not kept here).
+    fn publish(
+        &mut self,
+        msg: Arc<Message>,
+        from: Option<Publisher>,
+        local: bool,
+        ctx: &mut Ctx<Self>,
+    ) {
+        if local && msg.topic.starts_with(DELAYED_PREFIX) {
             self.schedule(&msg, ctx);
             return;
         }
@@ -242,7 +261,7 @@ impl RouterActor {
             self.index,
             "routed by its shard"
         );
-        if msg.retain {
+        if local && msg.retain {
             self.store_retained(&msg);
         }
         let pctx = PublishContext {
@@ -264,14 +283,12 @@ impl RouterActor {
         );
         let mut qos0 = Qos0Tally::default();
         for d in merged.drain(..) {
-            self.offer(
-                &msg,
-                d.subscriber,
-                d.options.0,
-                from.as_ref(),
-                &mut qos0,
-                ctx,
-            );
+            let source = if local {
+                Source::Local(from.as_ref())
+            } else {
+                Source::Forwarded
+            };
+            self.offer(&msg, d.subscriber, d.options.0, source, &mut qos0, ctx);
         }
         self.routed += 1;
         self.merged = merged;
@@ -287,13 +304,33 @@ impl RouterActor {
         msg: &Arc<Message>,
         subscriber: Arc<str>,
         mut opts: DeliveryOptions,
-        from: Option<&Publisher>,
+        source: Source<'_>,
         qos0: &mut Qos0Tally,
         ctx: &mut Ctx<Self>,
     ) {
+        let (from, local) = match source {
+            Source::Local(from) => (from, true),
+            Source::Forwarded => (None, false),
+        };
         // One lookup per delivery: what must be sent or scheduled is carried out after.
-        let Some(Destination::Local(client)) = self.destinations.get_mut(&subscriber) else {
-            return;
+        let client = match self.destinations.get_mut(&subscriber) {
+            Some(Destination::Local(client)) => client,
+            Some(Destination::Remote(node)) => {
+                // Forwarded publishes stop here: the node they came from sent them to
+                // every node that needed them.
+                if local
+                    && remote::offer_remote(
+                        node,
+                        (msg.clone(), opts),
+                        self.pending_max,
+                        &self.shared,
+                    )
+                {
+                    self.dirty.push(subscriber);
+                }
+                return;
+            }
+            None => return,
         };
         let me = client.addr.id();
         let mut outcome = None;
@@ -444,8 +481,9 @@ impl RouterActor {
             _ => {
                 // New, or an actor after one whose session ended: its counts start over.
                 let mut fresh = Destination::local(client, Backlog::new(time::now(), may_hold));
-                let Destination::Local(l) = &mut fresh;
-                l.persistent = persistent;
+                if let Destination::Local(l) = &mut fresh {
+                    l.persistent = persistent;
+                }
                 if let Some(mut old) = self.destinations.insert(client_id.clone(), fresh) {
                     let released = old.end();
                     self.release(released, old.actor());
@@ -463,6 +501,9 @@ impl RouterActor {
                     let r = self.router.subscribe(client_id.clone(), &req.filter, opts);
                     let new = matches!(r, Ok(None));
                     self.owned += usize::from(new);
+                    if new {
+                        self.count_route(&req.filter, true);
+                    }
                     (r, new)
                 }
                 Admission::Admitted { new } => {
@@ -503,9 +544,19 @@ impl RouterActor {
         let removed = self.router.unsubscribe(client_id, filter)?.is_some();
         if removed && self.map.reach(filter, &self.shared.topic_limits).home() == self.index {
             self.owned -= 1;
+            self.count_route(filter, false);
         }
         Ok(removed)
     }
+}
+
+/// Where a routed publish came from.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    /// Published on this node, by this publisher when it may be held back.
+    Local(Option<&'a Publisher>),
+    /// Forwarded by another node: for local subscribers only.
+    Forwarded,
 }
 
 /// The one place a router refusal becomes a SUBACK code.
@@ -532,8 +583,15 @@ impl Actor for RouterActor {
                 if let Some(DelayedKey { id, due }) = key {
                     self.to_store.push(Op::DropDelayed { id, due });
                 }
-                self.publish(m, None, ctx);
+                self.publish(m, None, true, ctx);
             }
+            RouterMsg::Forwarded(m) => self.publish(m, None, false, ctx),
+            RouterMsg::Cluster(c) => self.wire_cluster(*c),
+            RouterMsg::RemoteRoute {
+                filter,
+                node,
+                present,
+            } => self.remote_route(&filter, node, present),
             RouterMsg::RetainedRefused(m) => {
                 if self
                     .retained
@@ -696,6 +754,9 @@ impl Actor for RouterActor {
         }
         // Hand out the batches once the burst is routed (nothing else waits in the mailbox),
         // or at a fixed stride under a steady stream; the publishers' answers with them.
+        if !self.route_outbox.is_empty() && !self.send_route_outbox() && self.retry.is_none() {
+            self.retry = Some(ctx.after(RETRY_BLOCKED, RouterMsg::RetryBlocked));
+        }
         let burst_end = self.routed >= FLUSH_EVERY_PUBLISHES || ctx.queued() == 0;
         if !self.routed_acks.is_empty() && burst_end {
             self.send_routed_acks();

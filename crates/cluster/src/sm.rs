@@ -12,8 +12,9 @@ use crate::state::{Change, ClusterState};
 /// in apply order, or, after a snapshot, given the whole state again.
 pub trait Replica: Send + 'static {
     /// What the entry at `index` changed (nothing is called for entries that changed
-    /// nothing), with the command's output.
-    fn changed(&mut self, index: u64, changes: Vec<Change>, output: &Output);
+    /// nothing), with the command's output and the state after it (a replica that could
+    /// not pass changes on may rebuild from it instead).
+    fn changed(&mut self, index: u64, changes: Vec<Change>, output: &Output, state: &ClusterState);
 
     /// The state was replaced by a snapshot; rebuild from it.
     fn reset(&mut self, state: &ClusterState);
@@ -21,7 +22,7 @@ pub trait Replica: Send + 'static {
 
 /// A replica that keeps nothing (a node that only votes, and tests).
 impl Replica for () {
-    fn changed(&mut self, _: u64, _: Vec<Change>, _: &Output) {}
+    fn changed(&mut self, _: u64, _: Vec<Change>, _: &Output, _: &ClusterState) {}
     fn reset(&mut self, _: &ClusterState) {}
 }
 
@@ -55,7 +56,7 @@ impl<R: Replica> StateMachine for ClusterSm<R> {
                 let mut changes = Vec::new();
                 let out = self.state.apply(index, c, &mut changes);
                 if !changes.is_empty() || matches!(out, Output::Claimed { .. }) {
-                    self.replica.changed(index, changes, &out);
+                    self.replica.changed(index, changes, &out, &self.state);
                 }
                 out
             }

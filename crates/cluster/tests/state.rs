@@ -311,7 +311,7 @@ fn the_adapter_feeds_the_replica() {
     #[derive(Default)]
     struct Log(Vec<String>);
     impl Replica for Log {
-        fn changed(&mut self, index: u64, changes: Vec<Change>, _: &Output) {
+        fn changed(&mut self, index: u64, changes: Vec<Change>, _: &Output, _: &ClusterState) {
             self.0.push(format!("{index}:{}", changes.len()));
         }
         fn reset(&mut self, s: &ClusterState) {

@@ -7,11 +7,10 @@
 
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 
-use crate::cluster::RawCluster;
 use crate::error::ConfigError;
 use crate::model::{
-    AuthConfig, HttpConfig, LogConfig, MqttConfig, NodeConfig, RawConfig, RawListener, RawTls,
-    RouterSettings, StorageConfig,
+    AuthConfig, HttpConfig, LogConfig, MqttConfig, NodeConfig, RawCluster, RawConfig, RawListener,
+    RawTls, RouterSettings, StorageConfig,
 };
 
 /// The field names that `T`'s derived `Deserialize` accepts.

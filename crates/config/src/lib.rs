@@ -10,19 +10,17 @@
 //! Relative paths in a loaded file are resolved against the file's directory, so a config
 //! works the same from any working directory.
 
-mod cluster;
 mod error;
 mod keys;
 mod model;
 mod validate;
 
-pub use cluster::ClusterConfig;
 pub use error::{ConfigError, Warning};
 pub use model::{
-    AclDefault, AuthConfig, BackpressureHolders, ClientIdPolicy, Config, DropPolicy, FsyncPolicy,
-    HttpConfig, ListenerConfig, ListenerKind, LogConfig, MqttConfig, NodeConfig, QuicConfig,
-    RouterSettings, ShardCount, SharedStrategy, StorageConfig, StuckPolicy, TimeoutVerdict,
-    TlsConfig, WsConfig,
+    AclDefault, AuthConfig, BackpressureHolders, ClientIdPolicy, ClusterConfig, Config, DropPolicy,
+    FsyncPolicy, HttpConfig, ListenerConfig, ListenerKind, LogConfig, MqttConfig, NodeConfig,
+    QuicConfig, RouterSettings, ShardCount, SharedStrategy, StorageConfig, StuckPolicy,
+    TimeoutVerdict, TlsConfig, WsConfig,
 };
 
 /// Every key the file format accepts, as dotted paths with `listeners[]` for the array

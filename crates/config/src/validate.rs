@@ -1,5 +1,6 @@
 //! Parsing and the validation pass: raw TOML → typed [`Config`] plus warnings.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
@@ -107,7 +108,7 @@ fn validate(raw: RawConfig, base: Option<&Path>) -> Result<(Config, Vec<Warning>
     validate_auth(&auth)?;
     validate_log(&raw.log)?;
     validate_http(&raw.http, &mut warnings)?;
-    let cluster = crate::cluster::validate_cluster(raw.cluster, node.id, base)?;
+    let cluster = validate_cluster(raw.cluster, node.id, base)?;
 
     let listeners = match raw.listeners {
         None => vec![ListenerConfig::default()],
@@ -562,4 +563,81 @@ fn invalid(key: &str, problem: &'static str) -> ConfigError {
         key: key.to_owned(),
         problem,
     }
+}
+
+// --- [cluster] ---
+
+fn bad(key: &str, message: String) -> ConfigError {
+    ConfigError::BadValue {
+        key: key.to_owned(),
+        message,
+    }
+}
+
+fn validate_cluster(
+    raw: RawCluster,
+    node_id: u64,
+    base: Option<&Path>,
+) -> Result<ClusterConfig, ConfigError> {
+    range("cluster.tick_ms", raw.tick_ms, 10, 10_000)?;
+    range("cluster.election_tick", raw.election_tick, 5, 1000)?;
+    let mut peers = BTreeMap::new();
+    for (id, addr) in &raw.peers {
+        let key = format!("cluster.peers.{id}");
+        let id: u64 = id
+            .parse()
+            .ok()
+            .filter(|id| *id != 0)
+            .ok_or_else(|| bad(&key, format!("`{id}` is not a node id (an integer from 1)")))?;
+        let addr: SocketAddr = addr
+            .parse()
+            .map_err(|_| bad(&key, format!("`{addr}` is not a host:port address")))?;
+        if let Some((other, _)) = peers.iter().find(|(_, a)| **a == addr) {
+            return Err(bad(&key, format!("{addr} is also node {other}'s address")));
+        }
+        peers.insert(id, addr);
+    }
+    let certs_dir = match base {
+        Some(base) if raw.certs_dir.is_relative() => base.join(&raw.certs_dir),
+        _ => raw.certs_dir.clone(),
+    };
+    let own = peers.get(&node_id).copied();
+    if raw.enabled {
+        if peers.is_empty() {
+            return Err(bad(
+                "cluster.peers",
+                "lists no member; a cluster needs every member's id and address".into(),
+            ));
+        }
+        if raw.bootstrap && own.is_none() {
+            return Err(bad(
+                "cluster.bootstrap",
+                format!(
+                    "this node (node.id = {node_id}) bootstraps but is not among cluster.peers"
+                ),
+            ));
+        }
+        if own.is_none() && raw.bind.is_none() {
+            return Err(bad(
+                "cluster.peers",
+                format!(
+                    "has no entry for this node (node.id = {node_id}) and cluster.bind is not set"
+                ),
+            ));
+        }
+    }
+    Ok(ClusterConfig {
+        enabled: raw.enabled,
+        bind: raw
+            .bind
+            .or(own)
+            .unwrap_or_else(|| ClusterConfig::default().bind),
+        certs_dir,
+        peers,
+        bootstrap: raw.bootstrap,
+        advertise_mqtt: raw.advertise_mqtt,
+        tick_ms: raw.tick_ms,
+        election_tick: raw.election_tick,
+        fsync: raw.fsync,
+    })
 }

@@ -12,6 +12,7 @@ use starling_config::HttpConfig;
 use thiserror::Error;
 
 mod auth;
+mod cluster;
 mod handlers;
 mod reply;
 mod stats;
@@ -69,7 +70,8 @@ impl HttpApi {
                         .wrap(actix_web::middleware::from_fn(auth::check))
                         .configure(handlers::routes)
                         .configure(stats::routes)
-                        .configure(subs::routes),
+                        .configure(subs::routes)
+                        .configure(cluster::routes),
                 )
                 .default_service(web::to(reply::not_found))
         })

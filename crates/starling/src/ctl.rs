@@ -65,6 +65,12 @@ fn encode(s: &str) -> String {
     out
 }
 
+/// A GET of `path` answered with a success, as JSON.
+pub(crate) fn get_json(http: &HttpConfig, path: &str) -> anyhow::Result<serde_json::Value> {
+    let (st, body) = request(http, "GET", path, None)?;
+    serde_json::from_str(&ok(st, body)?).with_context(|| format!("the answer to GET /api/v1{path}"))
+}
+
 /// One request; the status and body of the answer.
 fn request(
     http: &HttpConfig,

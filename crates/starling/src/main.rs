@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use starling_broker::Broker;
 use starling_config::{Config, Warning};
 
+mod cluster_cli;
 mod ctl;
 
 #[derive(Parser, Debug)]
@@ -50,6 +51,11 @@ enum Command {
         #[command(subcommand)]
         command: ctl::CtlCommand,
     },
+    /// The cluster, as the node `--config` names sees it (through its HTTP API).
+    Cluster {
+        #[command(subcommand)]
+        command: cluster_cli::ClusterCommand,
+    },
     /// The durable store (`{node.data_dir}/store.redb`).
     Store {
         #[command(subcommand)]
@@ -77,6 +83,19 @@ enum CertCommand {
         /// The directory to write to (created if missing).
         dir: PathBuf,
         /// More names the server certificate is valid for (DNS names or IP addresses).
+        #[arg(long = "name")]
+        names: Vec<String>,
+    },
+    /// Writes the cluster CA (`ca.pem`, `ca.key`, once; reused when present) and a
+    /// certificate per node (`node-<id>.pem`, `node-<id>.key`) into DIR: what
+    /// `cluster.certs_dir` names. Keep `ca.key` off the nodes.
+    Cluster {
+        /// The directory to write to (created if missing).
+        dir: PathBuf,
+        /// The node ids to issue certificates for, e.g. `1,2,3`.
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<u64>,
+        /// More names (DNS names or IP addresses) each node certificate is valid for.
         #[arg(long = "name")]
         names: Vec<String>,
     },
@@ -127,6 +146,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Cert {
             command: CertCommand::Dev { dir, names },
         }) => return cert_dev(dir, names),
+        Some(Command::Cert {
+            command: CertCommand::Cluster { dir, nodes, names },
+        }) => return cert_cluster(dir, nodes, names),
+        Some(Command::Cluster { command }) => {
+            let config = match &cli.config {
+                Some(path) => Config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?.0,
+                None => Config::default(),
+            };
+            return cluster_cli::run(&config, command);
+        }
         Some(Command::Store {
             command: StoreCommand::Check { file },
         }) => return store_check(cli.config.as_deref(), file.as_deref()),
@@ -293,6 +322,19 @@ key_file = \"{key}\"
         cert = cert.display(),
         key = key.display(),
     );
+    Ok(())
+}
+
+fn cert_cluster(dir: &Path, nodes: &[u64], names: &[String]) -> anyhow::Result<()> {
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    for &id in nodes {
+        if id == 0 {
+            bail!("--nodes: 0 is not a node id (node.id starts at 1)");
+        }
+        let cert = starling_raft::certs::issue_node(dir, id, &names)
+            .with_context(|| format!("the certificate of node {id} in {}", dir.display()))?;
+        eprintln!("wrote {}", cert.display());
+    }
     Ok(())
 }
 

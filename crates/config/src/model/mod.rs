@@ -7,6 +7,11 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+mod cluster;
+
+pub use cluster::ClusterConfig;
+pub(crate) use cluster::RawCluster;
+
 /// The whole validated configuration. `Config::default()` is what an empty file gives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -28,7 +33,7 @@ pub struct Config {
     /// `[log]`: logging.
     pub log: LogConfig,
     /// `[cluster]`: membership of a raft cluster.
-    pub cluster: crate::cluster::ClusterConfig,
+    pub cluster: ClusterConfig,
 }
 
 impl Default for Config {
@@ -42,7 +47,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             http: HttpConfig::default(),
             log: LogConfig::default(),
-            cluster: crate::cluster::ClusterConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -267,7 +272,7 @@ pub(crate) struct RawConfig {
     pub auth: AuthConfig,
     pub http: HttpConfig,
     pub log: LogConfig,
-    pub cluster: crate::cluster::RawCluster,
+    pub cluster: RawCluster,
 }
 
 /// What to drop when a client's message queue is full.

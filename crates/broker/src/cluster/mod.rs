@@ -1,0 +1,186 @@
+//! This node in a raft cluster (`cluster.enabled`): the raft group over QUIC whose state is
+//! [`starling_cluster::ClusterState`], the cluster actor that keeps this node's member
+//! record and routes in it, and the task that hands publishes other nodes forward to the
+//! shards.
+//!
+//! What is replicated and acted on today: members and routes (a publish is forwarded once
+//! to each node with subscribers for it). Client-id ownership and retained messages have
+//! their place in the state but are still per node (docs/clustering.md says what that
+//! means for a client that moves).
+
+mod actor;
+mod replica;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rand::RngCore;
+use starling_cluster::{ClusterSm, Member};
+use starling_config::{Config, FsyncPolicy, ListenerKind};
+use starling_raft::{
+    certs, start as start_raft, Config as RaftConfig, DiskLog, FsDisk, FsyncPolicy as RaftFsync,
+    Node, QuicNet, QuicOptions, RaftHandle,
+};
+use starling_rt::{start_with, time, Addr, Options};
+
+use crate::error::BrokerError;
+use crate::forward;
+use crate::msg::{ClusterMsg, RouterMsg, ShardCluster};
+use crate::settings::Shared;
+use crate::shards::Shards;
+
+use actor::ClusterActor;
+use replica::NodeReplica;
+
+/// Mailbox of the cluster actor: route transitions from every shard and changes from raft.
+const CLUSTER_MAILBOX: usize = 4096;
+/// Forwarded frames received and not yet routed, before the peers' streams stop being read.
+const INBOUND_FRAMES: usize = 256;
+
+/// The running cluster side of a node.
+pub(crate) struct ClusterNode {
+    actor: Addr<ClusterMsg>,
+    raft: RaftHandle,
+    net: QuicNet,
+}
+
+impl ClusterNode {
+    /// Starts the raft group, its endpoint and the cluster actor, and wires every shard to
+    /// them; `None` when `cluster.enabled` is false.
+    ///
+    /// # Errors
+    /// [`BrokerError::Cluster`] naming the file or the key: certificates that do not load,
+    /// a raft log that does not open, an endpoint that cannot bind.
+    pub(crate) async fn start(
+        shared: &Arc<Shared>,
+        shards: &Shards,
+    ) -> Result<Option<ClusterNode>, BrokerError> {
+        let config = &shared.config;
+        let c = &config.cluster;
+        if !c.enabled {
+            return Ok(None);
+        }
+        let id = config.node.id;
+        let fail =
+            |what: &str, e: &dyn std::fmt::Display| BrokerError::Cluster(format!("{what}: {e}"));
+        let tls = certs::load_node_tls(&c.certs_dir, id).map_err(|e| {
+            fail(
+                &format!(
+                    "cluster.certs_dir {}: certificates of node {id} (`starling cert cluster`)",
+                    c.certs_dir.display()
+                ),
+                &e,
+            )
+        })?;
+        let mut rc = RaftConfig::new(id);
+        if c.bootstrap {
+            rc.initial_voters = c.peers.keys().copied().collect();
+        }
+        rc.tick_interval = std::time::Duration::from_millis(u64::from(c.tick_ms));
+        rc.election_tick = c.election_tick as usize;
+        rc.log.fsync = match c.fsync {
+            FsyncPolicy::Always => RaftFsync::Always,
+            FsyncPolicy::Never => RaftFsync::Never,
+        };
+        let rc = rc.validate().map_err(|e| fail("cluster", &e))?;
+        let dir = config.node.data_dir.join("raft");
+        let disk =
+            FsDisk::open(&dir).map_err(|e| fail(&format!("raft log {}", dir.display()), &e))?;
+        let log = DiskLog::open(disk, rc.log.clone())
+            .map_err(|e| fail(&format!("raft log {}", dir.display()), &e))?;
+
+        let me = member(config);
+        let mut rng = starling_rt::rng::rng();
+        let actor = start_with(
+            ClusterActor::new(id, me, shards.clone(), (rng.next_u64(), rng.next_u64())),
+            Options::named("cluster").capacity(CLUSTER_MAILBOX),
+        );
+        let node = Node::new(
+            rc,
+            log,
+            ClusterSm::new(NodeReplica::new(actor.clone())),
+            rng,
+        )
+        .map_err(|e| fail(&format!("raft log {}", dir.display()), &e))?;
+        let mut net = QuicNet::bind(QuicOptions::new(id, c.bind), &tls)
+            .await
+            .map_err(|e| fail(&format!("cluster.bind {}", c.bind), &e))?;
+        let peers: BTreeMap<u64, std::net::SocketAddr> = c.peers.clone();
+        let transport = net.transport(peers);
+        let links = net.data();
+        let raft = start_raft(node, transport);
+        let (tx, rx) = tokio::sync::mpsc::channel(INBOUND_FRAMES);
+        net.serve_with_data(raft.clone(), Some(tx));
+        starling_rt::spawn(inbound(rx, shards.clone(), id));
+        for shard in shards.all() {
+            let wiring = ShardCluster {
+                node: id,
+                links: links.clone(),
+                actor: actor.clone(),
+            };
+            let _ = shard.send(RouterMsg::Cluster(Box::new(wiring))).await;
+        }
+        let _ = actor.send(ClusterMsg::Raft(raft.clone())).await;
+        tracing::info!(node_id = id, cluster_addr = %net.local_addr(), peers = c.peers.len(), "cluster endpoint up");
+        Ok(Some(ClusterNode { actor, raft, net }))
+    }
+
+    pub(crate) fn actor(&self) -> Addr<ClusterMsg> {
+        self.actor.clone()
+    }
+
+    /// Stops raft and closes the endpoint.
+    pub(crate) fn stop(&self) {
+        self.raft.stop();
+        self.net.close();
+        self.actor.stop();
+    }
+}
+
+/// This node's record: how clients and the other members reach it.
+fn member(config: &Config) -> Member {
+    let mqtt = config.cluster.advertise_mqtt.clone().unwrap_or_else(|| {
+        config
+            .listeners
+            .iter()
+            .find(|l| l.kind == ListenerKind::Tcp)
+            .or(config.listeners.first())
+            .map(|l| l.bind.to_string())
+            .unwrap_or_default()
+    });
+    Member {
+        mqtt,
+        cluster: config.cluster.bind.to_string(),
+        http: config.http.enabled.then(|| config.http.bind.to_string()),
+    }
+}
+
+/// Routes what other nodes forward, frame by frame, in order per sender. Waiting on a
+/// shard stops this task reading, and so the peers' streams (QUIC flow control).
+async fn inbound(
+    mut rx: tokio::sync::mpsc::Receiver<(u64, Vec<u8>)>,
+    shards: Shards,
+    node_id: u64,
+) {
+    while let Some((from, frame)) = rx.recv().await {
+        let messages = match forward::decode(&frame, time::now(), time::wall()) {
+            Ok(m) => m,
+            Err(e) => {
+                // Only a member with a certificate from the cluster CA can send one.
+                tracing::warn!(node_id, from, error = %e, "forwarded frame refused");
+                continue;
+            }
+        };
+        for m in messages {
+            let m = Arc::new(m);
+            if shards
+                .for_publish(&m.topic)
+                .send(RouterMsg::Forwarded(m))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}

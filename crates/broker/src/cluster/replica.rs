@@ -1,0 +1,45 @@
+//! What the raft log changed, passed from the raft driver's turn to the cluster actor.
+
+use starling_cluster::{Change, ClusterState, Output, Replica};
+use starling_rt::Addr;
+
+use crate::msg::ClusterMsg;
+
+/// The cluster actor's end of the state machine. It never waits (it runs on the driver's
+/// turn): a change that finds the actor's mailbox full is not lost but superseded, since
+/// the next entry sends the whole state instead.
+pub(crate) struct NodeReplica {
+    actor: Addr<ClusterMsg>,
+    /// Changes were dropped: the next call sends the whole state.
+    behind: bool,
+}
+
+impl NodeReplica {
+    pub(crate) fn new(actor: Addr<ClusterMsg>) -> Self {
+        NodeReplica {
+            actor,
+            behind: false,
+        }
+    }
+
+    fn send_all(&mut self, state: &ClusterState) {
+        self.behind = self
+            .actor
+            .try_send(ClusterMsg::Reset(state.as_changes()))
+            .is_err();
+    }
+}
+
+impl Replica for NodeReplica {
+    fn changed(&mut self, _: u64, changes: Vec<Change>, _: &Output, state: &ClusterState) {
+        if self.behind {
+            self.send_all(state);
+        } else if !changes.is_empty() {
+            self.behind = self.actor.try_send(ClusterMsg::Changed(changes)).is_err();
+        }
+    }
+
+    fn reset(&mut self, state: &ClusterState) {
+        self.send_all(state);
+    }
+}

@@ -1,0 +1,113 @@
+//! The frames a node forwards publishes in: a batch of messages as their stored form
+//! (`MessageState`: expiry as wall-clock time, so it means the same on the receiving node
+//! as long as the nodes' clocks agree), postcard behind a version byte.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use starling_session::state::MessageState;
+use starling_session::{Instant, Message};
+
+const FRAME_V1: u8 = 1;
+
+/// Why a forwarded frame was refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FrameError {
+    #[error("empty frame")]
+    Empty,
+    #[error("unknown frame version {0}")]
+    Version(u8),
+    #[error("undecodable frame: {0}")]
+    Body(String),
+}
+
+/// One frame holding `messages`, in order.
+pub(crate) fn encode<'a>(
+    messages: impl Iterator<Item = &'a Arc<Message>>,
+    now: Instant,
+    wall: SystemTime,
+) -> Vec<u8> {
+    let states: Vec<MessageState> = messages.map(|m| m.to_state(now, wall)).collect();
+    let mut out = vec![FRAME_V1];
+    // Serializing plain data into a Vec cannot fail.
+    out.extend(postcard::to_stdvec(&states).expect("message states serialize"));
+    out
+}
+
+/// The messages of a frame, in order.
+pub(crate) fn decode(
+    frame: &[u8],
+    now: Instant,
+    wall: SystemTime,
+) -> Result<Vec<Message>, FrameError> {
+    let (v, body) = frame.split_first().ok_or(FrameError::Empty)?;
+    if *v != FRAME_V1 {
+        return Err(FrameError::Version(*v));
+    }
+    let states: Vec<MessageState> =
+        postcard::from_bytes(body).map_err(|e| FrameError::Body(e.to_string()))?;
+    Ok(states
+        .into_iter()
+        .map(|s| Message::from_state(s, now, wall))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use starling_codec::{Properties, QoS};
+    use std::time::Duration;
+
+    #[test]
+    fn a_batch_comes_back_in_order_with_its_expiry() {
+        let now = starling_rt::time::now();
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let m = |i: u8, qos| {
+            Arc::new(Message {
+                topic: Arc::from(format!("t/{i}")),
+                payload: Bytes::from(vec![i; 3]),
+                qos,
+                retain: i.is_multiple_of(2),
+                properties: Properties::default(),
+                expires_at: (i == 1)
+                    .then(|| starling_session::Expiry::announced(now + Duration::from_secs(30))),
+                publisher: Some(Arc::from("pub")),
+                shared_headers: Default::default(),
+            })
+        };
+        let batch = [
+            m(0, QoS::AtMostOnce),
+            m(1, QoS::AtLeastOnce),
+            m(2, QoS::ExactlyOnce),
+        ];
+        let frame = encode(batch.iter(), now, wall);
+        // Decoded 10 s later on a node whose clock agrees: 20 s of expiry left.
+        let later = now + Duration::from_secs(10);
+        let back = decode(&frame, later, wall + Duration::from_secs(10)).unwrap();
+        assert_eq!(back.len(), 3);
+        for (a, b) in batch.iter().zip(&back) {
+            assert_eq!(
+                (&a.topic, &a.payload, a.qos, a.retain),
+                (&b.topic, &b.payload, b.qos, b.retain)
+            );
+            assert_eq!(b.publisher.as_deref(), Some("pub"));
+        }
+        let left = back[1]
+            .expires_at
+            .unwrap()
+            .at
+            .saturating_duration_since(later);
+        assert_eq!(left, Duration::from_secs(20));
+        assert!(back[0].expires_at.is_none());
+        assert!(matches!(decode(&[], now, wall), Err(FrameError::Empty)));
+        assert!(matches!(
+            decode(&[9, 1], now, wall),
+            Err(FrameError::Version(9))
+        ));
+        assert!(matches!(
+            decode(&[1, 0xff, 0xff], now, wall),
+            Err(FrameError::Body(_))
+        ));
+    }
+}
