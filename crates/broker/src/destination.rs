@@ -8,6 +8,7 @@
 //! what is dropped where a queue is full does not depend on which queue it was.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use starling_codec::QoS;
 use starling_rt::{ActorId, TrySendError, WeakAddr};
@@ -125,7 +126,35 @@ pub(crate) enum Destination {
 pub(crate) struct RemoteNode {
     pub node: u64,
     pub links: starling_raft::DataLinks,
-    pub pending: Pending,
+    /// Messages not yet handed to the link, oldest first, each with the key of the
+    /// publisher's acknowledgement that waits for it (QoS 1/2 with a waiting publisher).
+    pub pending: VecDeque<(Arc<Message>, Option<u64>)>,
+    /// The number of the next batch sent.
+    pub next_seq: u64,
+    /// Batches sent whose acknowledgement keys wait for the node's Ack, oldest first.
+    pub unacked: VecDeque<Unacked>,
+    /// Keys of messages that could not be sent at all, settled at the next check.
+    pub lost: Vec<u64>,
+}
+
+/// A batch sent to another node and not yet acknowledged by it.
+pub(crate) struct Unacked {
+    pub seq: u64,
+    pub sent_at: starling_rt::time::Instant,
+    pub keys: Vec<u64>,
+}
+
+impl RemoteNode {
+    pub(crate) fn new(node: u64, links: starling_raft::DataLinks) -> Self {
+        RemoteNode {
+            node,
+            links,
+            pending: VecDeque::new(),
+            next_seq: 1,
+            unacked: VecDeque::new(),
+            lost: Vec::new(),
+        }
+    }
 }
 
 /// The subscriber key of node `node` in a shard's router: a client id cannot hold U+0000
@@ -211,18 +240,34 @@ impl Destination {
             Destination::Remote(r) => {
                 let (now, wall) = (starling_rt::time::now(), starling_rt::time::wall());
                 while !r.pending.is_empty() {
-                    let batch = r.pending.take(FORWARD_BATCH_MAX);
-                    let frame = forward::encode(batch.iter().map(|(m, _)| m), now, wall);
+                    let n = r.pending.len().min(FORWARD_BATCH_MAX);
+                    let seq = r.next_seq;
+                    let frame = forward::encode_publish(
+                        shard,
+                        seq,
+                        r.pending.iter().take(n).map(|(m, _)| m),
+                        now,
+                        wall,
+                    );
                     match r.links.try_send(r.node, frame) {
-                        Ok(()) => {}
-                        Err(starling_raft::DataSendError::Full(_)) => {
-                            r.pending.put_back(batch);
-                            return Flushed::Blocked;
+                        Ok(()) => {
+                            r.next_seq += 1;
+                            let keys: Vec<u64> =
+                                r.pending.drain(..n).filter_map(|(_, k)| k).collect();
+                            if !keys.is_empty() {
+                                r.unacked.push_back(Unacked {
+                                    seq,
+                                    sent_at: now,
+                                    keys,
+                                });
+                            }
                         }
-                        // The node is not a peer of this one (or is stopping): nothing to
-                        // deliver to; the routes will say so too.
+                        Err(starling_raft::DataSendError::Full(_)) => return Flushed::Blocked,
+                        // Not a peer of this node (or it is stopping): nothing to deliver
+                        // to. What waits for it is settled by the caller's timeout check.
                         Err(starling_raft::DataSendError::Closed) => {
-                            r.pending.clear();
+                            let keys = r.pending.drain(..).filter_map(|(_, k)| k);
+                            r.lost.extend(keys);
                             return Flushed::Done;
                         }
                     }

@@ -1,14 +1,52 @@
-//! The frames a node forwards publishes in: a batch of messages as their stored form
-//! (`MessageState`: expiry as wall-clock time, so it means the same on the receiving node
-//! as long as the nodes' clocks agree), postcard behind a version byte.
+//! The frames nodes exchange on their data streams, postcard behind a version byte:
+//! - `Publish`: a batch of forwarded messages from one shard, numbered per destination node,
+//!   each in its stored form (`MessageState`: expiry as wall-clock time, so it means the same
+//!   on the receiving node as long as the nodes' clocks agree);
+//! - `Ack`: the receiver took every batch of that shard up to `seq` (acknowledgements are
+//!   cumulative: a stream delivers in order).
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use serde::{Deserialize, Serialize};
 use starling_session::state::MessageState;
 use starling_session::{Instant, Message};
 
 const FRAME_V1: u8 = 1;
+
+/// One frame of a data stream.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Frame {
+    Publish {
+        shard: u16,
+        seq: u64,
+        messages: Vec<MessageState>,
+    },
+    Ack {
+        shard: u16,
+        seq: u64,
+    },
+}
+
+/// The messages of a `Publish` frame, in order.
+pub(crate) fn messages(states: Vec<MessageState>, now: Instant, wall: SystemTime) -> Vec<Message> {
+    states
+        .into_iter()
+        .map(|s| Message::from_state(s, now, wall))
+        .collect()
+}
+
+fn frame_bytes(f: &Frame) -> Vec<u8> {
+    let mut out = vec![FRAME_V1];
+    // Serializing plain data into a Vec cannot fail.
+    out.extend(postcard::to_stdvec(f).expect("frames serialize"));
+    out
+}
+
+/// An acknowledgement of `shard`'s batches up to `seq`.
+pub(crate) fn encode_ack(shard: u16, seq: u64) -> Vec<u8> {
+    frame_bytes(&Frame::Ack { shard, seq })
+}
 
 /// Why a forwarded frame was refused.
 #[derive(Debug, thiserror::Error)]
@@ -21,35 +59,29 @@ pub(crate) enum FrameError {
     Body(String),
 }
 
-/// One frame holding `messages`, in order.
-pub(crate) fn encode<'a>(
+/// A `Publish` frame of `shard`'s batch `seq`, holding `messages` in order.
+pub(crate) fn encode_publish<'a>(
+    shard: u16,
+    seq: u64,
     messages: impl Iterator<Item = &'a Arc<Message>>,
     now: Instant,
     wall: SystemTime,
 ) -> Vec<u8> {
-    let states: Vec<MessageState> = messages.map(|m| m.to_state(now, wall)).collect();
-    let mut out = vec![FRAME_V1];
-    // Serializing plain data into a Vec cannot fail.
-    out.extend(postcard::to_stdvec(&states).expect("message states serialize"));
-    out
+    let messages = messages.map(|m| m.to_state(now, wall)).collect();
+    frame_bytes(&Frame::Publish {
+        shard,
+        seq,
+        messages,
+    })
 }
 
-/// The messages of a frame, in order.
-pub(crate) fn decode(
-    frame: &[u8],
-    now: Instant,
-    wall: SystemTime,
-) -> Result<Vec<Message>, FrameError> {
+/// A frame back.
+pub(crate) fn decode(frame: &[u8]) -> Result<Frame, FrameError> {
     let (v, body) = frame.split_first().ok_or(FrameError::Empty)?;
     if *v != FRAME_V1 {
         return Err(FrameError::Version(*v));
     }
-    let states: Vec<MessageState> =
-        postcard::from_bytes(body).map_err(|e| FrameError::Body(e.to_string()))?;
-    Ok(states
-        .into_iter()
-        .map(|s| Message::from_state(s, now, wall))
-        .collect())
+    postcard::from_bytes(body).map_err(|e| FrameError::Body(e.to_string()))
 }
 
 #[cfg(test)]
@@ -81,10 +113,18 @@ mod tests {
             m(1, QoS::AtLeastOnce),
             m(2, QoS::ExactlyOnce),
         ];
-        let frame = encode(batch.iter(), now, wall);
+        let frame = encode_publish(3, 17, batch.iter(), now, wall);
         // Decoded 10 s later on a node whose clock agrees: 20 s of expiry left.
         let later = now + Duration::from_secs(10);
-        let back = decode(&frame, later, wall + Duration::from_secs(10)).unwrap();
+        let Frame::Publish {
+            shard: 3,
+            seq: 17,
+            messages: states,
+        } = decode(&frame).unwrap()
+        else {
+            panic!("a publish frame of shard 3, batch 17");
+        };
+        let back = messages(states, later, wall + Duration::from_secs(10));
         assert_eq!(back.len(), 3);
         for (a, b) in batch.iter().zip(&back) {
             assert_eq!(
@@ -100,14 +140,12 @@ mod tests {
             .saturating_duration_since(later);
         assert_eq!(left, Duration::from_secs(20));
         assert!(back[0].expires_at.is_none());
-        assert!(matches!(decode(&[], now, wall), Err(FrameError::Empty)));
         assert!(matches!(
-            decode(&[9, 1], now, wall),
-            Err(FrameError::Version(9))
+            decode(&encode_ack(2, 9)),
+            Ok(Frame::Ack { shard: 2, seq: 9 })
         ));
-        assert!(matches!(
-            decode(&[1, 0xff, 0xff], now, wall),
-            Err(FrameError::Body(_))
-        ));
+        assert!(matches!(decode(&[]), Err(FrameError::Empty)));
+        assert!(matches!(decode(&[9, 1]), Err(FrameError::Version(9))));
+        assert!(matches!(decode(&[1, 0xff, 0xff]), Err(FrameError::Body(_))));
     }
 }

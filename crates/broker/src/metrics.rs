@@ -46,6 +46,10 @@ pub(crate) struct Metrics {
     /// Sessions and messages (deliveries) held, gauges like `store_bytes`.
     pub store_sessions: AtomicU64,
     pub store_messages: AtomicU64,
+    // The cluster (routing/remote.rs, cluster/).
+    pub cluster_forwarded: AtomicU64,
+    pub cluster_received: AtomicU64,
+    pub cluster_forward_timeouts: AtomicU64,
 }
 
 /// Adds `n` to a counter.
@@ -131,6 +135,11 @@ pub struct MetricsSnapshot {
     /// Persistent sessions and their queued or in-flight messages held by the store.
     pub store_sessions: u64,
     pub store_messages: u64,
+    /// Messages forwarded to other nodes (one per node per publish), received from them,
+    /// and forwarded QoS 1/2 messages whose node did not acknowledge them in time.
+    pub cluster_forwarded: u64,
+    pub cluster_received: u64,
+    pub cluster_forward_timeouts: u64,
 }
 
 impl Metrics {
@@ -167,6 +176,9 @@ impl Metrics {
             store_bytes: get(&self.store_bytes),
             store_sessions: get(&self.store_sessions),
             store_messages: get(&self.store_messages),
+            cluster_forwarded: get(&self.cluster_forwarded),
+            cluster_received: get(&self.cluster_received),
+            cluster_forward_timeouts: get(&self.cluster_forward_timeouts),
         }
     }
 }
@@ -181,7 +193,7 @@ pub enum MetricKind {
 impl MetricsSnapshot {
     /// Every figure with its name (the field's), what it counts and its kind: for
     /// expositions (the HTTP API's JSON and Prometheus text) that must list them all.
-    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 31] {
+    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 34] {
         use MetricKind::{Counter as C, Gauge as G};
         [
             (
@@ -321,6 +333,24 @@ impl MetricsSnapshot {
                 "Authorization verdicts that timed out",
                 C,
                 self.verdict_timeouts,
+            ),
+            (
+                "cluster_forwarded",
+                "Messages forwarded to other nodes of the cluster",
+                C,
+                self.cluster_forwarded,
+            ),
+            (
+                "cluster_received",
+                "Messages other nodes of the cluster forwarded here",
+                C,
+                self.cluster_received,
+            ),
+            (
+                "cluster_forward_timeouts",
+                "Forwarded QoS 1/2 messages whose node did not acknowledge them in time",
+                C,
+                self.cluster_forward_timeouts,
             ),
             ("store_commits", "Store commits", C, self.store_commits),
             ("store_ops", "Store operations committed", C, self.store_ops),

@@ -190,6 +190,10 @@ pub(crate) struct SubscribeResult {
     pub new: Vec<bool>,
     /// Retained messages to deliver after the SUBACK, with their options.
     pub retained: Vec<(Arc<Message>, DeliveryOptions)>,
+    /// In a cluster: answered once the replicated routes hold this node for each new
+    /// subscription's filter (the SUBACK waits for them, up to a bound), so that a publish
+    /// on another node after the SUBACK reaches the subscriber.
+    pub route_waits: Vec<tokio::sync::oneshot::Receiver<()>>,
 }
 
 /// Counts for `$SYS`.
@@ -325,16 +329,34 @@ pub(crate) enum RouterMsg {
     /// A publish another node forwarded: for this node's subscribers only (never forwarded
     /// again, not retained here).
     Forwarded(Arc<Message>),
+    /// `node` took this shard's batches up to `seq`.
+    ForwardAcked {
+        node: u64,
+        seq: u64,
+    },
+    /// The commit of a forwarded publish's writes is done (see [`WaiterTo::Shard`]).
+    ForwardStored {
+        key: u64,
+        outcome: Stored,
+    },
+    /// Settle forwarded batches that waited too long for their node.
+    ForwardCheck,
 }
 
 // --- to the cluster actor -------------------------------------------------------------
 
 pub(crate) enum ClusterMsg {
     /// A home shard's local subscriptions to the topic filter `filter` started (`present`)
-    /// or all ended.
+    /// or all ended; `done` is answered once the replicated routes hold this node for it.
     Route {
         filter: String,
         present: bool,
+        done: Option<tokio::sync::oneshot::Sender<()>>,
+    },
+    /// Another subscription to a filter already counted: answered as `Route`'s `done`.
+    RouteWait {
+        filter: String,
+        done: tokio::sync::oneshot::Sender<()>,
     },
     /// What entries of the raft log changed, in order (from the replica, on the raft
     /// driver's turn).
@@ -442,8 +464,17 @@ pub(crate) const OWN_WRITE: u32 = 0;
 
 /// A publisher waiting for the ops `ops` (indices into its `Write`) to be durable.
 pub(crate) struct Waiter {
-    pub to: AckTo,
+    pub to: WaiterTo,
     pub ops: std::ops::Range<usize>,
+}
+
+/// Whom a commit's outcome goes to.
+pub(crate) enum WaiterTo {
+    /// The publisher itself.
+    Client(AckTo),
+    /// The shard that wrote it, under this key: the publish was also forwarded to other
+    /// nodes, and its acknowledgement waits for them as well (see `routing::remote`).
+    Shard(WeakAddr<RouterMsg>, u64),
 }
 
 /// Whom the store tells: a publisher's client actor, with the tag it gave.
@@ -464,6 +495,9 @@ pub(crate) enum Stored {
     Refused,
     /// The commit failed: not durable (the message was routed all the same).
     Failed,
+    /// A node of the cluster it was forwarded to did not confirm it in time: it may not
+    /// have arrived there (MQTT 5: PUBACK 0x80, so the publisher may send it again).
+    Unconfirmed,
 }
 
 /// A stored delayed message's key.

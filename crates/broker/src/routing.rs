@@ -42,7 +42,7 @@ use crate::flow::{Backlog, Qos0Tally, StallRules};
 use crate::metrics::add;
 use crate::msg::{
     AckTo, Admission, ClientMsg, DelayedKey, HeldDelivery, Publisher, Restore, RouterMsg,
-    RouterStats, StoreMsg, Stored, SubscribeMsg, SubscribeResult, Waiter, BATCH_MAX,
+    RouterStats, StoreMsg, Stored, SubscribeMsg, SubscribeResult, Waiter, WaiterTo, BATCH_MAX,
 };
 use crate::settings::Shared;
 
@@ -131,7 +131,14 @@ pub(crate) struct RouterActor {
     /// Local subscriptions per topic filter this shard is home to (cluster only).
     route_counts: HashMap<String, u32, FixedState>,
     /// Route transitions not yet taken by the cluster actor, oldest first.
-    route_outbox: std::collections::VecDeque<(String, bool)>,
+    route_outbox: std::collections::VecDeque<crate::msg::ClusterMsg>,
+    /// Publishes whose acknowledgement waits for other nodes (see `remote`), by key.
+    fwd_acks: HashMap<u64, remote::FwdAck, FixedState>,
+    fwd_next: u64,
+    /// While a publish whose publisher waits is routed: its key and the nodes it went to.
+    fwd_current: Option<remote::FwdRoute>,
+    /// Armed while forwarded batches wait for their nodes.
+    fwd_timer: Option<TimerId>,
 }
 
 /// `total` split over `n` shards, rounded up: each shard's part of a node-wide cap.
@@ -193,11 +200,16 @@ impl RouterActor {
             cluster: None,
             route_counts: HashMap::with_hasher(FixedState::with_seed(route_seed)),
             route_outbox: std::collections::VecDeque::new(),
+            fwd_acks: HashMap::with_hasher(FixedState::with_seed(route_seed ^ 1)),
+            fwd_next: 1,
+            fwd_current: None,
+            fwd_timer: None,
         }
     }
 
     /// A publish, and its publisher's acknowledgement once what it changed in the store is
-    /// durable (`ack`; at once when it changed nothing there).
+    /// durable (`ack`; at once when it changed nothing there) and, in a cluster, once every
+    /// node it was forwarded to took it.
     fn publish_acked(
         &mut self,
         msg: Arc<Message>,
@@ -214,11 +226,26 @@ impl RouterActor {
                 });
             }
         }
+        // Forwarded copies of a publish whose publisher waits count towards its answer.
+        if ack.is_some() && self.cluster.is_some() && msg.qos != starling_codec::QoS::AtMostOnce {
+            self.fwd_current = Some(remote::FwdRoute::new(self.fwd_next));
+        }
         self.publish(msg, from, true, ctx);
+        let forwarded = self.fwd_current.take().filter(remote::FwdRoute::any);
         let Some(to) = ack else { return };
-        if self.to_store.len() > before {
+        let stores = self.to_store.len() > before;
+        if let Some(f) = forwarded {
+            self.fwd_next += 1;
+            if stores {
+                self.store_waiters.push(Waiter {
+                    to: WaiterTo::Shard(ctx.weak_addr(), f.key),
+                    ops: before..self.to_store.len(),
+                });
+            }
+            self.await_forwards(f, *to, stores, ctx);
+        } else if stores {
             self.store_waiters.push(Waiter {
-                to: *to,
+                to: WaiterTo::Client(*to),
                 ops: before..self.to_store.len(),
             });
         } else {
@@ -318,15 +345,21 @@ impl RouterActor {
             Some(Destination::Remote(node)) => {
                 // Forwarded publishes stop here: the node they came from sent them to
                 // every node that needed them.
-                if local
-                    && remote::offer_remote(
-                        node,
-                        (msg.clone(), opts),
-                        self.pending_max,
-                        &self.shared,
-                    )
-                {
-                    self.dirty.push(subscriber);
+                if local {
+                    let key = self.fwd_current.as_ref().map(|f| f.key);
+                    let offered = remote::offer_remote(node, msg.clone(), key, self.pending_max);
+                    if offered == remote::Offered::Dropped {
+                        add(&self.shared.metrics.dropped_mailbox_full, 1);
+                    }
+                    if offered != remote::Offered::Dropped {
+                        add(&self.shared.metrics.cluster_forwarded, 1);
+                    }
+                    if let Some(f) = self.fwd_current.as_mut() {
+                        f.count(offered);
+                    }
+                    if offered == remote::Offered::First {
+                        self.dirty.push(subscriber);
+                    }
                 }
                 return;
             }
@@ -502,7 +535,9 @@ impl RouterActor {
                     let new = matches!(r, Ok(None));
                     self.owned += usize::from(new);
                     if new {
-                        self.count_route(&req.filter, true);
+                        if let Some(wait) = self.count_route(&req.filter, true) {
+                            res.route_waits.push(wait);
+                        }
                     }
                     (r, new)
                 }
@@ -544,7 +579,7 @@ impl RouterActor {
         let removed = self.router.unsubscribe(client_id, filter)?.is_some();
         if removed && self.map.reach(filter, &self.shared.topic_limits).home() == self.index {
             self.owned -= 1;
-            self.count_route(filter, false);
+            let _ = self.count_route(filter, false);
         }
         Ok(removed)
     }
@@ -586,6 +621,9 @@ impl Actor for RouterActor {
                 self.publish(m, None, true, ctx);
             }
             RouterMsg::Forwarded(m) => self.publish(m, None, false, ctx),
+            RouterMsg::ForwardAcked { node, seq } => self.forward_acked(node, seq),
+            RouterMsg::ForwardStored { key, outcome } => self.forward_stored(key, outcome),
+            RouterMsg::ForwardCheck => self.forward_check(ctx),
             RouterMsg::Cluster(c) => self.wire_cluster(*c),
             RouterMsg::RemoteRoute {
                 filter,
@@ -742,11 +780,16 @@ impl Actor for RouterActor {
                             .map(|h| (h.subscriber, h.actor, h.delivery));
                         self.stored_deliveries(ds.collect());
                         for w in then {
-                            let msg = ClientMsg::Stored {
-                                tag: w.to.tag,
-                                outcome: Stored::Failed,
-                            };
-                            self.control(&w.to.addr, msg);
+                            match w.to {
+                                WaiterTo::Client(to) => {
+                                    let msg = ClientMsg::Stored {
+                                        tag: to.tag,
+                                        outcome: Stored::Failed,
+                                    };
+                                    self.control(&to.addr, msg);
+                                }
+                                WaiterTo::Shard(_, key) => self.forward_stored(key, Stored::Failed),
+                            }
                         }
                     }
                 }

@@ -21,6 +21,9 @@ use crate::msg::{
     Admission, ClientMsg, RouterMsg, RouterStats, StoreMsg, SubscribeMsg, SubscribeResult,
 };
 
+/// Longest a SUBACK waits for the cluster's routes to hold a new subscription's filter.
+const ROUTE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// A cheap handle on every shard (one pointer).
 #[derive(Clone)]
 pub(crate) struct Shards(Arc<Inner>);
@@ -131,8 +134,11 @@ impl Shards {
             results: vec![Err(ReasonCode::UnspecifiedError); n],
             new: vec![false; n],
             retained: Vec::new(),
+            route_waits: Vec::new(),
         };
-        for (at, r) in join_all(asks).await {
+        let mut route_waits = Vec::new();
+        for (at, mut r) in join_all(asks).await {
+            route_waits.append(&mut r.route_waits);
             // A shard that stopped answers nothing: its filters stay refused.
             for (k, i) in at.into_iter().enumerate() {
                 if let (Some(res), Some(new)) = (r.results.get(k), r.new.get(k)) {
@@ -175,6 +181,13 @@ impl Shards {
         });
         for r in join_all(asks).await {
             out.retained.extend(r.retained);
+        }
+        if !route_waits.is_empty() {
+            // Bounded: without a raft quorum the subscription still works on this node.
+            let all = join_all(route_waits);
+            if starling_rt::time::timeout(ROUTE_WAIT, all).await.is_none() {
+                tracing::debug!(%client_id, "SUBACK sent before the cluster's routes hold it");
+            }
         }
         out
     }

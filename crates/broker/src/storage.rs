@@ -18,7 +18,7 @@ use tracing::{debug, error, warn};
 
 use crate::metrics::add;
 use crate::msg::{
-    ClientMsg, CommitDone, Delivery, HeldDelivery, RouterMsg, StoreMsg, Stored, Waiter,
+    ClientMsg, CommitDone, Delivery, HeldDelivery, RouterMsg, StoreMsg, Stored, Waiter, WaiterTo,
 };
 use crate::settings::Shared;
 
@@ -359,13 +359,21 @@ fn set_usage(shared: &Shared, store: &Store) {
 /// A shard and the deliveries a commit made durable for it.
 type ToShard = (WeakAddr<RouterMsg>, Vec<(Arc<str>, ActorId, Delivery)>);
 
-/// Tells a publisher: its acknowledgements wait for this.
+/// Tells a publisher (or the shard that gathers its acknowledgement): its acknowledgements
+/// wait for this.
 fn tell(w: Waiter, outcome: Stored) {
-    let msg = ClientMsg::Stored {
-        tag: w.to.tag,
-        outcome,
-    };
-    send_urgent(&w.to.addr, msg);
+    match w.to {
+        WaiterTo::Client(to) => send_urgent(
+            &to.addr,
+            ClientMsg::Stored {
+                tag: to.tag,
+                outcome,
+            },
+        ),
+        WaiterTo::Shard(shard, key) => {
+            send_urgent(&shard, RouterMsg::ForwardStored { key, outcome })
+        }
+    }
 }
 
 /// On `to`'s urgent lane, behind no delivery; if even that is full, from a task that waits

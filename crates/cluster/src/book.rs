@@ -118,6 +118,11 @@ impl RouteBook {
             && self.local.keys().all(|f| self.replicated.contains(f))
     }
 
+    /// Whether the replicated routes list this node for `filter`.
+    pub fn routed(&self, filter: &str) -> bool {
+        self.replicated.contains(filter)
+    }
+
     /// Filters with at least one local subscription.
     pub fn local_filters(&self) -> impl Iterator<Item = &str> {
         self.local.keys().map(String::as_str)

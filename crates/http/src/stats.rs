@@ -174,7 +174,8 @@ mod tests {
                 samples += 1;
             }
         }
-        assert_eq!(samples, 2 * (31 + 4));
+        let named = MetricsSnapshot::default().named().len();
+        assert_eq!(samples, 2 * (named + 4));
         assert!(text.contains("starling_messages_received_total{node=\"1\"} 0"));
         assert!(text.contains("# TYPE starling_clients_connected gauge"));
         assert!(text.contains("starling_store_commit_seconds_total{node=\"all\"} 0"));

@@ -58,11 +58,17 @@ impl Acks {
         for p in self.parked.iter_mut() {
             if p.waits_for == Some(tag) {
                 p.waits_for = None;
-                if let (Stored::Refused, true, Packet::Puback(a)) = (outcome, v5, &mut p.packet) {
-                    // MQTT 5 §3.4.2.1: the store is full. Not for PUBREC: an error there
-                    // ends the QoS 2 flow, and the session holds the packet id for PUBREL.
+                let code = match outcome {
+                    Stored::Refused => Some(ReasonCode::QuotaExceeded),
+                    Stored::Unconfirmed => Some(ReasonCode::UnspecifiedError),
+                    Stored::Durable | Stored::Failed => None,
+                };
+                if let (Some(code), true, Packet::Puback(a)) = (code, v5, &mut p.packet) {
+                    // MQTT 5 §3.4.2.1: the store is full, or a node did not confirm. Not
+                    // for PUBREC: an error there ends the QoS 2 flow, and the session holds
+                    // the packet id for PUBREL.
                     if !a.reason_code.is_error() {
-                        a.reason_code = ReasonCode::QuotaExceeded;
+                        a.reason_code = code;
                     }
                 }
                 return;

@@ -24,7 +24,7 @@ use starling_store::{DeliveryStage, Op, SessionParts};
 
 use super::Client;
 use crate::gate::AuthGate;
-use crate::msg::{AckTo, RegistryMsg, StoreMsg, Stored, Waiter, OWN_WRITE};
+use crate::msg::{AckTo, RegistryMsg, StoreMsg, Stored, Waiter, WaiterTo, OWN_WRITE};
 use crate::settings::Shared;
 use crate::shards::Shards;
 
@@ -206,11 +206,11 @@ impl Client {
         let then = if let Some(at) = barrier {
             p.held.push_back(at);
             vec![Waiter {
-                to: AckTo {
+                to: WaiterTo::Client(AckTo {
                     addr: ctx.weak_addr(),
                     tag: OWN_WRITE,
                     inbound: None,
-                },
+                }),
                 ops: 0..ops.len(),
             }]
         } else {

@@ -27,6 +27,8 @@ pub(crate) struct ClusterActor {
     /// The replicated routes as applied here (filter → nodes).
     routes: BTreeMap<String, BTreeSet<u64>>,
     members: BTreeMap<u64, Member>,
+    /// SUBACKs waiting for a filter's route to hold this node.
+    route_waits: BTreeMap<String, Vec<tokio::sync::oneshot::Sender<()>>>,
     /// This node's Join is applied with its current addresses.
     joined: bool,
     join_in_flight: bool,
@@ -48,6 +50,7 @@ impl ClusterActor {
             book: RouteBook::new(node),
             routes: BTreeMap::new(),
             members: BTreeMap::new(),
+            route_waits: BTreeMap::new(),
             joined: false,
             join_in_flight: false,
             join_client: clients.0,
@@ -103,6 +106,11 @@ impl ClusterActor {
     /// shard, in order.
     async fn route(&mut self, filter: String, nodes: Vec<u64>) {
         self.book.replicated(&filter, &nodes);
+        if self.book.routed(&filter) {
+            for w in self.route_waits.remove(&filter).into_iter().flatten() {
+                let _ = w.send(());
+            }
+        }
         let new: BTreeSet<u64> = nodes.into_iter().collect();
         let old = self.routes.remove(&filter).unwrap_or_default();
         let me = self.node;
@@ -184,6 +192,17 @@ impl ClusterActor {
         for (f, nodes) in routes {
             self.route(f, nodes).await;
         }
+    }
+
+    fn wait_route(&mut self, filter: String, done: tokio::sync::oneshot::Sender<()>) {
+        if self.book.routed(&filter) {
+            let _ = done.send(());
+            return;
+        }
+        let waits = self.route_waits.entry(filter).or_default();
+        // SUBACKs stop waiting after a bound of their own: drop the ones nobody awaits.
+        waits.retain(|w| !w.is_closed());
+        waits.push(done);
     }
 
     fn status(&self, reply: Reply<ClusterStatus>) {
@@ -270,14 +289,22 @@ impl Actor for ClusterActor {
                 self.raft = Some(raft);
                 self.propose_due(ctx);
             }
-            ClusterMsg::Route { filter, present } => {
+            ClusterMsg::Route {
+                filter,
+                present,
+                done,
+            } => {
                 if present {
                     self.book.subscribed(&filter);
                 } else {
                     self.book.unsubscribed(&filter);
                 }
+                if let Some(done) = done {
+                    self.wait_route(filter, done);
+                }
                 self.propose_due(ctx);
             }
+            ClusterMsg::RouteWait { filter, done } => self.wait_route(filter, done),
             ClusterMsg::Changed(changes) => {
                 self.changed(changes).await;
                 self.propose_due(ctx);

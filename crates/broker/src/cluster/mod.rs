@@ -18,13 +18,14 @@ use rand::RngCore;
 use starling_cluster::{ClusterSm, Member};
 use starling_config::{Config, FsyncPolicy, ListenerKind};
 use starling_raft::{
-    certs, start as start_raft, Config as RaftConfig, DiskLog, FsDisk, FsyncPolicy as RaftFsync,
-    Node, QuicNet, QuicOptions, RaftHandle,
+    certs, start as start_raft, Config as RaftConfig, DataLinks, DataSendError, DiskLog, FsDisk,
+    FsyncPolicy as RaftFsync, Node, QuicNet, QuicOptions, RaftHandle,
 };
 use starling_rt::{start_with, time, Addr, Options};
 
 use crate::error::BrokerError;
-use crate::forward;
+use crate::forward::{self, Frame};
+use crate::metrics::add;
 use crate::msg::{ClusterMsg, RouterMsg, ShardCluster};
 use crate::settings::Shared;
 use crate::shards::Shards;
@@ -111,7 +112,7 @@ impl ClusterNode {
         let raft = start_raft(node, transport);
         let (tx, rx) = tokio::sync::mpsc::channel(INBOUND_FRAMES);
         net.serve_with_data(raft.clone(), Some(tx));
-        starling_rt::spawn(inbound(rx, shards.clone(), id));
+        starling_rt::spawn(inbound(rx, shards.clone(), links.clone(), shared.clone()));
         for shard in shards.all() {
             let wiring = ShardCluster {
                 node: id,
@@ -155,31 +156,69 @@ fn member(config: &Config) -> Member {
     }
 }
 
-/// Routes what other nodes forward, frame by frame, in order per sender. Waiting on a
-/// shard stops this task reading, and so the peers' streams (QUIC flow control).
+/// Routes what other nodes forward, frame by frame, in order per sender, and acknowledges
+/// each batch once its messages are in this node's shards; hands acknowledgements of this
+/// node's batches to the shard that sent them. Waiting on a shard stops this task reading,
+/// and so the peers' streams (QUIC flow control).
 async fn inbound(
     mut rx: tokio::sync::mpsc::Receiver<(u64, Vec<u8>)>,
     shards: Shards,
-    node_id: u64,
+    links: DataLinks,
+    shared: Arc<Shared>,
 ) {
+    let node_id = shared.config.node.id;
     while let Some((from, frame)) = rx.recv().await {
-        let messages = match forward::decode(&frame, time::now(), time::wall()) {
-            Ok(m) => m,
+        let frame = match forward::decode(&frame) {
+            Ok(f) => f,
             Err(e) => {
                 // Only a member with a certificate from the cluster CA can send one.
                 tracing::warn!(node_id, from, error = %e, "forwarded frame refused");
                 continue;
             }
         };
-        for m in messages {
-            let m = Arc::new(m);
-            if shards
-                .for_publish(&m.topic)
-                .send(RouterMsg::Forwarded(m))
-                .await
-                .is_err()
-            {
-                return;
+        match frame {
+            Frame::Publish {
+                shard,
+                seq,
+                messages,
+            } => {
+                let messages = forward::messages(messages, time::now(), time::wall());
+                add(&shared.metrics.cluster_received, messages.len() as u64);
+                for m in messages {
+                    let m = Arc::new(m);
+                    let to = shards.for_publish(&m.topic);
+                    if to.send(RouterMsg::Forwarded(m)).await.is_err() {
+                        return;
+                    }
+                }
+                ack(&links, from, shard, seq).await;
+            }
+            Frame::Ack { shard, seq } => {
+                let Some(to) = shards.all().get(usize::from(shard)) else {
+                    continue;
+                };
+                if to
+                    .send(RouterMsg::ForwardAcked { node: from, seq })
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Sends an acknowledgement, waiting for room a little: it is small, and the sender's
+/// publishers wait for it. One that cannot go in time is settled by the sender's timeout.
+async fn ack(links: &DataLinks, to: u64, shard: u16, seq: u64) {
+    let mut frame = forward::encode_ack(shard, seq);
+    for _ in 0..100 {
+        match links.try_send(to, frame) {
+            Ok(()) | Err(DataSendError::Closed) => return,
+            Err(DataSendError::Full(f)) => {
+                frame = f;
+                starling_rt::time::sleep(std::time::Duration::from_millis(10)).await;
             }
         }
     }

@@ -6,16 +6,88 @@
 //! router's merge makes one delivery per subscriber key, and a node has one key); that
 //! node matches it again against its own subscribers. A forwarded publish is delivered to
 //! local subscribers only, so nothing travels twice.
+//!
+//! A QoS 1/2 publish whose publisher waits for its PUBACK/PUBREC is answered once every
+//! node it went to acknowledged the batch holding it (and its own writes, if any, are
+//! durable): a node acknowledges a batch once its shards took every message of it. A node
+//! that does not acknowledge within [`FORWARD_TIMEOUT`] (its link is down, it died) settles
+//! the wait as unconfirmed (MQTT 5: PUBACK 0x80, so that the publisher may send it again;
+//! MQTT 3.x has no way to say it); a message that found the node's queue full is refused
+//! (MQTT 5: 0x97).
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use starling_router::parse_subscription;
-use starling_session::DeliveryOptions;
+use starling_rt::Ctx;
+use starling_session::{DeliveryOptions, Message};
 use tracing::debug;
 
 use super::{RouterActor, SubOpts};
-use crate::destination::{remote_key, Destination, Pending, RemoteNode};
+use crate::destination::{remote_key, Destination, RemoteNode};
 use crate::metrics::add;
-use crate::msg::{ClusterMsg, Delivery, ShardCluster};
-use crate::settings::Shared;
+use crate::msg::{AckTo, ClientMsg, ClusterMsg, RouterMsg, ShardCluster, Stored};
+
+/// How long a forwarded batch waits for its node's acknowledgement.
+pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often waiting batches are checked.
+const FORWARD_CHECK: Duration = Duration::from_secs(1);
+
+/// A publish being routed whose publisher waits: the nodes it was offered to.
+pub(crate) struct FwdRoute {
+    pub key: u64,
+    queued: u16,
+    refused: u16,
+}
+
+impl FwdRoute {
+    pub(crate) fn new(key: u64) -> Self {
+        FwdRoute {
+            key,
+            queued: 0,
+            refused: 0,
+        }
+    }
+
+    pub(crate) fn count(&mut self, o: Offered) {
+        match o {
+            Offered::First | Offered::Queued => self.queued += 1,
+            Offered::Dropped => self.refused += 1,
+        }
+    }
+
+    pub(crate) fn any(&self) -> bool {
+        self.queued + self.refused > 0
+    }
+}
+
+/// What became of a delivery offered to a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Offered {
+    /// Queued, and the queue was empty (the node becomes dirty).
+    First,
+    Queued,
+    /// The node's queue was full of messages that may not be dropped.
+    Dropped,
+}
+
+/// A publisher's answer waiting for other nodes (and maybe the store).
+pub(crate) struct FwdAck {
+    to: AckTo,
+    nodes_left: u16,
+    store_pending: bool,
+    /// The worst outcome so far.
+    outcome: Stored,
+}
+
+fn worse(a: Stored, b: Stored) -> Stored {
+    match (a, b) {
+        (Stored::Refused, _) | (_, Stored::Refused) => Stored::Refused,
+        (Stored::Unconfirmed, _) | (_, Stored::Unconfirmed) => Stored::Unconfirmed,
+        (Stored::Failed, _) | (_, Stored::Failed) => Stored::Failed,
+        _ => Stored::Durable,
+    }
+}
 
 impl RouterActor {
     pub(super) fn wire_cluster(&mut self, c: ShardCluster) {
@@ -42,55 +114,70 @@ impl RouterActor {
                 return;
             }
             let links = c.links.clone();
-            self.destinations.entry(key).or_insert_with(|| {
-                Destination::Remote(RemoteNode {
-                    node,
-                    links,
-                    pending: Pending::default(),
-                })
-            });
+            self.destinations
+                .entry(key)
+                .or_insert_with(|| Destination::Remote(RemoteNode::new(node, links)));
         } else {
             let _ = self.router.unsubscribe(&key, filter);
         }
     }
 
     /// A local subscription this shard is home to started (`up`) or ended: the first and
-    /// the last of a topic filter are reported to the cluster actor.
-    pub(super) fn count_route(&mut self, raw: &str, up: bool) {
-        if self.cluster.is_none() {
-            return;
-        }
+    /// the last of a topic filter are reported to the cluster actor. A new one gets what
+    /// its SUBACK waits for: the filter's route holding this node.
+    pub(super) fn count_route(
+        &mut self,
+        raw: &str,
+        up: bool,
+    ) -> Option<tokio::sync::oneshot::Receiver<()>> {
+        self.cluster.as_ref()?;
         let plain = parse_subscription(raw, &self.shared.topic_limits)
             .map(|s| s.filter)
-            .unwrap_or(raw);
-        let n = self.route_counts.entry(plain.to_owned()).or_default();
-        let transition = if up {
+            .unwrap_or(raw)
+            .to_owned();
+        let n = self.route_counts.entry(plain.clone()).or_default();
+        if up {
             *n += 1;
-            *n == 1
-        } else {
-            debug_assert!(*n > 0, "a route counted down below zero");
-            *n = n.saturating_sub(1);
-            *n == 0
-        };
-        if !up && *n == 0 {
-            self.route_counts.remove(plain);
+            let (done, wait) = tokio::sync::oneshot::channel();
+            let msg = if *n == 1 {
+                ClusterMsg::Route {
+                    filter: plain,
+                    present: true,
+                    done: Some(done),
+                }
+            } else {
+                ClusterMsg::RouteWait {
+                    filter: plain,
+                    done,
+                }
+            };
+            self.route_outbox.push_back(msg);
+            return Some(wait);
         }
-        if transition {
-            self.route_outbox.push_back((plain.to_owned(), up));
+        debug_assert!(*n > 0, "a route counted down below zero");
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.route_counts.remove(&plain);
+            self.route_outbox.push_back(ClusterMsg::Route {
+                filter: plain,
+                present: false,
+                done: None,
+            });
         }
+        None
     }
 
     /// Reports what `count_route` found, in order; what finds no room waits for the next
-    /// turn (the retry timer is armed by the caller).
+    /// turn (the retry timer is armed by the caller). False while some is left.
     pub(super) fn send_route_outbox(&mut self) -> bool {
         let Some(c) = &self.cluster else {
             return true;
         };
-        while let Some((filter, present)) = self.route_outbox.pop_front() {
-            match c.actor.try_send(ClusterMsg::Route { filter, present }) {
+        while let Some(msg) = self.route_outbox.pop_front() {
+            match c.actor.try_send(msg) {
                 Ok(()) => {}
-                Err(starling_rt::TrySendError::Full(ClusterMsg::Route { filter, present })) => {
-                    self.route_outbox.push_front((filter, present));
+                Err(starling_rt::TrySendError::Full(msg)) => {
+                    self.route_outbox.push_front(msg);
                     return false;
                 }
                 Err(_) => {
@@ -103,18 +190,152 @@ impl RouterActor {
     }
 }
 
-/// One delivery to another node: its pending list, under the node-wide queue bound. True
-/// when the list was empty (the node becomes dirty).
+/// One delivery to another node, with the key of the answer waiting for it: its pending
+/// list, under the node-wide queue bound. A full list makes room by dropping its oldest
+/// QoS 0 message; without one, the new message is dropped.
 pub(super) fn offer_remote(
     node: &mut RemoteNode,
-    d: Delivery,
+    msg: Arc<Message>,
+    key: Option<u64>,
     bound: usize,
-    shared: &Shared,
-) -> bool {
+) -> Offered {
     let was_empty = node.pending.is_empty();
-    if !node.pending.push(d, bound, shared.limits.mqueue_policy) {
-        add(&shared.metrics.dropped_mailbox_full, 1);
-        return false;
+    if node.pending.len() >= bound {
+        let qos0 = |m: &Arc<Message>| m.qos == starling_codec::QoS::AtMostOnce;
+        match node.pending.iter().position(|(m, _)| qos0(m)) {
+            Some(i) => {
+                node.pending.remove(i);
+            }
+            None => return Offered::Dropped,
+        }
     }
-    was_empty
+    node.pending.push_back((msg, key));
+    if was_empty {
+        Offered::First
+    } else {
+        Offered::Queued
+    }
+}
+
+impl RouterActor {
+    /// A publisher's answer waits for the nodes `f` went to (and for its writes when
+    /// `stores`).
+    pub(super) fn await_forwards(
+        &mut self,
+        f: FwdRoute,
+        to: AckTo,
+        stores: bool,
+        ctx: &mut Ctx<Self>,
+    ) {
+        let outcome = if f.refused > 0 {
+            Stored::Refused
+        } else {
+            Stored::Durable
+        };
+        let wait = FwdAck {
+            to,
+            nodes_left: f.queued,
+            store_pending: stores,
+            outcome,
+        };
+        if wait.nodes_left == 0 && !wait.store_pending {
+            self.answer(wait);
+            return;
+        }
+        self.fwd_acks.insert(f.key, wait);
+        if self.fwd_timer.is_none() {
+            self.fwd_timer = Some(ctx.after(FORWARD_CHECK, RouterMsg::ForwardCheck));
+        }
+    }
+
+    fn answer(&mut self, w: FwdAck) {
+        let msg = ClientMsg::Stored {
+            tag: w.to.tag,
+            outcome: w.outcome,
+        };
+        self.control(&w.to.addr, msg);
+    }
+
+    /// One node's part of `key` is settled (`None`: it took the message).
+    fn forward_settled(&mut self, key: u64, failed: Option<Stored>) {
+        let Some(w) = self.fwd_acks.get_mut(&key) else {
+            return;
+        };
+        w.nodes_left = w.nodes_left.saturating_sub(1);
+        if let Some(o) = failed {
+            w.outcome = worse(w.outcome, o);
+        }
+        if w.nodes_left == 0 && !w.store_pending {
+            if let Some(w) = self.fwd_acks.remove(&key) {
+                self.answer(w);
+            }
+        }
+    }
+
+    /// The store's part of `key` is settled.
+    pub(super) fn forward_stored(&mut self, key: u64, outcome: Stored) {
+        let Some(w) = self.fwd_acks.get_mut(&key) else {
+            return;
+        };
+        w.store_pending = false;
+        w.outcome = worse(w.outcome, outcome);
+        if w.nodes_left == 0 {
+            if let Some(w) = self.fwd_acks.remove(&key) {
+                self.answer(w);
+            }
+        }
+    }
+
+    /// `node` took this shard's batches up to `seq`.
+    pub(super) fn forward_acked(&mut self, node: u64, seq: u64) {
+        let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(node)) else {
+            return;
+        };
+        let mut done = Vec::new();
+        while r.unacked.front().is_some_and(|u| u.seq <= seq) {
+            if let Some(u) = r.unacked.pop_front() {
+                done.extend(u.keys);
+            }
+        }
+        for key in done {
+            self.forward_settled(key, None);
+        }
+    }
+
+    /// Settles what waited too long, or could not be sent; re-arms while anything waits.
+    pub(super) fn forward_check(&mut self, ctx: &mut Ctx<Self>) {
+        self.fwd_timer = None;
+        let now = starling_rt::time::now();
+        let mut late = Vec::new();
+        for d in self.destinations.values_mut() {
+            let Destination::Remote(r) = d else { continue };
+            late.append(&mut r.lost);
+            while r
+                .unacked
+                .front()
+                .is_some_and(|u| now.saturating_duration_since(u.sent_at) >= FORWARD_TIMEOUT)
+            {
+                if let Some(u) = r.unacked.pop_front() {
+                    debug!(
+                        node = r.node,
+                        seq = u.seq,
+                        "forwarded batch not acknowledged in time"
+                    );
+                    late.extend(u.keys);
+                }
+            }
+        }
+        if !late.is_empty() {
+            add(
+                &self.shared.metrics.cluster_forward_timeouts,
+                late.len() as u64,
+            );
+        }
+        for key in late {
+            self.forward_settled(key, Some(Stored::Unconfirmed));
+        }
+        if !self.fwd_acks.is_empty() {
+            self.fwd_timer = Some(ctx.after(FORWARD_CHECK, RouterMsg::ForwardCheck));
+        }
+    }
 }
