@@ -6,8 +6,10 @@ mod common;
 use std::time::Duration;
 
 use common::{broker, connect_packet, on_actix, temp_dir, Client};
-use starling_broker::AdminError;
+use starling_broker::hooks::{Action, Answer, AuthzProvider, AuthzRequest, Hooks, Verdict};
+use starling_broker::{AdminError, Broker};
 use starling_codec::{Protocol, QoS, ReasonCode};
+use starling_config::{Config, ListenerKind};
 
 #[test]
 fn an_operators_subscription_is_the_clients_own_under_its_acl() {
@@ -117,5 +119,61 @@ fn a_session_without_its_connection_is_not_subscribed_for() {
             admin.unsubscribe("away", vec!["a".into()]).await,
             Err(AdminError::NotConnected("away".into()))
         );
+    })
+}
+
+/// Answers subscribes later, denying filters under `deny/`.
+struct SlowSubscribes;
+
+impl AuthzProvider for SlowSubscribes {
+    fn authorize(&self, req: &AuthzRequest<'_>) -> Verdict<Answer> {
+        let Action::Subscribe { .. } = req.action else {
+            return Verdict::Now(Answer::Allow);
+        };
+        let deny = req.topic.starts_with("deny/");
+        Verdict::later(async move {
+            starling_rt::time::sleep(Duration::from_millis(20)).await;
+            if deny {
+                Answer::Deny
+            } else {
+                Answer::Allow
+            }
+        })
+    }
+}
+
+#[test]
+fn an_operators_subscription_waits_for_a_later_verdict() {
+    on_actix(async {
+        let text = format!(
+            "[[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:0\"\n{}",
+            common::no_store("")
+        );
+        let (config, _) = Config::from_str(&text).expect("test config");
+        let hooks = Hooks::new().authorize_with(SlowSubscribes);
+        let b = Broker::start_with(config, hooks).await.expect("starts");
+        let addr = b.local_addr(ListenerKind::Tcp).expect("tcp listener");
+        let admin = b.admin();
+        let mut sub = Client::connect(addr, Protocol::V5, "sub", true).await;
+        let got = admin
+            .subscribe("sub", vec!["ok/#".into(), "deny/x".into()], QoS::AtMostOnce)
+            .await
+            .expect("subscribed");
+        assert_eq!(
+            got,
+            vec![Ok(QoS::AtMostOnce), Err(ReasonCode::NotAuthorized)]
+        );
+        admin
+            .publish(starling_broker::AdminPublish {
+                topic: "ok/1".into(),
+                payload: bytes::Bytes::from_static(b"x"),
+                qos: QoS::AtMostOnce,
+                retain: false,
+                expiry_secs: None,
+                properties: Default::default(),
+            })
+            .await
+            .expect("published");
+        assert_eq!(sub.recv_publish().await.topic, "ok/1");
     })
 }
