@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use starling_codec::{Properties, QoS};
-use starling_router::{validate_topic_filter, validate_topic_name};
+use starling_codec::{Properties, QoS, ReasonCode};
+use starling_router::{parse_subscription, validate_topic_filter, validate_topic_name};
 use starling_rt::{time, Addr};
 use starling_session::{Expiry, Message};
 use thiserror::Error;
@@ -16,7 +16,8 @@ use thiserror::Error;
 use crate::gate::is_reserved;
 use crate::metrics::MetricsSnapshot;
 use crate::msg::{
-    ClientInfo, ClientMsg, ClientSubscriptions, ClusterMsg, ClusterStatus, RegistryMsg, RouterMsg,
+    ClientInfo, ClientMsg, ClientSubscriptions, ClusterMsg, ClusterStatus, NotConnected,
+    RegistryMsg, RouterMsg,
 };
 use crate::settings::Shared;
 use crate::shards::Shards;
@@ -26,6 +27,9 @@ use crate::shards::Shards;
 const INFO_WAIT: Duration = Duration::from_secs(2);
 /// Client actors asked at once for a list.
 const INFO_CHUNK: usize = 256;
+/// How long an operator's subscribe or unsubscribe may take in the client actor: a
+/// verdict's deadline and the shards' answers fit well within it.
+const CHANGE_WAIT: Duration = Duration::from_secs(15);
 
 /// Why an operator's request was refused.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -36,6 +40,12 @@ pub enum AdminError {
     Reserved(String),
     #[error("the broker is stopping")]
     Stopping,
+    #[error("no session for client {0:?}")]
+    NoSession(String),
+    #[error("client {0:?} is not connected")]
+    NotConnected(String),
+    #[error("client {0:?} did not answer in time")]
+    Unanswered(String),
 }
 
 /// A message an operator publishes (`POST /api/v1/mqtt/publish`).
@@ -204,6 +214,75 @@ impl Admin {
         time::timeout(INFO_WAIT, addr.ask(ClientMsg::Subscriptions))
             .await?
             .ok()
+    }
+
+    /// Subscribes a connected client to `filters` (each may carry `$share/`,
+    /// `$exclusive/` or `$limit/`) at `qos`, as its own SUBSCRIBE would, quota and
+    /// authorization included, but with no SUBACK: per filter, in order, the QoS granted
+    /// or the SUBACK code that refused it.
+    ///
+    /// # Errors
+    /// [`AdminError::Topic`] for a filter that is not valid (nothing is subscribed then),
+    /// [`AdminError::NoSession`], [`AdminError::NotConnected`], and
+    /// [`AdminError::Unanswered`] when the client's actor took too long (the
+    /// subscriptions may still be made).
+    pub async fn subscribe(
+        &self,
+        client_id: &str,
+        filters: Vec<String>,
+        qos: QoS,
+    ) -> Result<Vec<Result<QoS, ReasonCode>>, AdminError> {
+        for f in &filters {
+            parse_subscription(f, &self.shared.topic_limits)
+                .map_err(|e| AdminError::Topic(format!("{f:?}: {e}")))?;
+        }
+        let addr = self.connected(client_id).await?;
+        let answer = addr.ask(|reply| ClientMsg::Subscribe {
+            filters,
+            qos,
+            reply,
+        });
+        self.changed(client_id, time::timeout(CHANGE_WAIT, answer).await)
+    }
+
+    /// Unsubscribes a connected client from `filters`, with no UNSUBACK: per filter, the
+    /// code (0x11 No subscription existed when it had none).
+    ///
+    /// # Errors
+    /// As [`Admin::subscribe`].
+    pub async fn unsubscribe(
+        &self,
+        client_id: &str,
+        filters: Vec<String>,
+    ) -> Result<Vec<ReasonCode>, AdminError> {
+        for f in &filters {
+            parse_subscription(f, &self.shared.topic_limits)
+                .map_err(|e| AdminError::Topic(format!("{f:?}: {e}")))?;
+        }
+        let addr = self.connected(client_id).await?;
+        let answer = addr.ask(|reply| ClientMsg::Unsubscribe { filters, reply });
+        self.changed(client_id, time::timeout(CHANGE_WAIT, answer).await)
+    }
+
+    async fn connected(&self, client_id: &str) -> Result<Addr<ClientMsg>, AdminError> {
+        self.lookup(client_id)
+            .await
+            .ok_or_else(|| AdminError::NoSession(client_id.to_owned()))
+    }
+
+    /// A client actor's answer to a change: `None` past the wait, `Err` from a closed
+    /// mailbox (the actor just retired: its session is gone).
+    fn changed<T, E>(
+        &self,
+        client_id: &str,
+        answer: Option<Result<Result<T, NotConnected>, E>>,
+    ) -> Result<T, AdminError> {
+        match answer {
+            None => Err(AdminError::Unanswered(client_id.to_owned())),
+            Some(Err(_)) => Err(AdminError::NoSession(client_id.to_owned())),
+            Some(Ok(Err(NotConnected))) => Err(AdminError::NotConnected(client_id.to_owned())),
+            Some(Ok(Ok(v))) => Ok(v),
+        }
     }
 
     /// Retained messages whose topics match `filter`, in topic order, from `offset`, at

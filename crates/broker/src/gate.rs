@@ -177,13 +177,22 @@ impl AuthGate {
                     .flatten()
                     .find_map(|t| self.ask(AuthzKind::Publish, t, action))
             }
-            Packet::Subscribe(s) => s.filters.iter().find_map(|f| {
-                let plain = plain_filter(&self.shared, &f.filter);
-                let action = Action::Subscribe { qos: f.options.qos };
-                self.ask(AuthzKind::Subscribe, plain, action)
-            }),
+            Packet::Subscribe(s) => s
+                .filters
+                .iter()
+                .find_map(|f| self.subscribe_wait(&f.filter, f.options.qos)),
             _ => None,
         }
+    }
+
+    /// The verdict a subscription to `filter` at `qos` needs, if it is neither remembered
+    /// nor ready (as [`AuthGate::next_wait`], for an operator's subscription).
+    pub(crate) fn subscribe_wait(&mut self, filter: &str, qos: QoS) -> Option<Asked> {
+        if !self.chain.may_wait() {
+            return None;
+        }
+        let plain = plain_filter(&self.shared, filter);
+        self.ask(AuthzKind::Subscribe, plain, Action::Subscribe { qos })
     }
 
     fn ask(&mut self, kind: AuthzKind, topic: &str, action: Action) -> Option<Asked> {

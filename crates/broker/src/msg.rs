@@ -100,7 +100,26 @@ pub(crate) enum ClientMsg {
     /// DISCONNECT 0x98 Administrative action), its will published, its subscriptions and
     /// queue dropped. Answers what the client was.
     Kick(Reply<ClientInfo>),
+    /// An operator subscribes the connected client to `filters` (valid ones) at `qos`: as
+    /// its own SUBSCRIBE would (quota, authorization, retained messages after), with no
+    /// SUBACK. Answers, per filter, the granted QoS or the code that refused it.
+    Subscribe {
+        filters: Vec<String>,
+        qos: QoS,
+        reply: Reply<Result<Vec<Result<QoS, ReasonCode>>, NotConnected>>,
+    },
+    /// An operator unsubscribes the connected client from `filters`, with no UNSUBACK:
+    /// per filter, the router's code (0x11 when it had no such subscription).
+    Unsubscribe {
+        filters: Vec<String>,
+        reply: Reply<Result<Vec<ReasonCode>, NotConnected>>,
+    },
 }
+
+/// An operator's subscribe or unsubscribe for a client without a connection: it would
+/// act on a session that no one is there to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NotConnected;
 
 /// A client as an operator sees it (`GET /api/v1/clients`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use starling_broker::{AdminPublish, ClientInfo};
 use starling_codec::{PayloadFormat, Properties, QoS};
 
-use crate::reply::{error, other_node};
+use crate::reply::{error, other_node, present, resource};
 use crate::when::{format_utc, parse_when};
 use crate::ApiState;
 
@@ -17,6 +17,11 @@ type State = web::Data<ApiState>;
 /// The endpoints, as `GET /api/v1` lists them.
 const ENDPOINTS: &[(&str, &str, &str)] = &[
     ("GET", "/api/v1", "this list"),
+    (
+        "GET",
+        "/api/v1/openapi.json",
+        "the OpenAPI 3 document of this API",
+    ),
     ("GET", "/api/v1/brokers", "broker information of each node"),
     (
         "GET",
@@ -26,6 +31,11 @@ const ENDPOINTS: &[(&str, &str, &str)] = &[
     ("GET", "/api/v1/nodes", "node status of each node"),
     ("GET", "/api/v1/nodes/{id}", "node status of one node"),
     ("GET", "/api/v1/health/check", "whether the broker runs"),
+    (
+        "GET",
+        "/api/v1/cluster",
+        "this node's view of the cluster: members, their health, the leader",
+    ),
     ("GET", "/api/v1/clients", "clients, searched"),
     ("GET", "/api/v1/clients/{clientid}", "one client"),
     (
@@ -39,6 +49,16 @@ const ENDPOINTS: &[(&str, &str, &str)] = &[
         "whether a client is connected",
     ),
     ("POST", "/api/v1/mqtt/publish", "publish a message"),
+    (
+        "POST",
+        "/api/v1/mqtt/subscribe",
+        "subscribe a connected client to filters",
+    ),
+    (
+        "POST",
+        "/api/v1/mqtt/unsubscribe",
+        "unsubscribe a connected client from a filter",
+    ),
     ("GET", "/api/v1/subscriptions", "subscriptions, searched"),
     (
         "GET",
@@ -88,17 +108,22 @@ const ENDPOINTS: &[(&str, &str, &str)] = &[
 ];
 
 pub(crate) fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("", web::get().to(list))
-        .route("/brokers", web::get().to(brokers))
-        .route("/brokers/{id}", web::get().to(broker))
-        .route("/nodes", web::get().to(nodes))
-        .route("/nodes/{id}", web::get().to(node))
-        .route("/health/check", web::get().to(health))
-        .route("/clients", web::get().to(clients))
-        .route("/clients/{clientid}", web::get().to(client))
-        .route("/clients/{clientid}", web::delete().to(kick))
-        .route("/clients/{clientid}/online", web::get().to(online))
-        .route("/mqtt/publish", web::post().to(publish));
+    let get = web::get;
+    cfg.service(resource("", "GET").route(get().to(list)))
+        .service(resource("/openapi.json", "GET").route(get().to(openapi)))
+        .service(resource("/brokers", "GET").route(get().to(brokers)))
+        .service(resource("/brokers/{id}", "GET").route(get().to(broker)))
+        .service(resource("/nodes", "GET").route(get().to(nodes)))
+        .service(resource("/nodes/{id}", "GET").route(get().to(node)))
+        .service(resource("/health/check", "GET").route(get().to(health)))
+        .service(resource("/clients", "GET").route(get().to(clients)))
+        .service(
+            resource("/clients/{clientid}", "GET, DELETE")
+                .route(get().to(client))
+                .route(web::delete().to(kick)),
+        )
+        .service(resource("/clients/{clientid}/online", "GET").route(get().to(online)))
+        .service(resource("/mqtt/publish", "POST").route(web::post().to(publish)));
 }
 
 async fn list() -> HttpResponse {
@@ -107,6 +132,16 @@ async fn list() -> HttpResponse {
         .map(|(method, path, descr)| json!({"name": path, "method": method, "path": path, "descr": descr}))
         .collect();
     HttpResponse::Ok().json(all)
+}
+
+/// The OpenAPI document of every endpoint, written from this code and checked against the
+/// running server by a schemathesis run (crates/starling/tests/http_fuzz.rs).
+pub(crate) const OPENAPI: &str = include_str!("../openapi.json");
+
+async fn openapi() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(OPENAPI)
 }
 
 fn uptime(s: &ApiState) -> String {
@@ -359,34 +394,43 @@ async fn online(s: State, id: web::Path<String>) -> HttpResponse {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PublishBody {
+    #[serde(default, deserialize_with = "present")]
     topic: Option<String>,
     /// Comma-separated, each trimmed; `topic` joins them.
+    #[serde(default, deserialize_with = "present")]
     topics: Option<String>,
     /// Accepted for RMQTT's scripts; the message is the broker's own.
+    #[serde(default, deserialize_with = "present")]
     #[allow(dead_code)]
     clientid: Option<String>,
     payload: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     encoding: Option<String>,
     #[serde(default)]
     qos: u8,
     #[serde(default)]
     retain: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     properties: Option<PublishProperties>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PublishProperties {
+    #[serde(default, deserialize_with = "present")]
     message_expiry_interval: Option<u32>,
+    #[serde(default, deserialize_with = "present")]
     payload_format_indicator: Option<u8>,
+    #[serde(default, deserialize_with = "present")]
     content_type: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     response_topic: Option<String>,
     /// Base64.
+    #[serde(default, deserialize_with = "present")]
     correlation_data: Option<String>,
     /// An object of name → value, or a list of `[name, value]` pairs (order and repeats
     /// kept).
+    #[serde(default, deserialize_with = "present")]
     user_properties: Option<UserProperties>,
 }
 
@@ -486,4 +530,29 @@ async fn publish(s: State, body: web::Json<PublishBody>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; charset=utf-8")
         .body("ok")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::{ENDPOINTS, OPENAPI};
+
+    /// The served list and the document name the same endpoints: neither drifts.
+    #[test]
+    fn the_openapi_document_has_every_listed_endpoint_and_no_other() {
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI).expect("JSON");
+        assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"));
+        let mut documented = BTreeSet::new();
+        for (path, ops) in doc["paths"].as_object().expect("paths") {
+            for method in ops.as_object().expect("operations").keys() {
+                documented.insert((method.to_uppercase(), path.clone()));
+            }
+        }
+        let listed: BTreeSet<_> = ENDPOINTS
+            .iter()
+            .map(|(m, p, _)| (m.to_string(), p.split('?').next().unwrap().to_owned()))
+            .collect();
+        assert_eq!(documented, listed);
+    }
 }

@@ -11,6 +11,7 @@ use starling_broker::Admin;
 use starling_config::HttpConfig;
 use thiserror::Error;
 
+mod actions;
 mod auth;
 mod cluster;
 mod handlers;
@@ -64,11 +65,13 @@ impl HttpApi {
                         .error_handler(reply::json_error),
                 )
                 .app_data(web::QueryConfig::default().error_handler(reply::query_error))
+                .app_data(web::PathConfig::default().error_handler(reply::path_error))
                 .app_data(web::PayloadConfig::default().limit(max_body))
                 .service(
                     web::scope("/api/v1")
                         .wrap(actix_web::middleware::from_fn(auth::check))
                         .configure(handlers::routes)
+                        .configure(actions::routes)
                         .configure(stats::routes)
                         .configure(subs::routes)
                         .configure(cluster::routes),

@@ -8,21 +8,22 @@ use actix_web::{web, HttpResponse};
 use serde_json::{json, Map, Value};
 use starling_broker::{BrokerStats, MetricKind, MetricsSnapshot};
 
-use crate::reply::other_node;
+use crate::reply::{other_node, resource};
 use crate::ApiState;
 
 type State = web::Data<ApiState>;
 
 pub(crate) fn routes(cfg: &mut web::ServiceConfig) {
+    let get = web::get;
     // The fixed paths before `{id}`, which would take them.
-    cfg.route("/stats", web::get().to(stats))
-        .route("/stats/sum", web::get().to(stats_sum))
-        .route("/stats/{id}", web::get().to(stats_one))
-        .route("/metrics", web::get().to(metrics))
-        .route("/metrics/sum", web::get().to(metrics_sum))
-        .route("/metrics/prometheus", web::get().to(prometheus))
-        .route("/metrics/prometheus/sum", web::get().to(prometheus_sum))
-        .route("/metrics/{id}", web::get().to(metrics_one));
+    cfg.service(resource("/stats", "GET").route(get().to(stats)))
+        .service(resource("/stats/sum", "GET").route(get().to(stats_sum)))
+        .service(resource("/stats/{id}", "GET").route(get().to(stats_one)))
+        .service(resource("/metrics", "GET").route(get().to(metrics)))
+        .service(resource("/metrics/sum", "GET").route(get().to(metrics_sum)))
+        .service(resource("/metrics/prometheus", "GET").route(get().to(prometheus)))
+        .service(resource("/metrics/prometheus/sum", "GET").route(get().to(prometheus_sum)))
+        .service(resource("/metrics/{id}", "GET").route(get().to(metrics_one)));
 }
 
 /// RMQTT's stats keys that the broker counts. Their `.max` companions (high-water marks)

@@ -9,21 +9,22 @@ use starling_broker::ClientSubscriptions;
 use starling_codec::{QoS, SubscriptionOptions};
 use starling_router::{filter_matches, parse_subscription, Extension, TopicLimits};
 
-use crate::reply::error;
+use crate::reply::{error, resource};
 use crate::ApiState;
 
 type State = web::Data<ApiState>;
 
 pub(crate) fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/subscriptions", web::get().to(subscriptions))
-        .route(
-            "/subscriptions/{clientid}",
-            web::get().to(client_subscriptions),
-        )
-        .route("/routes", web::get().to(routes_list))
-        .route("/routes/{topic:.*}", web::get().to(routes_for))
-        .route("/retains", web::get().to(retains))
-        .route("/retains", web::delete().to(delete_retain));
+    let get = web::get;
+    cfg.service(resource("/subscriptions", "GET").route(get().to(subscriptions)))
+        .service(resource("/subscriptions/{clientid}", "GET").route(get().to(client_subscriptions)))
+        .service(resource("/routes", "GET").route(get().to(routes_list)))
+        .service(resource("/routes/{topic:.*}", "GET").route(get().to(routes_for)))
+        .service(
+            resource("/retains", "GET, DELETE")
+                .route(get().to(retains))
+                .route(web::delete().to(delete_retain)),
+        );
 }
 
 fn qos_level(q: QoS) -> u8 {

@@ -24,6 +24,17 @@ pub fn run(config: &Config, command: &ClusterCommand) -> anyhow::Result<()> {
     match command {
         ClusterCommand::Status { json } => {
             let mut st = get_json(&config.http, "/cluster")?;
+            if st["enabled"] == false {
+                if *json {
+                    println!("{st}");
+                } else {
+                    println!(
+                        "node {} is not in a cluster (cluster.enabled is false)",
+                        st["node"]
+                    );
+                }
+                return Ok(());
+            }
             let leader = st["leader"].as_u64();
             if st["role"] != "leader" {
                 let leader_http = st["members"]

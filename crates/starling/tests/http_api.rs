@@ -7,12 +7,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{free_port, have, temp_dir, Daemon, WAIT};
+use common::{free_port, have, next_line, temp_dir, watcher, Daemon};
 
 const TOKEN: &str = "t0ken-for-tests";
 
@@ -38,37 +36,6 @@ fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
 }
 
-/// The paho subscriber of `tests/clients/watch_v5.py`, its lines on a channel.
-fn watcher(port: u16, id: &str) -> (Child, mpsc::Receiver<String>) {
-    let mut child = Command::new("python3")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/clients/watch_v5.py"
-        ))
-        .args(["--port", &port.to_string(), "--id", id, "--topic", "api/#"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("python3 runs");
-    let (tx, rx) = mpsc::channel();
-    let out = child.stdout.take().expect("piped");
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    (child, rx)
-}
-
-fn next_line(rx: &mpsc::Receiver<String>, want: &str) {
-    let line = rx
-        .recv_timeout(WAIT)
-        .unwrap_or_else(|_| panic!("no line, waiting for {want:?}"));
-    assert_eq!(line, want);
-}
-
 #[test]
 fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
     if !have("curl", &["--version"], "apt-get install curl")
@@ -84,14 +51,22 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
     let dir = temp_dir("http-api");
     let mqtt = free_port();
     let config = dir.join("starling.toml");
+    let acl = dir.join("acl.toml");
+    std::fs::write(
+        &acl,
+        "[[rules]]\npermission = \"deny\"\naction = \"subscribe\"\ntopics = [\"secret/#\"]\n",
+    )
+    .expect("write acl");
     std::fs::write(
         &config,
         format!(
             "[node]\ndata_dir = \"{}\"\n\
+             [auth]\nacl_file = \"{}\"\n\
              [[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:{mqtt}\"\n\
              [http]\nenabled = true\nbind = \"127.0.0.1:0\"\nbearer_token = \"{TOKEN}\"\n\
              max_body_bytes = 2048\n",
-            dir.join("data").display()
+            dir.join("data").display(),
+            acl.display()
         ),
     )
     .expect("write config");
@@ -106,7 +81,7 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
         assert_eq!(json(&body)["code"], 401);
     }
 
-    let (mut sub, lines) = watcher(mqtt, "watcher");
+    let (mut sub, lines) = watcher(mqtt, "watcher", "api/#");
     next_line(&lines, "subscribed");
 
     // Listing and search.
@@ -179,6 +154,7 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
         (r#"{"topic":"$SYS/x","payload":"x"}"#, 400),
         (r#"{"payload":"x"}"#, 400),
         (r#"{"topic":"api/x"}"#, 400),
+        (r#"{"topic":null,"topics":"api/x","payload":"x"}"#, 400),
         (
             r#"{"topic":"api/x","payload":"%%%","encoding":"base64"}"#,
             400,
@@ -261,6 +237,13 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
         served += 1;
     }
     assert!(served >= 12, "{listed}");
+    // A path that exists, asked with a method it does not take: 405, not 404.
+    let (code, body) = curl(port, "PUT", "/clients/watcher", None, true);
+    assert_eq!(
+        (code, json(&body)["code"].clone()),
+        (405, 405.into()),
+        "{body}"
+    );
     for path in ["/brokers/2", "/nodes/x", "/stats/7", "/nope"] {
         let (code, body) = curl(port, "GET", path, None, true);
         assert_eq!(
@@ -348,6 +331,55 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
     assert_eq!(curl(port, "DELETE", "/retains", None, true).0, 400);
     let r = json(&curl(port, "GET", "/retains?topic_filter=api/%23", None, true).1);
     assert_eq!(r["items"].as_array().unwrap().len(), 1, "{r}");
+
+    // Subscribing the watcher through the API: a subscription of its own session, under
+    // its ACL, listed, and unsubscribed again.
+    let subscribe = |b: &str| curl(port, "POST", "/mqtt/subscribe", Some(b), true);
+    let (code, body) =
+        subscribe(r#"{"clientid":"watcher","topics":"extra/a, secret/x","topic":"more/+"}"#);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        json(&body),
+        serde_json::json!({"extra/a": true, "secret/x": "NotAuthorized (0x87)", "more/+": true})
+    );
+    for (t, p) in [("extra/a", "one"), ("more/b", "two")] {
+        let b = format!(r#"{{"topic":"{t}","payload":"{p}"}}"#);
+        assert_eq!(publish(&b).0, 200);
+        next_line(&lines, &format!("msg {t} {p}"));
+    }
+    assert_eq!(count("/subscriptions/watcher"), 3);
+    for (bad, want) in [
+        (r#"{"clientid":"watcher","topic":"a/#/b"}"#, 400),
+        (r#"{"clientid":"watcher","topic":"a","qos":3}"#, 400),
+        (r#"{"clientid":"watcher"}"#, 400),
+        (r#"{"topic":"a"}"#, 400),
+        (r#"{"clientid":"nobody","topic":"a"}"#, 404),
+    ] {
+        let (code, body) = subscribe(bad);
+        assert_eq!(
+            (code, json(&body)["code"].clone()),
+            (want, want.into()),
+            "{bad}: {body}"
+        );
+    }
+    let unsubscribe = |b: &str| curl(port, "POST", "/mqtt/unsubscribe", Some(b), true);
+    for f in ["extra/a", "more/+"] {
+        let b = format!(r#"{{"clientid":"watcher","topic":"{f}"}}"#);
+        assert_eq!(unsubscribe(&b), (200, "true".to_owned()));
+    }
+    assert_eq!(
+        unsubscribe(r#"{"clientid":"watcher","topic":"extra/a"}"#),
+        (200, "false".to_owned())
+    );
+    assert_eq!(
+        unsubscribe(r#"{"clientid":"nobody","topic":"extra/a"}"#).0,
+        404
+    );
+    assert_eq!(count("/subscriptions/watcher"), 1);
+    // Unsubscribed, the next message it gets is the one on its own filter.
+    publish(r#"{"topic":"more/c","payload":"not for it"}"#);
+    publish(r#"{"topic":"api/after","payload":"for it"}"#);
+    next_line(&lines, "msg api/after for it");
 
     // `starling ctl`, pointed at the node by a config file with its [http] section.
     let ctl_config = dir.join("ctl.toml");

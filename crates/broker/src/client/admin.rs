@@ -1,13 +1,14 @@
-//! What an operator asks of one client actor: its description, and a kick.
+//! What an operator asks of one client actor: its description, a kick, and
+//! subscriptions made or dropped on its behalf.
 
 use std::net::SocketAddr;
 
-use starling_codec::ReasonCode;
+use starling_codec::{QoS, ReasonCode, SubscriptionOptions};
 use starling_hooks::DisconnectReason;
 use starling_rt::{time, Ctx};
 
 use super::Client;
-use crate::msg::{ClientInfo, ClientSubscriptions};
+use crate::msg::{ClientInfo, ClientSubscriptions, NotConnected};
 
 impl Client {
     /// The connection's address, while there is one.
@@ -63,5 +64,75 @@ impl Client {
             self.run_effects(ctx).await;
         }
         before
+    }
+
+    /// Subscribes the connected client to `filters` as its own SUBSCRIBE would (the
+    /// session's checks, its gate, the shards, retained messages after), with no SUBACK:
+    /// per filter, the QoS granted or the code that refused it.
+    pub(super) async fn operator_subscribe(
+        &mut self,
+        filters: Vec<String>,
+        qos: QoS,
+        ctx: &mut Ctx<Self>,
+    ) -> Result<Vec<Result<QoS, ReasonCode>>, NotConnected> {
+        if !self.session.is_attached() {
+            return Err(NotConnected);
+        }
+        // A verdict that comes later is waited for here, under its deadline: the client's
+        // own SUBSCRIBE waits apart because its later packets must keep their order behind
+        // it, while an operator's request has nothing behind it and is rare.
+        for f in &filters {
+            if let Some(asked) = self.gate.subscribe_wait(f, qos) {
+                let verdict = time::timeout(self.verdict_timeout(), asked.verdict).await;
+                self.gate.verdict(asked.kind, asked.topic, verdict);
+            }
+        }
+        let options = SubscriptionOptions {
+            qos,
+            ..SubscriptionOptions::default()
+        };
+        let checked = self
+            .session
+            .operator_subscribe(filters, options, &mut self.gate);
+        self.gate.fed();
+        let routed: Vec<_> = checked.iter().filter_map(|r| r.clone().ok()).collect();
+        let mut granted = Vec::new().into_iter();
+        if !routed.is_empty() {
+            let r = self.route_subscribe(routed.clone(), ctx).await;
+            self.session.operator_subscribed(routed, &r.results);
+            self.meta_changed(true);
+            let now = time::now();
+            for (m, o) in r.retained {
+                self.deliver(now, &m, &o, ctx);
+            }
+            self.run_effects(ctx).await;
+            granted = r.results.into_iter();
+        }
+        Ok(checked
+            .into_iter()
+            .map(|c| match c {
+                Ok(req) => match granted.next() {
+                    Some(Ok(q)) => Ok(q.min(req.options.qos)),
+                    Some(Err(code)) => Err(code),
+                    None => Err(ReasonCode::UnspecifiedError),
+                },
+                Err(code) => Err(code),
+            })
+            .collect())
+    }
+
+    /// Unsubscribes the connected client from `filters`, with no UNSUBACK: the router's
+    /// code for each.
+    pub(super) async fn operator_unsubscribe(
+        &mut self,
+        filters: Vec<String>,
+    ) -> Result<Vec<ReasonCode>, NotConnected> {
+        if !self.session.is_attached() {
+            return Err(NotConnected);
+        }
+        let codes = self.route_unsubscribe(filters.clone()).await;
+        self.session.operator_unsubscribed(&filters, &codes);
+        self.meta_changed(true);
+        Ok(codes)
     }
 }

@@ -145,7 +145,7 @@ impl Client {
         }
     }
 
-    fn verdict_timeout(&self) -> Duration {
+    pub(super) fn verdict_timeout(&self) -> Duration {
         Duration::from_millis(u64::from(self.shared.config.auth.verdict_timeout_ms))
     }
 

@@ -19,7 +19,7 @@ use starling_session::{DetachReason, DropReason, Effect, Message, Session};
 use tracing::{debug, Instrument};
 
 use crate::conn::{linger, write_out, Conn, WRITE_BATCH_MAX};
-use crate::flow::{Holds, Reporter, StallRules};
+use crate::flow::{Holds, Reporter};
 use crate::gate::AuthGate;
 use crate::metrics::{add, dec};
 use crate::msg::{AckTo, ClientMsg, NewConn, Publisher, RegistryMsg, RouterMsg, Stored, OWN_WRITE};
@@ -34,6 +34,7 @@ mod attach;
 mod hooks;
 mod input;
 mod persist;
+mod subscribe;
 
 use input::passes_hold;
 
@@ -334,32 +335,10 @@ impl Client {
                 }
             }
             Wait::Subscribe(packet_id, filters) => {
-                let client_id = self.client_id();
-                let me = ctx.weak_addr();
-                self.meet_shards(&filters, ctx);
-                let may_hold = self.may_hold();
-                let persistent = self.stores_deliveries();
-                let named = self.wanted(EventKind::SessionSubscribed).then(|| {
-                    let f = filters.iter();
-                    f.map(|f| (Arc::<str>::from(f.filter.as_str()), f.options.qos))
-                        .collect::<Vec<_>>()
-                });
-                let r = self
-                    .shards
-                    .subscribe(client_id, me, may_hold, persistent, filters)
-                    .await;
-                let now = time::now();
-                for ((filter, asked), r) in named.into_iter().flatten().zip(&r.results) {
-                    if let Ok(qos) = r {
-                        let qos = (*qos).min(asked);
-                        self.emit(EventKind::SessionSubscribed, || What::SessionSubscribed {
-                            filter,
-                            qos,
-                        });
-                    }
-                }
+                let r = self.route_subscribe(filters, ctx).await;
                 // SUBACK first, then the retained messages (MQTT 5 §3.8.4); the subscriptions
                 // stored before either reaches the client.
+                let now = time::now();
                 self.session.subscribed(now, packet_id, r.results);
                 self.meta_changed(true);
                 for (m, o) in r.retained {
@@ -367,43 +346,11 @@ impl Client {
                 }
             }
             Wait::Unsubscribe(packet_id, filters) => {
-                let client_id = self.client_id();
-                let named = self.wanted(EventKind::SessionUnsubscribed).then(|| {
-                    let f = filters.iter();
-                    f.map(|f| Arc::<str>::from(f.as_str())).collect::<Vec<_>>()
-                });
-                let codes = self.shards.unsubscribe(client_id, filters).await;
-                for (filter, code) in named.into_iter().flatten().zip(&codes) {
-                    if !code.is_error() {
-                        self.emit(EventKind::SessionUnsubscribed, || {
-                            What::SessionUnsubscribed { filter }
-                        });
-                    }
-                }
+                let codes = self.route_unsubscribe(filters).await;
                 self.session.unsubscribed(time::now(), packet_id, codes);
                 self.meta_changed(true);
             }
             Wait::Close(code) => self.close_conn(code, ctx).await,
-        }
-    }
-
-    /// Notes the shards `filters` reach as ones that know this subscriber (presence and
-    /// the session's end go to them).
-    fn meet_shards(&mut self, filters: &[starling_session::SubscribeRequest], ctx: &Ctx<Self>) {
-        let shards = self.shards.count();
-        let rules = StallRules::new(&self.shared.config.mqtt, &self.shared.limits);
-        let reach: Vec<_> = filters
-            .iter()
-            .map(|f| self.shards.reach(&f.filter))
-            .collect();
-        let f = self.flow_mut(ctx);
-        let r = f
-            .reporter
-            .get_or_insert_with(|| Reporter::new(shards, &rules));
-        for reach in reach {
-            (0..shards)
-                .filter(|&s| reach.includes(s))
-                .for_each(|s| r.met(s));
         }
     }
 
@@ -759,6 +706,18 @@ impl Client {
             ClientMsg::Kick(reply) => {
                 let was = self.kick(ctx).await;
                 let _ = reply.send(was);
+            }
+            ClientMsg::Subscribe {
+                filters,
+                qos,
+                reply,
+            } => {
+                let r = self.operator_subscribe(filters, qos, ctx).await;
+                let _ = reply.send(r);
+            }
+            ClientMsg::Unsubscribe { filters, reply } => {
+                let r = self.operator_unsubscribe(filters).await;
+                let _ = reply.send(r);
             }
             ClientMsg::Resubscribe(reply) => {
                 self.resubscribe(ctx).await;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use starling_codec::{
     Disconnect, Packet, PacketId, PayloadFormat, Properties, Protocol, PubAck, Publish, QoS,
-    ReasonCode, Suback, Subscribe, Unsuback, Unsubscribe,
+    ReasonCode, Suback, Subscribe, SubscriptionOptions, Unsuback, Unsubscribe,
 };
 use tracing::debug;
 
@@ -339,33 +339,17 @@ impl Session {
         let mut codes = Vec::with_capacity(s.filters.len());
         let mut forwarded = Vec::new();
         for f in s.filters {
-            let shared = f.filter.starts_with("$share/");
             // MQTT 5 §3.8.3.1: No Local on a shared subscription is a protocol error.
-            if v5 && shared && f.options.no_local {
+            if v5 && f.filter.starts_with("$share/") && f.options.no_local {
                 return Err(SessionError::NoLocalOnShared { filter: f.filter });
             }
-            let exists = self.subscriptions.contains_key(&f.filter);
-            let qos = f.options.qos.min(limits.qos_max);
-            let code = if shared && !limits.shared_available {
-                Some(ReasonCode::SharedSubscriptionsNotSupported)
-            } else if !limits.wildcard_available && f.filter.contains(['+', '#']) {
-                Some(ReasonCode::WildcardSubscriptionsNotSupported)
-            } else if !exists && count >= limits.subscriptions_max {
-                Some(ReasonCode::QuotaExceeded)
-            } else if !gate.allow_subscribe(&f.filter, qos) {
-                Some(ReasonCode::NotAuthorized)
-            } else {
-                if !exists {
-                    count += 1;
+            let code = match self.admit_filter(f.filter, f.options, &mut count, gate) {
+                Ok(mut req) => {
+                    req.subscription_id = subscription_id;
+                    forwarded.push(req);
+                    None
                 }
-                let mut options = f.options;
-                options.qos = qos;
-                forwarded.push(SubscribeRequest {
-                    filter: f.filter,
-                    options,
-                    subscription_id,
-                });
-                None
+                Err(code) => Some(code),
             };
             codes.push(code);
         }
@@ -385,6 +369,41 @@ impl Session {
                 .insert(s.packet_id, PendingSubscribe { codes, forwarded });
         }
         Ok(())
+    }
+
+    /// One filter of a SUBSCRIBE (the client's or an operator's): what the broker offers,
+    /// the quota (`count` is the subscriptions so far, this one counted if admitted) and
+    /// the gate; the request for the router, or the SUBACK code that refuses it.
+    pub(super) fn admit_filter(
+        &self,
+        filter: String,
+        options: SubscriptionOptions,
+        count: &mut usize,
+        gate: &mut dyn Gate,
+    ) -> Result<SubscribeRequest, ReasonCode> {
+        let limits = &self.limits;
+        let exists = self.subscriptions.contains_key(&filter);
+        let qos = options.qos.min(limits.qos_max);
+        if filter.starts_with("$share/") && !limits.shared_available {
+            return Err(ReasonCode::SharedSubscriptionsNotSupported);
+        }
+        if !limits.wildcard_available && filter.contains(['+', '#']) {
+            return Err(ReasonCode::WildcardSubscriptionsNotSupported);
+        }
+        if !exists && *count >= limits.subscriptions_max {
+            return Err(ReasonCode::QuotaExceeded);
+        }
+        if !gate.allow_subscribe(&filter, qos) {
+            return Err(ReasonCode::NotAuthorized);
+        }
+        if !exists {
+            *count += 1;
+        }
+        Ok(SubscribeRequest {
+            filter,
+            options: SubscriptionOptions { qos, ..options },
+            subscription_id: None,
+        })
     }
 
     fn on_unsubscribe(&mut self, u: Unsubscribe) {

@@ -18,6 +18,7 @@ use crate::{
 
 mod inbound;
 mod lifecycle;
+mod operator;
 mod outbound;
 mod snapshot;
 

@@ -20,6 +20,7 @@ mod inbound;
 mod issue10;
 mod lifecycle;
 mod load;
+mod operator;
 mod outbound;
 mod snapshot;
 

@@ -168,3 +168,34 @@ pub fn have(program: &str, check: &[&str], install: &str) -> bool {
     }
     ok
 }
+
+/// The paho subscriber of `tests/clients/watch_v5.py`, its lines on a channel.
+pub fn watcher(port: u16, id: &str, topic: &str) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/clients/watch_v5.py"
+        ))
+        .args(["--port", &port.to_string(), "--id", id, "--topic", topic])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python3 runs");
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().expect("piped");
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (child, rx)
+}
+
+pub fn next_line(rx: &mpsc::Receiver<String>, want: &str) {
+    let line = rx
+        .recv_timeout(WAIT)
+        .unwrap_or_else(|_| panic!("no line, waiting for {want:?}"));
+    assert_eq!(line, want);
+}
