@@ -12,6 +12,7 @@ use starling_config::HttpConfig;
 use thiserror::Error;
 
 mod auth;
+mod dashboard;
 mod handlers;
 mod reply;
 mod stats;
@@ -71,6 +72,7 @@ impl HttpApi {
                         .configure(stats::routes)
                         .configure(subs::routes),
                 )
+                .configure(dashboard::routes)
                 .default_service(web::to(reply::not_found))
         })
         .workers(config.workers as usize)
