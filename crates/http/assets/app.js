@@ -6,7 +6,7 @@
 (() => {
   const TOKEN_KEY = 'starling.api-token';
   const POLL_MS = 1000;
-  const HISTORY = 120; // samples kept: two minutes at one a second
+  const HISTORY = 121; // samples kept: two minutes at one a second, ends included
   const VIEWS = ['overview', 'clients', 'subscriptions', 'retained', 'publish'];
   const plot = window.StarlingPlot;
 
@@ -252,10 +252,12 @@
     return `${v.toFixed(i ? 1 : 0)} ${units[i]}`;
   }
 
+  // Drawn in this order: received wide and sent narrow over it, so that when every message
+  // received is sent once (one subscriber each) both lines still show.
   const RATE_SERIES = [
-    { key: 'received', label: 'received', color: '#2563eb' },
-    { key: 'sent', label: 'sent', color: '#16a34a' },
-    { key: 'dropped', label: 'dropped', color: '#dc2626' },
+    { key: 'dropped', label: 'dropped', color: '#dc2626', width: 2 },
+    { key: 'received', label: 'received', color: '#2563eb', width: 4 },
+    { key: 'sent', label: 'sent', color: '#16a34a', width: 1.5 },
   ];
 
   function legend(el, series, unit) {
@@ -265,7 +267,13 @@
         const dot = document.createElement('i');
         dot.className = 'dot dot-' + s.key;
         const last = s.values.length ? s.values[s.values.length - 1] : 0;
+        const peak = s.values.length ? Math.max(...s.values) : 0;
         span.append(dot, ` ${s.label} ${plot.fmt(last)}${unit}`);
+        if (peak > last) {
+          const small = document.createElement('small');
+          small.textContent = ` (peak ${plot.fmt(peak)}${unit})`;
+          span.append(small);
+        }
         return span;
       }),
     );
@@ -275,7 +283,8 @@
     if (currentView() !== 'overview') return;
     const rates = RATE_SERIES.map((s) => ({ ...s, values: history[s.key] }));
     plot.draw($('#rate-chart'), { series: rates, capacity: HISTORY, stepSeconds: POLL_MS / 1000 });
-    legend($('#rate-legend'), rates, '/s');
+    const byKey = (k) => rates.find((s) => s.key === k);
+    legend($('#rate-legend'), ['received', 'sent', 'dropped'].map(byKey), '/s');
     const conns = [{ key: 'connections', label: 'connections', color: '#7c3aed', values: history.connections }];
     plot.draw($('#conn-chart'), { series: conns, capacity: HISTORY, stepSeconds: POLL_MS / 1000 });
     legend($('#conn-legend'), conns, '');
@@ -350,7 +359,8 @@
     if (o.exclusive) parts.push('exclusive');
     if (o.no_local) parts.push('no local');
     if (o.retain_as_published) parts.push('retain as published');
-    if (o.retain_handling !== undefined) parts.push(`retain handling ${o.retain_handling}`);
+    // 0 (send retained messages at subscribe) is MQTT's default: only a change is news.
+    if (o.retain_handling) parts.push(`retain handling ${o.retain_handling}`);
     if (o.id !== undefined) parts.push(`id ${o.id}`);
     return parts.join(', ');
   }
@@ -425,7 +435,9 @@
     fill($('#retained-table tbody'), rows, 'no retained message matches', 5);
     const first = page.items.length ? retainedOffset + 1 : 0;
     $('#retained-count').textContent =
-      `${first}–${retainedOffset + page.items.length}` + (page.has_more ? ' (more on the next page)' : '');
+      page.items.length === 0
+        ? 'none'
+        : `messages ${first}–${retainedOffset + page.items.length}` + (page.has_more ? ', more on the next page' : '');
     $('#retained-prev').disabled = retainedOffset === 0;
     $('#retained-next').disabled = !page.has_more;
     $('#retained-next').dataset.step = String(limit);
@@ -526,6 +538,7 @@
   }
 
   function show(view) {
+    if (!$('#banner').classList.contains('error')) hideBanner();
     for (const v of VIEWS) $('#view-' + v).hidden = v !== view;
     for (const a of document.querySelectorAll('nav a')) a.classList.toggle('active', a.dataset.view === view);
     document.title = `Starling · ${view}`;

@@ -44,7 +44,7 @@ window.StarlingPlot = (() => {
     return '-' + secondsAgo + ' s';
   }
 
-  // opts: { series: [{key, label, color, values}], capacity, stepSeconds }.
+  // opts: { series: [{key, label, color, width, values}], capacity, stepSeconds }.
   // After drawing, the canvas carries data-samples and data-last-<key> / data-peak-<key>:
   // what the chart shows, readable by a person in the inspector and by the browser test.
   function draw(canvas, opts) {
@@ -104,7 +104,7 @@ window.StarlingPlot = (() => {
       ctx.beginPath();
       s.values.forEach((v, i) => (i === 0 ? ctx.moveTo(xAt(i), y(v)) : ctx.lineTo(xAt(i), y(v))));
       ctx.strokeStyle = s.color;
-      ctx.lineWidth = 2;
+      ctx.lineWidth = s.width || 2;
       ctx.lineJoin = 'round';
       ctx.stroke();
       // A faint fill under the line makes a short spike visible at a glance.

@@ -21,7 +21,8 @@ use common::{free_port, have, temp_dir, Daemon, WAIT};
 use serde_json::Value;
 
 const TOKEN: &str = "dash-t0ken-for-tests";
-const SHOTS: [&str; 5] = [
+const SHOTS: [&str; 6] = [
+    "token",
     "overview",
     "clients",
     "subscriptions",

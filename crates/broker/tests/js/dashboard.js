@@ -91,6 +91,7 @@ async function drive(page) {
   step = 'token';
   await page.goto(url, { waitUntil: 'load' });
   await page.waitForSelector('#token-form input[name=token]', { ...WAIT, visible: true });
+  await shoot('token');
   say('token_asked', seen);
   resetSeen();
   await page.type('#token-form input[name=token]', token);
