@@ -14,6 +14,7 @@ use thiserror::Error;
 mod actions;
 mod auth;
 mod cluster;
+mod dashboard;
 mod handlers;
 mod reply;
 mod stats;
@@ -76,6 +77,7 @@ impl HttpApi {
                         .configure(subs::routes)
                         .configure(cluster::routes),
                 )
+                .configure(dashboard::routes)
                 .default_service(web::to(reply::not_found))
         })
         .workers(config.workers as usize)
