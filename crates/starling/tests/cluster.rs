@@ -1,0 +1,330 @@
+//! The example cluster of `config/cluster/` as real processes (its three files, with free
+//! ports put in): the nodes elect a leader and `starling cluster status` shows three members
+//! and one leader; a subscriber on each of nodes 2 and 3 and a QoS 1/2 publisher on node 1;
+//! node 3 is stopped and node 1 killed with SIGKILL mid-stream, and every message node 1
+//! acknowledged has reached both subscribers; the publisher goes on through node 2; the
+//! status shows node 1 down, and up again once it is restarted on its raft log.
+
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{free_port, have, starling, temp_dir, watcher, Daemon};
+
+/// Ports of one node: MQTT, HTTP API, cluster (UDP).
+#[derive(Clone, Copy)]
+struct Ports {
+    mqtt: u16,
+    http: u16,
+    cluster: u16,
+}
+
+fn free_udp_port() -> u16 {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    s.local_addr().expect("addr").port()
+}
+
+fn repo_file(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
+}
+
+/// The example files with this run's ports, and the certificates they name.
+fn configs(dir: &Path) -> (Vec<PathBuf>, Vec<Ports>) {
+    let ports: Vec<Ports> = (0..3)
+        .map(|_| Ports {
+            mqtt: free_port(),
+            http: free_port(),
+            cluster: free_udp_port(),
+        })
+        .collect();
+    let mut files = Vec::new();
+    for i in 1..=3usize {
+        let mut text = std::fs::read_to_string(repo_file(&format!("config/cluster/node{i}.toml")))
+            .expect("the example config");
+        for (j, p) in ports.iter().enumerate() {
+            let j = j + 1;
+            text = text
+                .replace(
+                    &format!("\"127.0.0.1:{}\"", 1882 + j),
+                    &format!("\"127.0.0.1:{}\"", p.mqtt),
+                )
+                .replace(
+                    &format!("\"127.0.0.1:{}\"", 6060 + j),
+                    &format!("\"127.0.0.1:{}\"", p.http),
+                )
+                .replace(
+                    &format!("\"127.0.0.1:{}\"", 7000 + j),
+                    &format!("\"127.0.0.1:{}\"", p.cluster),
+                );
+        }
+        let ps = ports[i - 1];
+        for port in [ps.mqtt, ps.http, ps.cluster] {
+            assert!(
+                text.contains(&format!(":{port}\"")),
+                "node{i}.toml took its ports"
+            );
+        }
+        let path = dir.join(format!("node{i}.toml"));
+        std::fs::write(&path, text).expect("write config");
+        files.push(path);
+    }
+    let out = starling()
+        .args(["cert", "cluster"])
+        .arg(dir.join("certs"))
+        .args(["--nodes", "1,2,3", "--name", "127.0.0.1"])
+        .output()
+        .expect("starling cert cluster runs");
+    assert!(out.status.success(), "starling cert cluster: {out:?}");
+    (files, ports)
+}
+
+/// `starling cluster status --json` through the node of `config`.
+fn status(config: &Path) -> Option<serde_json::Value> {
+    let out = starling()
+        .args(["cluster", "status", "--json", "--config"])
+        .arg(config)
+        .output()
+        .expect("starling cluster status runs");
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// Waits until `cond` holds on node `config`'s status, up to `within`; the last status.
+fn wait_status(
+    config: &Path,
+    within: Duration,
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + within;
+    let mut last = None;
+    loop {
+        if let Some(st) = status(config) {
+            if cond(&st) {
+                return st;
+            }
+            last = Some(st);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; last status: {last:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn health(st: &serde_json::Value, id: u64) -> Option<bool> {
+    st["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["id"].as_u64() == Some(id))?["active"]
+        .as_bool()
+}
+
+/// The `acked PAYLOAD` lines of a publisher, until it ends; `on_ack(n)` after each.
+fn acked_lines(p: &mut Child, mut on_ack: impl FnMut(usize)) -> BTreeSet<String> {
+    let mut acked = BTreeSet::new();
+    for line in BufReader::new(p.stdout.take().expect("piped"))
+        .lines()
+        .map_while(Result::ok)
+    {
+        if let Some(payload) = line.strip_prefix("acked ") {
+            acked.insert(payload.to_owned());
+            on_ack(acked.len());
+        }
+    }
+    let _ = p.wait();
+    acked
+}
+
+fn publisher(port: u16, topic: &str, count: usize) -> Child {
+    Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/clients/publish_acked.py"
+        ))
+        .args(["--port", &port.to_string(), "--topic", topic])
+        .args(["--count", &count.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python3 runs")
+}
+
+/// Payloads of `topic` a watcher printed (`msg TOPIC PAYLOAD`), gathered until `want` are
+/// all there or `within` passes.
+fn gather(
+    rx: &mpsc::Receiver<String>,
+    seen: &mut BTreeSet<(String, String)>,
+    want: &BTreeSet<(String, String)>,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    while !want.is_subset(seen) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let mut w = line.splitn(3, ' ');
+                if let (Some("msg"), Some(t), Some(p)) = (w.next(), w.next(), w.next()) {
+                    seen.insert((t.to_owned(), p.to_owned()));
+                }
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+fn missing(want: &BTreeSet<(String, String)>, seen: &BTreeSet<(String, String)>) -> usize {
+    want.difference(seen).count()
+}
+
+#[test]
+fn three_nodes_forward_and_a_killed_node_loses_no_acknowledged_message() {
+    if !have(
+        "python3",
+        &["-c", "import paho.mqtt"],
+        "pip install paho-mqtt",
+    ) {
+        return;
+    }
+    let dir = temp_dir("cluster");
+    let (files, ports) = configs(&dir);
+    let mut nodes: Vec<Option<Daemon>> = files.iter().map(|f| Some(Daemon::start(f))).collect();
+    for n in nodes.iter_mut().flatten() {
+        n.expect("cluster endpoint up");
+    }
+
+    // Three members and one leader, every one heard by it, seen from a node that may be a
+    // follower (its answer is completed with the leader's).
+    wait_status(
+        &files[1],
+        Duration::from_secs(30),
+        "three members with their records, a leader hearing all",
+        |st| {
+            st["leader"].as_u64().is_some()
+                && st["members"]
+                    .as_array()
+                    .is_some_and(|m| m.len() == 3 && m.iter().all(|m| m["mqtt"].is_string()))
+                && (1..=3).all(|id| health(st, id) == Some(true))
+        },
+    );
+    let out = starling()
+        .args(["cluster", "status", "--config"])
+        .arg(&files[1])
+        .output()
+        .expect("status runs");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let rows: Vec<&str> = table
+        .lines()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(rows.len(), 3, "{table}");
+    assert_eq!(
+        rows.iter().filter(|r| r.contains(" leader ")).count(),
+        1,
+        "{table}"
+    );
+    assert_eq!(
+        rows.iter().filter(|r| r.contains(" up ")).count(),
+        3,
+        "{table}"
+    );
+    println!("{table}");
+
+    // A subscriber on each of nodes 2 and 3: once subscribed, the routes hold them.
+    let (mut w2, rx2) = watcher(ports[1].mqtt, "sub-on-2", "k/#");
+    let (mut w3, rx3) = watcher(ports[2].mqtt, "sub-on-3", "k/#");
+    common::next_line(&rx2, "subscribed");
+    common::next_line(&rx3, "subscribed");
+
+    // A publisher on node 1, killed after a random number of acknowledgements. At that
+    // moment node 3 is stopped (SIGSTOP) for a while, so that it cannot take what node 1
+    // forwards: node 1 is killed with batches for it unacknowledged, and what node 1
+    // acknowledged meanwhile must still reach it (an acknowledgement that did not wait for
+    // node 3 would be a lost message there).
+    let kill_after = 300 + (std::process::id() as usize % 700);
+    println!("node 1 is killed after {kill_after} acknowledgements, node 3 stopped");
+    let pid1 = nodes[0].as_ref().expect("node 1").child.id();
+    let pid3 = nodes[2].as_ref().expect("node 3").child.id();
+    let signal = |name: &str, pid: u32| {
+        let ok = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{name} {pid}");
+    };
+    let mut p = publisher(ports[0].mqtt, "k/data", 3000);
+    let mut chaos = None;
+    let acked: BTreeSet<(String, String)> = acked_lines(&mut p, |n| {
+        if n == kill_after && chaos.is_none() {
+            signal("STOP", pid3);
+            chaos = Some(std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(400));
+                signal("KILL", pid1);
+                std::thread::sleep(Duration::from_millis(300));
+                signal("CONT", pid3);
+            }));
+        }
+    })
+    .into_iter()
+    .map(|p| ("k/data".to_owned(), p))
+    .collect();
+    chaos
+        .expect("the publisher ended before the kill")
+        .join()
+        .expect("signals sent");
+    let _ = nodes[0].take().map(|mut d| d.child.wait());
+    assert!(acked.len() >= kill_after);
+    println!("{} acknowledged by node 1", acked.len());
+
+    let (mut seen2, mut seen3) = (BTreeSet::new(), BTreeSet::new());
+    gather(&rx2, &mut seen2, &acked, Duration::from_secs(20));
+    gather(&rx3, &mut seen3, &acked, Duration::from_secs(20));
+    assert_eq!(
+        (missing(&acked, &seen2), missing(&acked, &seen3)),
+        (0, 0),
+        "acknowledged messages missing at nodes 2 and 3 (of {})",
+        acked.len()
+    );
+
+    // The publisher goes on through node 2; node 3 still gets everything.
+    let mut p = publisher(ports[1].mqtt, "k/more", 500);
+    let more: BTreeSet<(String, String)> = acked_lines(&mut p, |_| {})
+        .into_iter()
+        .map(|p| ("k/more".to_owned(), p))
+        .collect();
+    assert_eq!(more.len(), 1000, "node 2 acknowledged every message");
+    gather(&rx2, &mut seen2, &more, Duration::from_secs(20));
+    gather(&rx3, &mut seen3, &more, Duration::from_secs(20));
+    assert_eq!((missing(&more, &seen2), missing(&more, &seen3)), (0, 0));
+
+    // The survivors keep (or elect) a leader, which sees node 1 down.
+    wait_status(&files[1], Duration::from_secs(30), "node 1 down", |st| {
+        st["leader"].as_u64().is_some_and(|l| l != 1) && health(st, 1) == Some(false)
+    });
+    // Restarted on its raft log, node 1 is heard again.
+    nodes[0] = Some(Daemon::start(&files[0]));
+    wait_status(
+        &files[1],
+        Duration::from_secs(30),
+        "node 1 up again",
+        |st| (1..=3).all(|id| health(st, id) == Some(true)),
+    );
+
+    let _ = w2.kill();
+    let _ = w3.kill();
+    let _ = (w2.wait(), w3.wait());
+}
