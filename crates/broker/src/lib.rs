@@ -229,9 +229,20 @@ impl Broker {
             .then(hooks)
             .build(default_allow);
         let registry = start_with(
-            Registry::new(shared.clone(), router.clone(), chain.clone()),
+            Registry::new(
+                shared.clone(),
+                router.clone(),
+                chain.clone(),
+                cluster.as_ref().map(cluster::ClusterNode::actor),
+            ),
             Options::named("registry").capacity(1024),
         );
+        if let Some(c) = &cluster {
+            let _ = c
+                .actor()
+                .send(msg::ClusterMsg::Registry(registry.clone()))
+                .await;
+        }
         restore_sessions(&shared, &registry, sessions).await;
         // After the sessions are routed again: a delayed message due at once must find them.
         restore(&router, recovered).await;

@@ -100,6 +100,9 @@ pub(crate) enum ClientMsg {
     /// DISCONNECT 0x98 Administrative action), its will published, its subscriptions and
     /// queue dropped. Answers what the client was.
     Kick(Reply<ClientInfo>),
+    /// Another node of the cluster took this client id over: the connection, if any, is
+    /// closed (v5 DISCONNECT 0x8E Session taken over) and the session discarded.
+    TakenOver,
     /// An operator subscribes the connected client to `filters` (valid ones) at `qos`: as
     /// its own SUBSCRIBE would (quota, authorization, retained messages after), with no
     /// SUBACK. Answers, per filter, the granted QoS or the code that refused it.
@@ -190,6 +193,16 @@ pub(crate) enum RegistryMsg {
     },
     /// The client actor of one client id.
     Client(Arc<str>, Reply<Option<starling_rt::Addr<ClientMsg>>>),
+    /// The cluster's answer to this node's claim of `client_id` for `conn` (an epoch, or
+    /// why not).
+    Claimed {
+        client_id: Arc<str>,
+        conn: Box<NewConn>,
+        result: Result<u64, ClaimError>,
+    },
+    /// Another node claimed `client_id` with `epoch`: a session here under an older claim
+    /// is taken over (MQTT 5: DISCONNECT 0x8E) and discarded.
+    TakenOver { client_id: Arc<str>, epoch: u64 },
     /// Sessions read back from the store at start, each with the username it belongs to:
     /// give each a client actor, route its subscriptions again, then answer.
     Restore(
@@ -364,6 +377,17 @@ pub(crate) enum RouterMsg {
 
 // --- to the cluster actor -------------------------------------------------------------
 
+/// Why a claim of a client id was not granted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ClaimError {
+    /// No quorum answered in time (this node may be cut off from the majority).
+    #[error("the cluster did not commit the claim: {0}")]
+    Unavailable(String),
+    /// A later claim by another node was committed first.
+    #[error("claimed by node {node} meanwhile")]
+    Superseded { node: u64 },
+}
+
 pub(crate) enum ClusterMsg {
     /// A home shard's local subscriptions to the topic filter `filter` started (`present`)
     /// or all ended; `done` is answered once the replicated routes hold this node for it.
@@ -377,6 +401,19 @@ pub(crate) enum ClusterMsg {
         filter: String,
         done: tokio::sync::oneshot::Sender<()>,
     },
+    /// A CONNECT here for a client id this node does not own: claim it (batched with the
+    /// other claims waiting), answering with the claim's epoch.
+    Claim {
+        client_id: Arc<str>,
+        reply: Reply<Result<u64, ClaimError>>,
+    },
+    /// The session of `client_id` claimed with `epoch` ended here: release the claim.
+    Release {
+        client_id: Arc<str>,
+        epoch: u64,
+    },
+    /// The registry, told of claims other nodes make.
+    Registry(starling_rt::Addr<RegistryMsg>),
     /// What entries of the raft log changed, in order (from the replica, on the raft
     /// driver's turn).
     Changed(Vec<starling_cluster::Change>),
@@ -385,13 +422,23 @@ pub(crate) enum ClusterMsg {
     Reset(Vec<starling_cluster::Change>),
     /// The raft driver is up.
     Raft(starling_raft::RaftHandle),
-    /// The outcome of this node's own proposal (`join`: its Join; otherwise a route batch).
+    /// The outcome of this node's own proposal.
     Proposed {
-        join: bool,
+        kind: Proposal,
         result: Result<starling_cluster::Output, String>,
     },
     Tick,
     Status(Reply<ClusterStatus>),
+}
+
+/// What a proposal of the cluster actor carried: each kind has its own raft request ids,
+/// with one proposal at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Proposal {
+    Join,
+    Routes,
+    /// A batch of claims and releases.
+    Owners,
 }
 
 /// A node's view of the cluster (`starling cluster status`, `GET /api/v1/cluster`).

@@ -14,7 +14,7 @@ use tracing::debug;
 
 use crate::client::Client;
 use crate::metrics::add;
-use crate::msg::{ClientMsg, NewConn, RegistryMsg};
+use crate::msg::{ClaimError, ClientMsg, ClusterMsg, NewConn, RegistryMsg};
 use crate::refuse::refuse;
 use crate::settings::Shared;
 use crate::shards::Shards;
@@ -37,19 +37,105 @@ pub(crate) struct Registry {
     shards: Shards,
     chain: Arc<Chain>,
     clients: HashMap<Arc<str>, Entry>,
+    /// In a cluster: the cluster actor, and the client ids this node claimed (in this
+    /// process) with their epochs. A CONNECT for one of them costs no raft commit.
+    cluster: Option<Addr<ClusterMsg>>,
+    claimed: HashMap<Arc<str>, u64>,
 }
 
+/// How long a CONNECT waits for the cluster to commit its claim before it is refused
+/// (MQTT 5 CONNACK 0x88 Server unavailable, 3.x return code 3).
+const CLAIM_WAIT: Duration = Duration::from_secs(5);
+
 impl Registry {
-    pub(crate) fn new(shared: Arc<Shared>, shards: Shards, chain: Arc<Chain>) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        shards: Shards,
+        chain: Arc<Chain>,
+        cluster: Option<Addr<ClusterMsg>>,
+    ) -> Self {
         Self {
             shared,
             shards,
             chain,
             clients: HashMap::new(),
+            cluster,
+            claimed: HashMap::new(),
         }
     }
 
+    /// A CONNECT: in a cluster, for a client id this node has not claimed, the claim is
+    /// committed first (off this actor's turn; other CONNECTs go on meanwhile).
     async fn connect(&mut self, client_id: Arc<str>, conn: Box<NewConn>, ctx: &mut Ctx<Self>) {
+        let Some(cluster) = self.cluster.clone() else {
+            return self.connect_here(client_id, conn, ctx).await;
+        };
+        if self.claimed.contains_key(&client_id) {
+            return self.connect_here(client_id, conn, ctx).await;
+        }
+        let id = client_id.clone();
+        ctx.spawn_then(
+            async move {
+                let ask = cluster.ask(|reply| ClusterMsg::Claim {
+                    client_id: id,
+                    reply,
+                });
+                match time::timeout(CLAIM_WAIT, ask).await {
+                    Some(Ok(r)) => r,
+                    Some(Err(_)) => {
+                        Err(ClaimError::Unavailable("the cluster actor stopped".into()))
+                    }
+                    None => Err(ClaimError::Unavailable("no commit in time".into())),
+                }
+            },
+            move |result| RegistryMsg::Claimed {
+                client_id,
+                conn,
+                result,
+            },
+        );
+    }
+
+    async fn claimed(
+        &mut self,
+        client_id: Arc<str>,
+        conn: Box<NewConn>,
+        result: Result<u64, ClaimError>,
+        ctx: &mut Ctx<Self>,
+    ) {
+        match result {
+            Ok(epoch) => {
+                let e = self.claimed.entry(client_id.clone()).or_default();
+                *e = (*e).max(epoch);
+                self.connect_here(client_id, conn, ctx).await;
+            }
+            Err(e) => {
+                debug!(client_id = %client_id, error = %e, "CONNECT refused: client id not claimed");
+                self.refuse(conn, ReasonCode::ServerUnavailable);
+            }
+        }
+    }
+
+    /// Another node claimed `client_id` with `epoch`: a session here claimed with an older
+    /// epoch is taken over and discarded.
+    fn taken_over(&mut self, client_id: &Arc<str>, epoch: u64) {
+        let Some(&mine) = self.claimed.get(client_id) else {
+            return;
+        };
+        if mine >= epoch {
+            return;
+        }
+        self.claimed.remove(client_id);
+        if let Some(e) = self.clients.remove(client_id) {
+            debug!(client_id = %client_id, epoch, "session taken over by another node");
+            let addr = e.addr;
+            starling_rt::spawn(async move {
+                let _ = addr.send(ClientMsg::TakenOver).await;
+            });
+        }
+    }
+
+    async fn connect_here(&mut self, client_id: Arc<str>, conn: Box<NewConn>, ctx: &mut Ctx<Self>) {
         let username = conn.username.as_deref();
         if !id_allowed(
             self.shared.config.auth.client_id_policy,
@@ -57,7 +143,7 @@ impl Registry {
             username,
         ) {
             debug!(client_id = %client_id, username, "CONNECT refused: client id not allowed for this user");
-            self.refuse(conn);
+            self.refuse(conn, ReasonCode::ClientIdentifierNotValid);
             return;
         }
         let conn = match self.clients.get_mut(&client_id) {
@@ -66,7 +152,7 @@ impl Registry {
                 // over. Counted and logged at debug only: it is cheap for a client to
                 // repeat (the counter shows a storm).
                 debug!(client_id = %client_id, username, "CONNECT refused: client id belongs to another user");
-                self.refuse(conn);
+                self.refuse(conn, ReasonCode::ClientIdentifierNotValid);
                 return;
             }
             Some(e) if !e.addr.is_closed() => {
@@ -105,11 +191,14 @@ impl Registry {
         );
     }
 
-    /// Answers a CONNECT whose client id this identity may not use (v5 0x85 Client
-    /// Identifier not valid, 3.x return code 2), off the registry's turn.
-    fn refuse(&self, conn: Box<NewConn>) {
+    /// Answers a CONNECT with `code`, off the registry's turn: a client id this identity may
+    /// not use (v5 0x85 Client Identifier not valid, 3.x return code 2), or one the cluster
+    /// did not let this node claim (0x88 Server unavailable, 3.x return code 3).
+    fn refuse(&self, conn: Box<NewConn>, code: ReasonCode) {
         add(&self.shared.metrics.connections_refused, 1);
-        add(&self.shared.metrics.client_id_refused, 1);
+        if code == ReasonCode::ClientIdentifierNotValid {
+            add(&self.shared.metrics.client_id_refused, 1);
+        }
         let NewConn {
             connect,
             mut io,
@@ -125,19 +214,11 @@ impl Registry {
                     client_id: Arc::from(connect.client_id.as_str()),
                     username: username.as_deref().map(Arc::from),
                 },
-                what: What::ClientConnack {
-                    peer,
-                    code: ReasonCode::ClientIdentifierNotValid,
-                },
+                what: What::ClientConnack { peer, code },
             });
         }
         starling_rt::spawn(async move {
-            refuse(
-                &mut io,
-                connect.protocol,
-                ReasonCode::ClientIdentifierNotValid,
-            )
-            .await;
+            refuse(&mut io, connect.protocol, code).await;
             drop(permit);
         });
     }
@@ -186,6 +267,11 @@ impl Actor for Registry {
                     if let Some(e) = self.clients.remove(&client_id) {
                         e.addr.stop();
                     }
+                    // The claim goes with the session (a later CONNECT claims again).
+                    if let (Some(epoch), Some(c)) = (self.claimed.remove(&client_id), &self.cluster)
+                    {
+                        let _ = c.try_send(ClusterMsg::Release { client_id, epoch });
+                    }
                 }
             }
             RegistryMsg::Restore(sessions, reply) => {
@@ -227,6 +313,12 @@ impl Actor for Registry {
             RegistryMsg::Client(client_id, reply) => {
                 let _ = reply.send(self.clients.get(&client_id).map(|e| e.addr.clone()));
             }
+            RegistryMsg::Claimed {
+                client_id,
+                conn,
+                result,
+            } => self.claimed(client_id, conn, result, ctx).await,
+            RegistryMsg::TakenOver { client_id, epoch } => self.taken_over(&client_id, epoch),
             RegistryMsg::Shutdown(reply) => {
                 // All at once: one slow peer's last write must not hold up the others.
                 let goodbyes = self.clients.drain().map(|(_, e)| async move {

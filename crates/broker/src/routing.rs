@@ -800,6 +800,11 @@ impl Actor for RouterActor {
         if !self.route_outbox.is_empty() && !self.send_route_outbox() && self.retry.is_none() {
             self.retry = Some(ctx.after(RETRY_BLOCKED, RouterMsg::RetryBlocked));
         }
+        // A control message that found no room outside a flush (an acknowledgement settled
+        // by another node's answer) is retried like a blocked batch.
+        if !self.outbox.is_empty() && self.retry.is_none() {
+            self.retry = Some(ctx.after(RETRY_BLOCKED, RouterMsg::RetryBlocked));
+        }
         let burst_end = self.routed >= FLUSH_EVERY_PUBLISHES || ctx.queued() == 0;
         if !self.routed_acks.is_empty() && burst_end {
             self.send_routed_acks();

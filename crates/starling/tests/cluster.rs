@@ -3,7 +3,8 @@
 //! and one leader; a subscriber on each of nodes 2 and 3 and a QoS 1/2 publisher on node 1;
 //! node 3 is stopped and node 1 killed with SIGKILL mid-stream, and every message node 1
 //! acknowledged has reached both subscribers; the publisher goes on through node 2; the
-//! status shows node 1 down, and up again once it is restarted on its raft log.
+//! status shows node 1 down, and up again once it is restarted on its raft log; a client id
+//! that connects to a second node is taken over there (the first closes with 0x8E).
 
 #![allow(clippy::disallowed_methods)]
 
@@ -190,7 +191,7 @@ fn missing(want: &BTreeSet<(String, String)>, seen: &BTreeSet<(String, String)>)
 }
 
 #[test]
-fn three_nodes_forward_and_a_killed_node_loses_no_acknowledged_message() {
+fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_message() {
     if !have(
         "python3",
         &["-c", "import paho.mqtt"],
@@ -300,6 +301,7 @@ fn three_nodes_forward_and_a_killed_node_loses_no_acknowledged_message() {
         acked.len()
     );
 
+    println!("every acknowledged message reached nodes 2 and 3");
     // The publisher goes on through node 2; node 3 still gets everything.
     let mut p = publisher(ports[1].mqtt, "k/more", 500);
     let more: BTreeSet<(String, String)> = acked_lines(&mut p, |_| {})
@@ -311,6 +313,7 @@ fn three_nodes_forward_and_a_killed_node_loses_no_acknowledged_message() {
     gather(&rx3, &mut seen3, &more, Duration::from_secs(20));
     assert_eq!((missing(&more, &seen2), missing(&more, &seen3)), (0, 0));
 
+    println!("node 2 took 1000 more, and both subscribers got them");
     // The survivors keep (or elect) a leader, which sees node 1 down.
     wait_status(&files[1], Duration::from_secs(30), "node 1 down", |st| {
         st["leader"].as_u64().is_some_and(|l| l != 1) && health(st, 1) == Some(false)
@@ -324,7 +327,17 @@ fn three_nodes_forward_and_a_killed_node_loses_no_acknowledged_message() {
         |st| (1..=3).all(|id| health(st, id) == Some(true)),
     );
 
-    let _ = w2.kill();
-    let _ = w3.kill();
-    let _ = (w2.wait(), w3.wait());
+    println!("node 1 is back");
+    // One client id, two nodes: the CONNECT on node 3 takes the id over, and node 2 closes
+    // its connection with DISCONNECT 0x8E (Session taken over).
+    let (mut first, rx_first) = watcher(ports[1].mqtt, "mover", "m/#");
+    common::next_line(&rx_first, "subscribed");
+    let (mut second, rx_second) = watcher(ports[2].mqtt, "mover", "m/#");
+    common::next_line(&rx_second, "subscribed");
+    common::next_line(&rx_first, "disconnected 142");
+
+    for w in [&mut w2, &mut w3, &mut first, &mut second] {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
 }

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use starling_codec::{QoS, ReasonCode, SubscriptionOptions};
 use starling_hooks::DisconnectReason;
 use starling_rt::{time, Ctx};
+use starling_session::DetachReason;
 
 use super::Client;
 use crate::msg::{ClientInfo, ClientSubscriptions, NotConnected};
@@ -55,12 +56,27 @@ impl Client {
 
     /// Discards the session: what the client was, as it was before.
     pub(super) async fn kick(&mut self, ctx: &mut Ctx<Self>) -> ClientInfo {
+        self.discard(
+            DetachReason::Administrative,
+            ReasonCode::AdministrativeAction,
+            ctx,
+        )
+        .await
+    }
+
+    /// Discards the session, telling a connected client why (`code`, `why`'s).
+    pub(super) async fn discard(
+        &mut self,
+        why: DetachReason,
+        code: ReasonCode,
+        ctx: &mut Ctx<Self>,
+    ) -> ClientInfo {
         let before = self.info();
         if !self.session.is_ended() {
             if self.session.is_attached() {
-                self.closing = Some(DisconnectReason::Server(ReasonCode::AdministrativeAction));
+                self.closing = Some(DisconnectReason::Server(code));
             }
-            self.session.end(time::now());
+            self.session.end_because(time::now(), why);
             self.run_effects(ctx).await;
         }
         before

@@ -707,6 +707,10 @@ impl Client {
                 let was = self.kick(ctx).await;
                 let _ = reply.send(was);
             }
+            ClientMsg::TakenOver => {
+                let why = starling_session::DetachReason::TakenOver;
+                let _ = self.discard(why, ReasonCode::SessionTakenOver, ctx).await;
+            }
             ClientMsg::Subscribe {
                 filters,
                 qos,

@@ -8,11 +8,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use starling_cluster::{decode, encode, Change, Command, Member, Output, RouteBook};
-use starling_raft::{RaftHandle, RequestId, Role};
-use starling_rt::{Actor, Ctx, Reply};
+use std::collections::HashMap;
+use std::sync::Arc;
 
-use crate::msg::{ClusterMsg, ClusterStatus, MemberStatus, RouterMsg};
+use starling_cluster::{decode, encode, Change, Command, Member, Output, Owner, RouteBook};
+use starling_raft::{RaftHandle, RequestId, Role};
+use starling_rt::{Actor, Addr, Ctx, Reply};
+
+use crate::msg::{
+    ClaimError, ClusterMsg, ClusterStatus, MemberStatus, Proposal, RegistryMsg, RouterMsg,
+};
 use crate::shards::Shards;
 
 /// How often the actor retries what failed (its Join, a route batch).
@@ -37,11 +42,27 @@ pub(crate) struct ClusterActor {
     /// a restarted node never reuses one.
     join_client: u64,
     route_client: u64,
+    owner_client: u64,
     seq: u64,
+    /// Client-id ownership as applied here.
+    owners: HashMap<String, Owner>,
+    /// Claims and releases waiting for the next batch, and the batch in flight.
+    owner_queue: Vec<OwnerOp>,
+    owner_in_flight: Option<Vec<OwnerOp>>,
+    registry: Option<Addr<RegistryMsg>>,
 }
 
+/// A claim (with whom to answer) or a release, waiting for its commit.
+enum OwnerOp {
+    Claim(Arc<str>, Reply<Result<u64, ClaimError>>),
+    Release(Arc<str>, u64),
+}
+
+/// Claims and releases per proposal at most: one entry of the log stays small.
+const OWNER_BATCH_MAX: usize = 1024;
+
 impl ClusterActor {
-    pub(crate) fn new(node: u64, me: Member, shards: Shards, clients: (u64, u64)) -> Self {
+    pub(crate) fn new(node: u64, me: Member, shards: Shards, clients: (u64, u64, u64)) -> Self {
         ClusterActor {
             node,
             me,
@@ -55,27 +76,32 @@ impl ClusterActor {
             join_in_flight: false,
             join_client: clients.0,
             route_client: clients.1,
+            owner_client: clients.2,
             seq: 0,
+            owners: HashMap::new(),
+            owner_queue: Vec::new(),
+            owner_in_flight: None,
+            registry: None,
         }
     }
 
-    fn propose(&mut self, join: bool, command: Command, ctx: &mut Ctx<Self>) {
+    fn propose(&mut self, kind: Proposal, command: Command, ctx: &mut Ctx<Self>) {
         let Some(raft) = self.raft.clone() else {
             return;
         };
         self.seq += 1;
         let id = RequestId {
-            client_id: if join {
-                self.join_client
-            } else {
-                self.route_client
+            client_id: match kind {
+                Proposal::Join => self.join_client,
+                Proposal::Routes => self.route_client,
+                Proposal::Owners => self.owner_client,
             },
             seq: self.seq,
         };
         ctx.spawn_then(
             async move { raft.propose(id, encode(&command)).await },
             move |r| ClusterMsg::Proposed {
-                join,
+                kind,
                 result: match r {
                     Ok(bytes) => decode::<Output>(&bytes).map_err(|e| e.to_string()),
                     Err(e) => Err(e.to_string()),
@@ -93,12 +119,101 @@ impl ClusterActor {
                     node: self.node,
                     member: self.me.clone(),
                 };
-                self.propose(true, c, ctx);
+                self.propose(Proposal::Join, c, ctx);
             }
             return;
         }
         if let Some(batch) = self.book.take_batch() {
-            self.propose(false, batch, ctx);
+            self.propose(Proposal::Routes, batch, ctx);
+        }
+        self.propose_owners(ctx);
+    }
+
+    /// Proposes the claims and releases waiting, as one batch, if none is in flight.
+    fn propose_owners(&mut self, ctx: &mut Ctx<Self>) {
+        // After this node's Join: a claim by a node that is not a member is refused.
+        if self.owner_in_flight.is_some()
+            || self.owner_queue.is_empty()
+            || self.raft.is_none()
+            || !self.joined
+        {
+            return;
+        }
+        let n = self.owner_queue.len().min(OWNER_BATCH_MAX);
+        let ops: Vec<OwnerOp> = self.owner_queue.drain(..n).collect();
+        let node = self.node;
+        let commands = ops
+            .iter()
+            .map(|op| match op {
+                OwnerOp::Claim(c, _) => Command::Claim {
+                    client_id: c.to_string(),
+                    node,
+                },
+                OwnerOp::Release(c, epoch) => Command::Release {
+                    client_id: c.to_string(),
+                    owner: Owner {
+                        node,
+                        epoch: *epoch,
+                    },
+                },
+            })
+            .collect();
+        self.owner_in_flight = Some(ops);
+        self.propose(Proposal::Owners, Command::Batch(commands), ctx);
+    }
+
+    /// The batch of claims and releases in flight was applied (`outputs`, one per op) or
+    /// failed (`Err`).
+    fn owners_done(&mut self, result: Result<Output, String>) {
+        let Some(ops) = self.owner_in_flight.take() else {
+            return;
+        };
+        let outputs = match result {
+            Ok(Output::Batch(o)) => Ok(o),
+            Ok(other) => Err(format!("unexpected output {other:?}")),
+            Err(e) => Err(e),
+        };
+        for (i, op) in ops.into_iter().enumerate() {
+            let OwnerOp::Claim(client_id, reply) = op else {
+                continue;
+            };
+            let answer = match &outputs {
+                Ok(outs) => match outs.get(i) {
+                    Some(Output::Claimed { owner, .. }) => {
+                        // A later claim by another node, applied before this answer came
+                        // back, wins: this one is fenced before it is used.
+                        match self.owners.get(&*client_id) {
+                            Some(now) if now.epoch > owner.epoch && now.node != self.node => {
+                                Err(ClaimError::Superseded { node: now.node })
+                            }
+                            _ => Ok(owner.epoch),
+                        }
+                    }
+                    other => Err(ClaimError::Unavailable(format!("{other:?}"))),
+                },
+                Err(e) => Err(ClaimError::Unavailable(e.clone())),
+            };
+            let _ = reply.send(answer);
+        }
+    }
+
+    /// Ownership of `client_id` changed to `owner`: a claim by another node takes over a
+    /// session held here under an older one.
+    async fn owner_changed(&mut self, client_id: String, owner: Option<Owner>) {
+        let before = match owner {
+            Some(o) => self.owners.insert(client_id.clone(), o),
+            None => self.owners.remove(&client_id),
+        };
+        let Some(o) = owner else { return };
+        if o.node == self.node || before.is_some_and(|b| b.node != self.node) {
+            return;
+        }
+        if let Some(r) = &self.registry {
+            let msg = RegistryMsg::TakenOver {
+                client_id: Arc::from(client_id),
+                epoch: o.epoch,
+            };
+            let _ = r.send(msg).await;
         }
     }
 
@@ -152,9 +267,10 @@ impl ClusterActor {
                     };
                 }
                 Change::Route { filter, nodes } => self.route(filter, nodes).await,
-                // Ownership and retained messages are replicated but not acted on yet:
-                // sessions and retained messages are still per node (docs/clustering.md).
-                Change::Owner { .. } | Change::Retained { .. } => {}
+                Change::Owner { client_id, owner } => self.owner_changed(client_id, owner).await,
+                // Retained messages are replicated but not acted on yet: they are still per
+                // node (docs/clustering.md).
+                Change::Retained { .. } => {}
             }
         }
     }
@@ -163,11 +279,16 @@ impl ClusterActor {
     async fn reset(&mut self, all: Vec<Change>) {
         let mut routes: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         let mut members = BTreeMap::new();
+        let mut owners = Vec::new();
         for c in all {
             match c {
                 Change::Route { filter, nodes } => {
                     routes.insert(filter, nodes);
                 }
+                Change::Owner {
+                    client_id,
+                    owner: Some(o),
+                } => owners.push((client_id, o)),
                 Change::Member {
                     node,
                     member: Some(m),
@@ -191,6 +312,16 @@ impl ClusterActor {
         }
         for (f, nodes) in routes {
             self.route(f, nodes).await;
+        }
+        let mut gone: std::collections::HashSet<String> = self.owners.keys().cloned().collect();
+        for (c, o) in owners {
+            gone.remove(&c);
+            if self.owners.get(&c) != Some(&o) {
+                self.owner_changed(c, Some(o)).await;
+            }
+        }
+        for c in gone {
+            self.owners.remove(&c);
         }
     }
 
@@ -313,9 +444,25 @@ impl Actor for ClusterActor {
                 self.reset(all).await;
                 self.propose_due(ctx);
             }
-            ClusterMsg::Proposed { join, result } => {
+            ClusterMsg::Claim { client_id, reply } => {
+                self.owner_queue.push(OwnerOp::Claim(client_id, reply));
+                self.propose_owners(ctx);
+            }
+            ClusterMsg::Release { client_id, epoch } => {
+                self.owner_queue.push(OwnerOp::Release(client_id, epoch));
+                self.propose_owners(ctx);
+            }
+            ClusterMsg::Registry(r) => self.registry = Some(r),
+            ClusterMsg::Proposed {
+                kind: Proposal::Owners,
+                result,
+            } => {
+                self.owners_done(result);
+                self.propose_owners(ctx);
+            }
+            ClusterMsg::Proposed { kind, result } => {
                 let ok = matches!(result, Ok(Output::Done));
-                if join {
+                if kind == Proposal::Join {
                     self.join_in_flight = false;
                     if ok {
                         // Applied (a Join that changed nothing, after a restart with the

@@ -93,7 +93,12 @@ impl ClusterNode {
         let me = member(config);
         let mut rng = starling_rt::rng::rng();
         let actor = start_with(
-            ClusterActor::new(id, me, shards.clone(), (rng.next_u64(), rng.next_u64())),
+            ClusterActor::new(
+                id,
+                me,
+                shards.clone(),
+                (rng.next_u64(), rng.next_u64(), rng.next_u64()),
+            ),
             Options::named("cluster").capacity(CLUSTER_MAILBOX),
         );
         let node = Node::new(

@@ -217,7 +217,13 @@ impl Session {
     /// detaches with 0x98 if attached, publishes a pending will, queues
     /// [`Effect::SessionEnded`].
     pub fn end(&mut self, now: Instant) {
-        self.detach_with(now, DetachReason::Administrative.reason_code(), true);
+        self.end_because(now, DetachReason::Administrative);
+    }
+
+    /// As [`Session::end`], telling a connected MQTT 5 client `why` in its DISCONNECT
+    /// (another node of the cluster took the client identifier over: 0x8E).
+    pub fn end_because(&mut self, now: Instant, why: DetachReason) {
+        self.detach_with(now, why.reason_code(), true);
         if matches!(self.phase, Phase::Detached { .. }) {
             self.end_state(now);
             self.phase = Phase::Ended;

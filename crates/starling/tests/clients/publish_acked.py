@@ -37,7 +37,10 @@ def main():
 
     def on_connect(c, userdata, flags, reason_code, properties):
         if reason_code.is_failure:
-            sys.exit(f"CONNACK {reason_code}")
+            # sys.exit in a callback would end only paho's thread, leaving main waiting.
+            print(f"refused {reason_code}", flush=True)
+            over.set()
+            return
         for n in range(args.count):
             for qos in (1, 2):
                 payload = f"{qos}:{n}"
