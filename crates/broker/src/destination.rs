@@ -3,9 +3,12 @@
 //!
 //! Two kinds: a local session (its client actor) and a remote node (the cluster forwards a
 //! publish once per node that has subscribers for it; that node delivers to them). A bridge
-//! is the kind to come. Each hands a batch over its own way but keeps the same pending
-//! list and the same queue policy, the session's ([`QueueFullPolicy::victim`]), so that
-//! what is dropped where a queue is full does not depend on which queue it was.
+//! is the kind to come. A local session's pending list applies the session's queue policy
+//! ([`QueueFullPolicy::victim`]), so that what is dropped where its queue is full does not
+//! depend on which queue it was. A remote node serves many sessions with policies of their
+//! own, so its list keeps each message with the key of the acknowledgement waiting for it
+//! and, when full, drops its oldest QoS 0 message, or else the new one (see
+//! `routing::remote`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -433,37 +433,43 @@ impl Link {
         // never holds up the raft stream.
         tokio::select! {
             biased;
-            r = write_loop(raft_send, raft_rx, max, metrics) => r,
-            r = write_loop(bulk_send, bulk_rx, max, metrics) => r,
-            r = data_write_loop(data_send, data_rx, max, metrics) => r,
+            r = write_loop(raft_send, raft_rx, max, 64 << 10, metrics, |m| encode_message(&m), None) => r,
+            r = write_loop(bulk_send, bulk_rx, max, 64 << 10, metrics, |m| encode_message(&m), None) => r,
+            r = write_loop(data_send, data_rx, max, 256 << 10, metrics, |f| f, Some(&metrics.data_sent)) => r,
             _ = conn.closed() => Some(()),
         }
     }
 }
 
-/// Frames messages from `rx` onto `send`. `Some(())` on a write error, `None` when `rx` is
-/// closed.
-async fn write_loop(
+/// Frames what `rx` yields onto `send`, batching what is already queued (up to
+/// `batch_bytes`) into one write; `encode` gives each item's frame body, and one larger
+/// than `max` is dropped and counted. `sent` counts the frames written. `Some(())` on a
+/// write error, `None` when `rx` is closed.
+async fn write_loop<T>(
     mut send: QuicSend,
-    rx: &mut mpsc::Receiver<Message>,
+    rx: &mut mpsc::Receiver<T>,
     max: usize,
+    batch_bytes: usize,
     metrics: &QuicMetrics,
+    encode: impl Fn(T) -> Vec<u8>,
+    sent: Option<&AtomicU64>,
 ) -> Option<()> {
     let mut buf = Vec::new();
     loop {
-        let msg = rx.recv().await?;
+        let first = rx.recv().await?;
         buf.clear();
-        // Batch what is already queued into one write.
-        let mut next = Some(msg);
-        while let Some(m) = next {
-            let body = encode_message(&m);
+        let mut next = Some(first);
+        let mut n = 0;
+        while let Some(item) = next {
+            let body = encode(item);
             if body.len() > max {
                 metrics.dropped_oversize.fetch_add(1, Ordering::Relaxed);
             } else {
                 buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
                 buf.extend_from_slice(&body);
+                n += 1;
             }
-            next = if buf.len() < 64 << 10 {
+            next = if buf.len() < batch_bytes {
                 rx.try_recv().ok()
             } else {
                 None
@@ -471,42 +477,26 @@ async fn write_loop(
         }
         if send.write_all(&buf).await.is_err() {
             return Some(());
+        }
+        if let Some(c) = sent {
+            c.fetch_add(n, Ordering::Relaxed);
         }
     }
 }
 
-/// Frames data from `rx` onto `send`, as [`write_loop`] does raft messages.
-async fn data_write_loop(
-    mut send: QuicSend,
-    rx: &mut mpsc::Receiver<Vec<u8>>,
-    max: usize,
-    metrics: &QuicMetrics,
-) -> Option<()> {
-    let mut buf = Vec::new();
-    loop {
-        let frame = rx.recv().await?;
-        buf.clear();
-        let mut next = Some(frame);
-        let mut n = 0;
-        while let Some(f) = next {
-            if f.len() > max {
-                metrics.dropped_oversize.fetch_add(1, Ordering::Relaxed);
-            } else {
-                buf.extend_from_slice(&(f.len() as u32).to_be_bytes());
-                buf.extend_from_slice(&f);
-                n += 1;
-            }
-            next = if buf.len() < 256 << 10 {
-                rx.try_recv().ok()
-            } else {
-                None
-            };
-        }
-        if send.write_all(&buf).await.is_err() {
-            return Some(());
-        }
-        metrics.data_sent.fetch_add(n, Ordering::Relaxed);
+/// Reads one `[u32 length][body]` frame into `body`: `Ok(false)` when the stream ended,
+/// `Err` for a length over `max` (the peer is broken).
+async fn read_frame(recv: &mut QuicRecv, max: usize, body: &mut Vec<u8>) -> Result<bool, ()> {
+    let mut len = [0u8; 4];
+    if recv.read_exact(&mut len).await.is_err() {
+        return Ok(false);
     }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > max {
+        return Err(());
+    }
+    body.resize(len, 0);
+    Ok(recv.read_exact(body).await.is_ok())
 }
 
 /// What an accepted connection needs to deliver messages.
@@ -563,19 +553,7 @@ impl Inbound {
             _ => return Err(()),
         }
         let mut body = Vec::new();
-        loop {
-            let mut len = [0u8; 4];
-            if recv.read_exact(&mut len).await.is_err() {
-                return Ok(());
-            }
-            let len = u32::from_be_bytes(len) as usize;
-            if len > self.frame_bytes_max {
-                return Err(());
-            }
-            body.resize(len, 0);
-            if recv.read_exact(&mut body).await.is_err() {
-                return Ok(());
-            }
+        while read_frame(&mut recv, self.frame_bytes_max, &mut body).await? {
             let msg = decode_message(&body, self.frame_bytes_max).map_err(|_| ())?;
             // The certificate says who is talking; a frame claiming otherwise is refused.
             if msg.from != from || msg.to != self.me {
@@ -584,6 +562,7 @@ impl Inbound {
             self.metrics.delivered.fetch_add(1, Ordering::Relaxed);
             self.raft.deliver(msg);
         }
+        Ok(())
     }
 
     async fn data_loop(
@@ -592,24 +571,14 @@ impl Inbound {
         mut recv: QuicRecv,
         data: &mpsc::Sender<(u64, Vec<u8>)>,
     ) -> Result<(), ()> {
-        loop {
-            let mut len = [0u8; 4];
-            if recv.read_exact(&mut len).await.is_err() {
-                return Ok(());
-            }
-            let len = u32::from_be_bytes(len) as usize;
-            if len > self.frame_bytes_max {
-                return Err(());
-            }
-            let mut body = vec![0u8; len];
-            if recv.read_exact(&mut body).await.is_err() {
-                return Ok(());
-            }
+        let mut body = Vec::new();
+        while read_frame(&mut recv, self.frame_bytes_max, &mut body).await? {
             self.metrics.data_received.fetch_add(1, Ordering::Relaxed);
             // Waits while the application is behind: this stream is not read meanwhile.
-            if data.send((from, body)).await.is_err() {
-                return Ok(());
+            if data.send((from, std::mem::take(&mut body))).await.is_err() {
+                break;
             }
         }
+        Ok(())
     }
 }

@@ -187,17 +187,7 @@ fn the_dashboard_shows_clients_moves_its_chart_and_acts_in_headless_chromium() {
     }
     let dir = temp_dir("dashboard");
     let mqtt = free_port();
-    let config = dir.join("starling.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[node]\ndata_dir = \"{}\"\n\
-             [[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:{mqtt}\"\n\
-             [http]\nenabled = true\nbind = \"127.0.0.1:0\"\nbearer_token = \"{TOKEN}\"\n",
-            dir.join("data").display()
-        ),
-    )
-    .expect("write config");
+    let config = common::api_config(&dir, mqtt, TOKEN, "");
     let mut d = Daemon::start(&config);
     let http = common::logged_addr(&mut d, "HTTP API serving", "http_addr=").port();
 

@@ -37,17 +37,7 @@ fn schemathesis_finds_nothing_against_the_openapi_document() {
     }
     let dir = temp_dir("http-fuzz");
     let mqtt = free_port();
-    let config = dir.join("starling.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[node]\ndata_dir = \"{}\"\n\
-             [[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:{mqtt}\"\n\
-             [http]\nenabled = true\nbind = \"127.0.0.1:0\"\nbearer_token = \"{TOKEN}\"\n",
-            dir.join("data").display()
-        ),
-    )
-    .expect("write config");
+    let config = common::api_config(&dir, mqtt, TOKEN, "");
     let mut d = Daemon::start(&config);
     let port = common::logged_addr(&mut d, "HTTP API serving", "http_addr=").port();
 

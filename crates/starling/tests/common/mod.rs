@@ -199,3 +199,20 @@ pub fn next_line(rx: &mpsc::Receiver<String>, want: &str) {
         .unwrap_or_else(|_| panic!("no line, waiting for {want:?}"));
     assert_eq!(line, want);
 }
+
+/// A config in `dir` with a TCP listener on 127.0.0.1:`mqtt`, the store under `dir`, and the
+/// HTTP API on a free loopback port behind `token`, then `extra` (more sections).
+pub fn api_config(dir: &Path, mqtt: u16, token: &str, extra: &str) -> PathBuf {
+    let config = dir.join("starling.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[node]\ndata_dir = \"{}\"\n\
+             [[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:{mqtt}\"\n\
+             [http]\nenabled = true\nbind = \"127.0.0.1:0\"\nbearer_token = \"{token}\"\n{extra}",
+            dir.join("data").display()
+        ),
+    )
+    .expect("write config");
+    config
+}
