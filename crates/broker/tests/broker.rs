@@ -120,8 +120,10 @@ fn persistent_session_queues_while_offline_and_delivers_after_reconnect() {
             s.disconnect().await;
 
             let mut p = Client::connect(addr, protocol, &format!("qp{protocol:?}"), true).await;
+            // One topic: order is promised per topic (MQTT 4.6); two topics may live on
+            // two shards, and the first PUBACK does not wait for the delivery.
             p.publish("q/1", b"one", QoS::AtLeastOnce, false).await;
-            p.publish("q/2", b"two", QoS::ExactlyOnce, false).await;
+            p.publish("q/1", b"two", QoS::ExactlyOnce, false).await;
 
             let (mut s, ack) = Client::open(addr, c).await;
             assert!(ack.session_present, "the session survived the disconnect");
