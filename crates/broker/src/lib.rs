@@ -222,6 +222,10 @@ impl Broker {
         let router = start_shards(&shared, store.as_ref(), recovered.next_delayed_id, seq_base);
         // Before the sessions are routed again: their subscriptions are the node's routes.
         let cluster = cluster::ClusterNode::start(&shared, &router).await?;
+        let router = match &cluster {
+            Some(c) => router.with_cluster(c.actor()),
+            None => router,
+        };
         let sessions = std::mem::take(&mut recovered.sessions);
         let default_allow = shared.config.auth.acl_default == starling_config::AclDefault::Allow;
         let chain = builtin::builtin(&shared)

@@ -373,6 +373,20 @@ pub(crate) enum RouterMsg {
     },
     /// Settle forwarded batches that waited too long for their node.
     ForwardCheck,
+    /// The cluster committed (`None`) or did not commit (`Some`) the retained change a
+    /// waiting publish of this shard proposed (its key, as a forwarded copy's).
+    RetainSettled {
+        key: u64,
+        failed: Option<Stored>,
+    },
+    /// The replicated retained message of a topic of this shard was set or deleted.
+    ClusterRetained {
+        topic: Arc<str>,
+        message: Option<Arc<Message>>,
+    },
+    /// The replicated retained messages as a whole (after a snapshot or lost changes):
+    /// this shard's part replaces every retained message it holds but `$SYS` ones.
+    ClusterRetainedReset(Vec<Arc<Message>>),
 }
 
 // --- to the cluster actor -------------------------------------------------------------
@@ -414,6 +428,20 @@ pub(crate) enum ClusterMsg {
     },
     /// The registry, told of claims other nodes make.
     Registry(starling_rt::Addr<RegistryMsg>),
+    /// A retained PUBLISH routed here: set (`Some`) or delete the topic's retained message
+    /// through the log; `done` (the shard and its key) is told the outcome when a
+    /// publisher waits.
+    Retain {
+        topic: String,
+        message: Option<starling_cluster::RetainedMsg>,
+        done: Option<(WeakAddr<RouterMsg>, u64)>,
+    },
+    /// Answered once this node applied everything the leader had committed when the
+    /// barrier was asked for (a raft ReadIndex): a SUBSCRIBE's retained messages are read
+    /// after it, so that one acknowledged anywhere before is found.
+    Barrier(tokio::sync::oneshot::Sender<()>),
+    /// The outcome of a barrier's read (false: not confirmed in time).
+    BarrierDone(bool),
     /// What entries of the raft log changed, in order (from the replica, on the raft
     /// driver's turn).
     Changed(Vec<starling_cluster::Change>),
@@ -439,6 +467,8 @@ pub(crate) enum Proposal {
     Routes,
     /// A batch of claims and releases.
     Owners,
+    /// A batch of retained sets and deletes.
+    Retained,
 }
 
 /// A node's view of the cluster (`starling cluster status`, `GET /api/v1/cluster`).

@@ -289,7 +289,12 @@ impl RouterActor {
             "routed by its shard"
         );
         if local && msg.retain {
-            self.store_retained(&msg);
+            if self.cluster.is_some() && !msg.topic.starts_with('$') {
+                // Kept where the cluster's log puts it, on every node (`remote`).
+                self.propose_retained(&msg, ctx.weak_addr());
+            } else {
+                self.store_retained(&msg);
+            }
         }
         let pctx = PublishContext {
             random: self.rng.next_u64(),
@@ -624,6 +629,11 @@ impl Actor for RouterActor {
             RouterMsg::ForwardAcked { node, seq } => self.forward_acked(node, seq),
             RouterMsg::ForwardStored { key, outcome } => self.forward_stored(key, outcome),
             RouterMsg::ForwardCheck => self.forward_check(ctx),
+            RouterMsg::RetainSettled { key, failed } => self.forward_settled(key, failed),
+            RouterMsg::ClusterRetained { topic, message } => {
+                self.cluster_retained(&topic, message);
+            }
+            RouterMsg::ClusterRetainedReset(all) => self.cluster_retained_reset(all),
             RouterMsg::Cluster(c) => self.wire_cluster(*c),
             RouterMsg::RemoteRoute {
                 filter,

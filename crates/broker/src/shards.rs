@@ -18,7 +18,8 @@ use starling_rt::{ActorId, Addr, WeakAddr};
 use starling_session::SubscribeRequest;
 
 use crate::msg::{
-    Admission, ClientMsg, RouterMsg, RouterStats, StoreMsg, SubscribeMsg, SubscribeResult,
+    Admission, ClientMsg, ClusterMsg, RouterMsg, RouterStats, StoreMsg, SubscribeMsg,
+    SubscribeResult,
 };
 
 /// Longest a SUBACK waits for the cluster's routes to hold a new subscription's filter.
@@ -35,6 +36,9 @@ struct Inner {
     /// The node's store, when `storage.enabled`: beside the shards' addresses because every
     /// client actor that writes its session there holds this handle already.
     store: Option<Addr<StoreMsg>>,
+    /// The cluster actor, when `cluster.enabled`: a SUBSCRIBE that wants retained messages
+    /// passes its read barrier first.
+    cluster: Option<Addr<ClusterMsg>>,
 }
 
 /// Requests of one SUBSCRIBE bound for one shard, with their places in the packet.
@@ -57,7 +61,43 @@ impl Shards {
             addrs,
             limits,
             store,
+            cluster: None,
         }))
+    }
+
+    /// The same shards, with the cluster actor's read barrier on subscribe (the cluster
+    /// actor itself keeps a handle without it: it starts after the shards).
+    pub(crate) fn with_cluster(&self, cluster: Addr<ClusterMsg>) -> Self {
+        let i = &self.0;
+        Self(Arc::new(Inner {
+            map: i.map.clone(),
+            addrs: i.addrs.clone(),
+            limits: i.limits,
+            store: i.store.clone(),
+            cluster: Some(cluster),
+        }))
+    }
+
+    /// In a cluster, waits (bounded) until this node applied what the cluster had
+    /// committed when asked: retained messages acknowledged on any node before are then
+    /// in this node's shards. Without a quorum the SUBSCRIBE goes on with what is here.
+    pub(crate) async fn retained_barrier(&self, client_id: &str, filters: &[SubscribeRequest]) {
+        let Some(c) = &self.0.cluster else { return };
+        // Whether a filter is new is known only at its shard: a barrier for any that may
+        // want retained messages.
+        if !filters.iter().any(|f| f.wants_retained(true)) {
+            return;
+        }
+        let (done, wait) = tokio::sync::oneshot::channel();
+        if c.send(ClusterMsg::Barrier(done)).await.is_err() {
+            return;
+        }
+        match starling_rt::time::timeout(ROUTE_WAIT, wait).await {
+            Some(Ok(())) => {}
+            _ => {
+                tracing::debug!(%client_id, "retained messages read before the cluster confirmed them")
+            }
+        }
     }
 
     /// The node's store (see `storage`), when it has one.

@@ -241,7 +241,8 @@ struct TopicQuery {
 }
 
 async fn delete_retain(s: State, q: web::Query<TopicQuery>) -> HttpResponse {
-    let Some(topic) = q.topic.as_deref().map(str::trim).filter(|t| !t.is_empty()) else {
+    // As is: spaces (and other white space) are part of a topic name (MQTT 4.7.3).
+    let Some(topic) = q.topic.as_deref().filter(|t| !t.is_empty()) else {
         return error(StatusCode::BAD_REQUEST, "topic is required");
     };
     match s.admin.delete_retained(topic).await {

@@ -3,8 +3,10 @@
 //! and one leader; a subscriber on each of nodes 2 and 3 and a QoS 1/2 publisher on node 1;
 //! node 3 is stopped and node 1 killed with SIGKILL mid-stream, and every message node 1
 //! acknowledged has reached both subscribers; the publisher goes on through node 2; the
-//! status shows node 1 down, and up again once it is restarted on its raft log; a client id
-//! that connects to a second node is taken over there (the first closes with 0x8E).
+//! status shows node 1 down, and up again once it is restarted on its raft log; a retained
+//! message set through node 3 while node 1 was down is read through node 1 after its
+//! restart; a client id that connects to a second node is taken over there (the first
+//! closes with 0x8E).
 
 #![allow(clippy::disallowed_methods)]
 
@@ -150,6 +152,10 @@ fn acked_lines(p: &mut Child, mut on_ack: impl FnMut(usize)) -> BTreeSet<String>
 }
 
 fn publisher(port: u16, topic: &str, count: usize) -> Child {
+    publisher_with(port, topic, count, &[])
+}
+
+fn publisher_with(port: u16, topic: &str, count: usize, extra: &[&str]) -> Child {
     Command::new("python3")
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -157,6 +163,7 @@ fn publisher(port: u16, topic: &str, count: usize) -> Child {
         ))
         .args(["--port", &port.to_string(), "--topic", topic])
         .args(["--count", &count.to_string()])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -318,6 +325,20 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
     wait_status(&files[1], Duration::from_secs(30), "node 1 down", |st| {
         st["leader"].as_u64().is_some_and(|l| l != 1) && health(st, 1) == Some(false)
     });
+    // A retained message set through node 3 while node 1 is down: acknowledged once the
+    // majority logged it, and at once on node 2.
+    let (mut r2, rx_r2) = watcher(ports[1].mqtt, "retained-on-2", "ret/#");
+    common::next_line(&rx_r2, "subscribed");
+    let mut p = publisher_with(ports[2].mqtt, "ret/state", 1, &["--retain"]);
+    let acked = acked_lines(&mut p, |_| {});
+    assert_eq!(
+        acked.len(),
+        2,
+        "node 3 acknowledged both retained publishes"
+    );
+    common::next_line(&rx_r2, "msg ret/state 1:0");
+    common::next_line(&rx_r2, "msg ret/state 2:0");
+
     // Restarted on its raft log, node 1 is heard again.
     nodes[0] = Some(Daemon::start(&files[0]));
     wait_status(
@@ -326,8 +347,17 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
         "node 1 up again",
         |st| (1..=3).all(|id| health(st, id) == Some(true)),
     );
-
     println!("node 1 is back");
+    // It has the retained message it missed: a subscription there gets the last one.
+    let (mut r1, rx_r1) = watcher(ports[0].mqtt, "retained-on-1", "ret/#");
+    common::next_line(&rx_r1, "subscribed");
+    common::next_line(&rx_r1, "msg ret/state 2:0");
+    println!("node 1 serves the retained message set through node 3 while it was down");
+    for w in [&mut r1, &mut r2] {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+
     // One client id, two nodes: the CONNECT on node 3 takes the id over, and node 2 closes
     // its connection with DISCONNECT 0x8E (Session taken over).
     let (mut first, rx_first) = watcher(ports[1].mqtt, "mover", "m/#");

@@ -30,6 +30,7 @@ impl Client {
             f.map(|f| (Arc::<str>::from(f.filter.as_str()), f.options.qos))
                 .collect::<Vec<_>>()
         });
+        self.shards.retained_barrier(&client_id, &filters).await;
         let r = self
             .shards
             .subscribe(client_id, me, may_hold, persistent, filters)

@@ -11,12 +11,15 @@ use std::time::Duration;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use starling_cluster::{decode, encode, Change, Command, Member, Output, Owner, RouteBook};
-use starling_raft::{RaftHandle, RequestId, Role};
-use starling_rt::{Actor, Addr, Ctx, Reply};
+use starling_cluster::{
+    decode, encode, Change, Command, Member, Output, Owner, Query, RetainedMsg, RouteBook,
+};
+use starling_raft::{Consistency, RaftHandle, RequestId, Role};
+use starling_rt::{time, Actor, Addr, Ctx, Reply, WeakAddr};
 
+use super::retained::from_cluster;
 use crate::msg::{
-    ClaimError, ClusterMsg, ClusterStatus, MemberStatus, Proposal, RegistryMsg, RouterMsg,
+    ClaimError, ClusterMsg, ClusterStatus, MemberStatus, Proposal, RegistryMsg, RouterMsg, Stored,
 };
 use crate::shards::Shards;
 
@@ -43,6 +46,7 @@ pub(crate) struct ClusterActor {
     join_client: u64,
     route_client: u64,
     owner_client: u64,
+    retain_client: u64,
     seq: u64,
     /// Client-id ownership as applied here.
     owners: HashMap<String, Owner>,
@@ -50,7 +54,26 @@ pub(crate) struct ClusterActor {
     owner_queue: Vec<OwnerOp>,
     owner_in_flight: Option<Vec<OwnerOp>>,
     registry: Option<Addr<RegistryMsg>>,
+    /// Retained sets and deletes waiting for the next batch, and the batch in flight.
+    retain_queue: Vec<RetainOp>,
+    retain_in_flight: Option<Vec<RetainOp>>,
+    /// SUBSCRIBEs waiting for a read barrier: those asked since the read in flight started
+    /// wait for the next one (a read that began before them proves nothing about them).
+    barrier_queue: Vec<tokio::sync::oneshot::Sender<()>>,
+    barrier_in_flight: Option<Vec<tokio::sync::oneshot::Sender<()>>>,
 }
+
+/// A retained PUBLISH's change, with the shard (and its key) whose publisher waits.
+struct RetainOp {
+    topic: String,
+    message: Option<RetainedMsg>,
+    done: Option<(WeakAddr<RouterMsg>, u64)>,
+}
+
+/// Retained changes per proposal at most, and their payload bytes: one entry of the log
+/// stays small (a single message over the bound goes alone).
+const RETAIN_BATCH_MAX: usize = 256;
+const RETAIN_BATCH_BYTES: usize = 1 << 20;
 
 /// A claim (with whom to answer) or a release, waiting for its commit.
 enum OwnerOp {
@@ -62,7 +85,7 @@ enum OwnerOp {
 const OWNER_BATCH_MAX: usize = 1024;
 
 impl ClusterActor {
-    pub(crate) fn new(node: u64, me: Member, shards: Shards, clients: (u64, u64, u64)) -> Self {
+    pub(crate) fn new(node: u64, me: Member, shards: Shards, clients: [u64; 4]) -> Self {
         ClusterActor {
             node,
             me,
@@ -74,14 +97,19 @@ impl ClusterActor {
             route_waits: BTreeMap::new(),
             joined: false,
             join_in_flight: false,
-            join_client: clients.0,
-            route_client: clients.1,
-            owner_client: clients.2,
+            join_client: clients[0],
+            route_client: clients[1],
+            owner_client: clients[2],
+            retain_client: clients[3],
             seq: 0,
             owners: HashMap::new(),
             owner_queue: Vec::new(),
             owner_in_flight: None,
             registry: None,
+            retain_queue: Vec::new(),
+            retain_in_flight: None,
+            barrier_queue: Vec::new(),
+            barrier_in_flight: None,
         }
     }
 
@@ -95,6 +123,7 @@ impl ClusterActor {
                 Proposal::Join => self.join_client,
                 Proposal::Routes => self.route_client,
                 Proposal::Owners => self.owner_client,
+                Proposal::Retained => self.retain_client,
             },
             seq: self.seq,
         };
@@ -127,6 +156,101 @@ impl ClusterActor {
             self.propose(Proposal::Routes, batch, ctx);
         }
         self.propose_owners(ctx);
+        self.propose_retained(ctx);
+    }
+
+    /// Proposes the retained changes waiting, in order, as one batch, if none is in flight.
+    fn propose_retained(&mut self, ctx: &mut Ctx<Self>) {
+        if self.retain_in_flight.is_some() || self.retain_queue.is_empty() || self.raft.is_none() {
+            return;
+        }
+        let mut n = 0;
+        let mut bytes = 0;
+        for op in &self.retain_queue {
+            let size = op.topic.len() + op.message.as_ref().map_or(0, |m| m.payload.len());
+            if n > 0 && (n == RETAIN_BATCH_MAX || bytes + size > RETAIN_BATCH_BYTES) {
+                break;
+            }
+            n += 1;
+            bytes += size;
+        }
+        let ops: Vec<RetainOp> = self.retain_queue.drain(..n).collect();
+        let commands = ops
+            .iter()
+            .map(|op| Command::Retain {
+                topic: op.topic.clone(),
+                message: op.message.clone(),
+            })
+            .collect();
+        self.retain_in_flight = Some(ops);
+        self.propose(Proposal::Retained, Command::Batch(commands), ctx);
+    }
+
+    /// The batch of retained changes in flight was applied, or not (the publishers that
+    /// wait are told: MQTT 5 PUBACK 0x80, since it may yet be applied).
+    async fn retained_done(&mut self, result: &Result<Output, String>) {
+        let Some(ops) = self.retain_in_flight.take() else {
+            return;
+        };
+        let failed = match result {
+            Ok(Output::Batch(_)) => None,
+            other => {
+                tracing::debug!(node_id = self.node, outcome = ?other, "retained batch not applied");
+                Some(Stored::Unconfirmed)
+            }
+        };
+        for op in ops {
+            let Some((shard, key)) = op.done else {
+                continue;
+            };
+            if let Some(shard) = shard.upgrade() {
+                let _ = shard.send(RouterMsg::RetainSettled { key, failed }).await;
+            }
+        }
+    }
+
+    /// Starts a read barrier for the SUBSCRIBEs waiting, if none is in flight.
+    fn start_barrier(&mut self, ctx: &mut Ctx<Self>) {
+        if self.barrier_in_flight.is_some() || self.barrier_queue.is_empty() {
+            return;
+        }
+        let Some(raft) = self.raft.clone() else {
+            return;
+        };
+        self.barrier_in_flight = Some(std::mem::take(&mut self.barrier_queue));
+        let query = encode(&Query::Summary);
+        ctx.spawn_then(
+            async move { raft.read(query, Consistency::Linearizable).await },
+            |r| ClusterMsg::BarrierDone(r.is_ok()),
+        );
+    }
+
+    /// A read barrier finished. Its answer is handled here, behind every change the log
+    /// sent before it: the shards have them before the waiting SUBSCRIBEs reach them.
+    fn barrier_done(&mut self, ok: bool, ctx: &mut Ctx<Self>) {
+        for w in self.barrier_in_flight.take().into_iter().flatten() {
+            if ok {
+                let _ = w.send(());
+            }
+        }
+        self.start_barrier(ctx);
+    }
+
+    /// The replicated retained message of `topic` changed: its shard here is told.
+    async fn retained_changed(&mut self, topic: String, message: Option<RetainedMsg>) {
+        let message = match &message {
+            Some(m) => match from_cluster(&topic, m, time::now(), time::wall()) {
+                Some(m) => Some(m),
+                None => return,
+            },
+            None => None,
+        };
+        let shard = self.shards.for_publish(&topic).clone();
+        let msg = RouterMsg::ClusterRetained {
+            topic: Arc::from(topic),
+            message,
+        };
+        let _ = shard.send(msg).await;
     }
 
     /// Proposes the claims and releases waiting, as one batch, if none is in flight.
@@ -268,9 +392,9 @@ impl ClusterActor {
                 }
                 Change::Route { filter, nodes } => self.route(filter, nodes).await,
                 Change::Owner { client_id, owner } => self.owner_changed(client_id, owner).await,
-                // Retained messages are replicated but not acted on yet: they are still per
-                // node (docs/clustering.md).
-                Change::Retained { .. } => {}
+                Change::Retained { topic, message } => {
+                    self.retained_changed(topic, message).await;
+                }
             }
         }
     }
@@ -280,8 +404,19 @@ impl ClusterActor {
         let mut routes: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         let mut members = BTreeMap::new();
         let mut owners = Vec::new();
+        let (now, wall) = (time::now(), time::wall());
+        let mut retained: Vec<Vec<Arc<starling_session::Message>>> =
+            vec![Vec::new(); self.shards.count()];
         for c in all {
             match c {
+                Change::Retained {
+                    topic,
+                    message: Some(m),
+                } => {
+                    if let Some(m) = from_cluster(&topic, &m, now, wall) {
+                        retained[self.shards.index_for_publish(&topic)].push(m);
+                    }
+                }
                 Change::Route { filter, nodes } => {
                     routes.insert(filter, nodes);
                 }
@@ -322,6 +457,9 @@ impl ClusterActor {
         }
         for c in gone {
             self.owners.remove(&c);
+        }
+        for (shard, part) in self.shards.all().iter().zip(retained) {
+            let _ = shard.send(RouterMsg::ClusterRetainedReset(part)).await;
         }
     }
 
@@ -419,6 +557,7 @@ impl Actor for ClusterActor {
             ClusterMsg::Raft(raft) => {
                 self.raft = Some(raft);
                 self.propose_due(ctx);
+                self.start_barrier(ctx);
             }
             ClusterMsg::Route {
                 filter,
@@ -453,6 +592,30 @@ impl Actor for ClusterActor {
                 self.propose_owners(ctx);
             }
             ClusterMsg::Registry(r) => self.registry = Some(r),
+            ClusterMsg::Retain {
+                topic,
+                message,
+                done,
+            } => {
+                self.retain_queue.push(RetainOp {
+                    topic,
+                    message,
+                    done,
+                });
+                self.propose_retained(ctx);
+            }
+            ClusterMsg::Barrier(done) => {
+                self.barrier_queue.push(done);
+                self.start_barrier(ctx);
+            }
+            ClusterMsg::BarrierDone(ok) => self.barrier_done(ok, ctx),
+            ClusterMsg::Proposed {
+                kind: Proposal::Retained,
+                result,
+            } => {
+                self.retained_done(&result).await;
+                self.propose_retained(ctx);
+            }
             ClusterMsg::Proposed {
                 kind: Proposal::Owners,
                 result,

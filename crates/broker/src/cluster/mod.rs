@@ -3,13 +3,16 @@
 //! record and routes in it, and the task that hands publishes other nodes forward to the
 //! shards.
 //!
-//! What is replicated and acted on today: members and routes (a publish is forwarded once
-//! to each node with subscribers for it). Client-id ownership and retained messages have
-//! their place in the state but are still per node (docs/clustering.md says what that
-//! means for a client that moves).
+//! What is replicated and acted on: members, routes (a publish is forwarded once to each
+//! node with subscribers for it), client-id ownership (a claim elsewhere takes a session
+//! over) and retained messages (kept on every node from the log, read after a barrier).
+//! Sessions themselves do not move yet (docs/clustering.md).
 
 mod actor;
 mod replica;
+mod retained;
+
+pub(crate) use retained::to_cluster as retained_to_cluster;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -97,7 +100,12 @@ impl ClusterNode {
                 id,
                 me,
                 shards.clone(),
-                (rng.next_u64(), rng.next_u64(), rng.next_u64()),
+                [
+                    rng.next_u64(),
+                    rng.next_u64(),
+                    rng.next_u64(),
+                    rng.next_u64(),
+                ],
             ),
             Options::named("cluster").capacity(CLUSTER_MAILBOX),
         );

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use starling_router::parse_subscription;
-use starling_rt::Ctx;
+use starling_rt::{time, Ctx, WeakAddr};
 use starling_session::{DeliveryOptions, Message};
 use tracing::debug;
 
@@ -36,7 +36,7 @@ const FORWARD_CHECK: Duration = Duration::from_secs(1);
 /// A publish being routed whose publisher waits: the nodes it was offered to.
 pub(crate) struct FwdRoute {
     pub key: u64,
-    queued: u16,
+    pub(super) queued: u16,
     refused: u16,
 }
 
@@ -167,6 +167,60 @@ impl RouterActor {
         None
     }
 
+    /// A retained PUBLISH published here: its change goes through the cluster's log (in
+    /// this shard's order, behind its route reports), and a publisher that waits for it
+    /// counts it as one more node to hear from.
+    pub(super) fn propose_retained(&mut self, msg: &Arc<Message>, me: WeakAddr<RouterMsg>) {
+        if self.cluster.is_none() {
+            return;
+        }
+        let done = self.fwd_current.as_mut().map(|f| {
+            f.queued += 1;
+            (me, f.key)
+        });
+        let message = crate::cluster::retained_to_cluster(msg, time::now(), time::wall());
+        self.route_outbox.push_back(ClusterMsg::Retain {
+            topic: msg.topic.to_string(),
+            message,
+            done,
+        });
+    }
+
+    /// The cluster's log set (`Some`) or deleted the retained message of `topic`.
+    pub(super) fn cluster_retained(&mut self, topic: &str, message: Option<Arc<Message>>) {
+        let result = match message {
+            Some(m) => {
+                let size = m.topic.len() + m.payload.len();
+                self.retained.publish(topic, m, false, size).map(|_| ())
+            }
+            None => {
+                self.retained.remove(topic);
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            // Over this node's `retained_max`: the cluster keeps it, this node cannot.
+            add(&self.shared.metrics.retained_refused, 1);
+            debug!(topic, error = %e, "replicated retained message refused here");
+        }
+    }
+
+    /// The cluster's retained messages of this shard's topics, replacing all but `$SYS`.
+    pub(super) fn cluster_retained_reset(&mut self, all: Vec<Arc<Message>>) {
+        // `#` matches no topic that starts with `$` (MQTT 4.7.2): `$SYS` stays.
+        let gone: Vec<Arc<str>> = match self.retained.matching("#") {
+            Ok(found) => found.map(|(t, _)| Arc::from(t)).collect(),
+            Err(_) => Vec::new(),
+        };
+        for t in gone {
+            self.retained.remove(&t);
+        }
+        for m in all {
+            let topic = m.topic.clone();
+            self.cluster_retained(&topic, Some(m));
+        }
+    }
+
     /// Reports what `count_route` found, in order; what finds no room waits for the next
     /// turn (the retry timer is armed by the caller). False while some is left.
     pub(super) fn send_route_outbox(&mut self) -> bool {
@@ -256,8 +310,9 @@ impl RouterActor {
         self.control(&w.to.addr, msg);
     }
 
-    /// One node's part of `key` is settled (`None`: it took the message).
-    fn forward_settled(&mut self, key: u64, failed: Option<Stored>) {
+    /// One node's part of `key` is settled (`None`: it took the message), or the retained
+    /// change it proposed.
+    pub(super) fn forward_settled(&mut self, key: u64, failed: Option<Stored>) {
         let Some(w) = self.fwd_acks.get_mut(&key) else {
             return;
         };

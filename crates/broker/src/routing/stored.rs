@@ -109,6 +109,16 @@ impl RouterActor {
         delayed: Vec<(DelayedKey, Arc<Message>)>,
         ctx: &mut Ctx<Self>,
     ) {
+        if self.cluster.is_some() && !retained.is_empty() {
+            // In a cluster the log holds the retained messages; these were kept before
+            // this node joined one, and putting them back here alone would make this
+            // node's view differ from the others'.
+            tracing::warn!(
+                count = retained.len(),
+                "retained messages of the local store ignored: the cluster's log holds them"
+            );
+            return self.restore(Vec::new(), delayed, ctx);
+        }
         for m in retained {
             let size = m.topic.len() + m.payload.len();
             if let Err(e) = self.retained.publish(&m.topic.clone(), m, false, size) {

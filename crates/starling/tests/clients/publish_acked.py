@@ -3,7 +3,7 @@ and prints `acked PAYLOAD` for each one the broker acknowledged with success (PU
 PUBCOMP for QoS 2), as it happens. Payloads are `1:N` and `2:N`. Stops at the first
 disconnection (the broker was killed): what it printed is what it saw acknowledged.
 
-    python3 publish_acked.py --port 1883 --topic k/data --count 10000
+    python3 publish_acked.py --port 1883 --topic k/data --count 10000 [--retain]
 """
 
 import argparse
@@ -20,6 +20,7 @@ def main():
     ap.add_argument("--topic", required=True)
     ap.add_argument("--count", type=int, required=True)
     ap.add_argument("--inflight", type=int, default=64)
+    ap.add_argument("--retain", action="store_true", help="publish with RETAIN set")
     args = ap.parse_args()
 
     if not hasattr(mqtt, "CallbackAPIVersion"):
@@ -44,7 +45,7 @@ def main():
         for n in range(args.count):
             for qos in (1, 2):
                 payload = f"{qos}:{n}"
-                info = c.publish(args.topic, payload, qos=qos)
+                info = c.publish(args.topic, payload, qos=qos, retain=args.retain)
                 payloads[info.mid] = payload
 
     def on_publish(c, userdata, mid, reason_code, properties):
