@@ -3,7 +3,8 @@
 //!   each in its stored form (`MessageState`: expiry as wall-clock time, so it means the same
 //!   on the receiving node as long as the nodes' clocks agree);
 //! - `Ack`: the receiver took every batch of that shard up to `seq` (acknowledgements are
-//!   cumulative: a stream delivers in order).
+//!   cumulative: a stream delivers in order);
+//! - `Session`: a session handed over to the receiver, which claimed its client id.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -11,6 +12,8 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use starling_session::state::MessageState;
 use starling_session::{Instant, Message};
+
+use crate::msg::HandOff;
 
 const FRAME_V1: u8 = 1;
 
@@ -26,6 +29,26 @@ pub(crate) enum Frame {
         shard: u16,
         seq: u64,
     },
+    /// The session of `client_id`, handed over to the receiver's claim `epoch` (`None`:
+    /// the sender had none to give).
+    Session {
+        client_id: String,
+        epoch: u64,
+        handoff: Option<Box<HandOff>>,
+    },
+}
+
+/// A `Session` frame.
+pub(crate) fn encode_session(
+    client_id: &str,
+    epoch: u64,
+    handoff: Option<Box<HandOff>>,
+) -> Vec<u8> {
+    frame_bytes(&Frame::Session {
+        client_id: client_id.to_owned(),
+        epoch,
+        handoff,
+    })
 }
 
 /// The messages of a `Publish` frame, in order.

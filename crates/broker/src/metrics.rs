@@ -50,6 +50,8 @@ pub(crate) struct Metrics {
     pub cluster_forwarded: AtomicU64,
     pub cluster_received: AtomicU64,
     pub cluster_forward_timeouts: AtomicU64,
+    pub cluster_sessions_received: AtomicU64,
+    pub cluster_handover_timeouts: AtomicU64,
 }
 
 /// Adds `n` to a counter.
@@ -140,6 +142,9 @@ pub struct MetricsSnapshot {
     pub cluster_forwarded: u64,
     pub cluster_received: u64,
     pub cluster_forward_timeouts: u64,
+    /// Sessions other nodes handed over here, and CONNECTs that waited for one in vain.
+    pub cluster_sessions_received: u64,
+    pub cluster_handover_timeouts: u64,
 }
 
 impl Metrics {
@@ -179,6 +184,8 @@ impl Metrics {
             cluster_forwarded: get(&self.cluster_forwarded),
             cluster_received: get(&self.cluster_received),
             cluster_forward_timeouts: get(&self.cluster_forward_timeouts),
+            cluster_sessions_received: get(&self.cluster_sessions_received),
+            cluster_handover_timeouts: get(&self.cluster_handover_timeouts),
         }
     }
 }
@@ -193,7 +200,7 @@ pub enum MetricKind {
 impl MetricsSnapshot {
     /// Every figure with its name (the field's), what it counts and its kind: for
     /// expositions (the HTTP API's JSON and Prometheus text) that must list them all.
-    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 34] {
+    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 36] {
         use MetricKind::{Counter as C, Gauge as G};
         [
             (
@@ -351,6 +358,18 @@ impl MetricsSnapshot {
                 "Forwarded QoS 1/2 messages whose node did not acknowledge them in time",
                 C,
                 self.cluster_forward_timeouts,
+            ),
+            (
+                "cluster_sessions_received",
+                "Sessions other nodes of the cluster handed over here",
+                C,
+                self.cluster_sessions_received,
+            ),
+            (
+                "cluster_handover_timeouts",
+                "CONNECTs that waited in vain for the previous node's session",
+                C,
+                self.cluster_handover_timeouts,
             ),
             ("store_commits", "Store commits", C, self.store_commits),
             ("store_ops", "Store operations committed", C, self.store_ops),

@@ -100,9 +100,10 @@ pub(crate) enum ClientMsg {
     /// DISCONNECT 0x98 Administrative action), its will published, its subscriptions and
     /// queue dropped. Answers what the client was.
     Kick(Reply<ClientInfo>),
-    /// Another node of the cluster took this client id over: the connection, if any, is
-    /// closed (v5 DISCONNECT 0x8E Session taken over) and the session discarded.
-    TakenOver,
+    /// Another node took the client id over and continues the session: its state (none
+    /// when it does not outlive its connection, and then it just ends) with the username
+    /// it belongs to; the session ends here without its will (MQTT 5: DISCONNECT 0x8E).
+    HandOver(Reply<Option<Box<HandOff>>>),
     /// An operator subscribes the connected client to `filters` (valid ones) at `qos`: as
     /// its own SUBSCRIBE would (quota, authorization, retained messages after), with no
     /// SUBACK. Answers, per filter, the granted QoS or the code that refused it.
@@ -198,11 +199,29 @@ pub(crate) enum RegistryMsg {
     Claimed {
         client_id: Arc<str>,
         conn: Box<NewConn>,
-        result: Result<u64, ClaimError>,
+        result: Result<Claim, ClaimError>,
     },
     /// Another node claimed `client_id` with `epoch`: a session here under an older claim
     /// is taken over (MQTT 5: DISCONNECT 0x8E) and discarded.
-    TakenOver { client_id: Arc<str>, epoch: u64 },
+    TakenOver {
+        client_id: Arc<str>,
+        epoch: u64,
+        node: u64,
+    },
+    /// The session a node handed over for this node's claim `epoch` of `client_id` (`None`:
+    /// it had none to give).
+    HandedOver {
+        client_id: Arc<str>,
+        epoch: u64,
+        handoff: Option<Box<HandOff>>,
+    },
+    /// A CONNECT waiting for the previous owner's session waited long enough.
+    HandoverTimeout { client_id: Arc<str>, epoch: u64 },
+    /// The handed-over session of `client_id` is routed here: its CONNECT goes on.
+    HandoverReady {
+        client_id: Arc<str>,
+        conn: Box<NewConn>,
+    },
     /// Sessions read back from the store at start, each with the username it belongs to:
     /// give each a client actor, route its subscriptions again, then answer.
     Restore(
@@ -391,6 +410,21 @@ pub(crate) enum RouterMsg {
 
 // --- to the cluster actor -------------------------------------------------------------
 
+/// A committed claim of a client id by this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Claim {
+    pub epoch: u64,
+    /// The node that held the id before (itself, another, or none).
+    pub previous: Option<u64>,
+}
+
+/// A session moving between nodes: its state and the username it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct HandOff {
+    pub state: starling_session::SessionState,
+    pub owner: Option<String>,
+}
+
 /// Why a claim of a client id was not granted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum ClaimError {
@@ -419,8 +453,23 @@ pub(crate) enum ClusterMsg {
     /// other claims waiting), answering with the claim's epoch.
     Claim {
         client_id: Arc<str>,
-        reply: Reply<Result<u64, ClaimError>>,
+        reply: Reply<Result<Claim, ClaimError>>,
     },
+    /// A node's session of `client_id` for `to`'s claim `epoch`: sent on the data stream.
+    SendSession {
+        to: u64,
+        client_id: Arc<str>,
+        epoch: u64,
+        handoff: Option<Box<HandOff>>,
+    },
+    /// A session another node handed over arrived (see [`RegistryMsg::HandedOver`]).
+    SessionArrived {
+        client_id: Arc<str>,
+        epoch: u64,
+        handoff: Option<Box<HandOff>>,
+    },
+    /// The data streams to the other nodes.
+    Links(starling_raft::DataLinks),
     /// The session of `client_id` claimed with `epoch` ended here: release the claim.
     Release {
         client_id: Arc<str>,

@@ -14,7 +14,7 @@ use tracing::debug;
 
 use crate::client::Client;
 use crate::metrics::add;
-use crate::msg::{ClaimError, ClientMsg, ClusterMsg, NewConn, RegistryMsg};
+use crate::msg::{Claim, ClaimError, ClientMsg, ClusterMsg, HandOff, NewConn, RegistryMsg};
 use crate::refuse::refuse;
 use crate::settings::Shared;
 use crate::shards::Shards;
@@ -41,7 +41,14 @@ pub(crate) struct Registry {
     /// process) with their epochs. A CONNECT for one of them costs no raft commit.
     cluster: Option<Addr<ClusterMsg>>,
     claimed: HashMap<Arc<str>, u64>,
+    /// CONNECTs waiting for the session the previous owner node hands over, by client id,
+    /// with the epoch of this node's claim.
+    handovers: HashMap<Arc<str>, (u64, Box<NewConn>)>,
 }
+
+/// How long a CONNECT that resumes a session another node held waits for that node to hand
+/// it over; past it the session starts afresh here (the other node is down or cut off).
+const HANDOVER_WAIT: Duration = Duration::from_secs(3);
 
 /// How long a CONNECT waits for the cluster to commit its claim before it is refused
 /// (MQTT 5 CONNACK 0x88 Server unavailable, 3.x return code 3).
@@ -61,6 +68,7 @@ impl Registry {
             clients: HashMap::new(),
             cluster,
             claimed: HashMap::new(),
+            handovers: HashMap::new(),
         }
     }
 
@@ -70,6 +78,12 @@ impl Registry {
         let Some(cluster) = self.cluster.clone() else {
             return self.connect_here(client_id, conn, ctx).await;
         };
+        if let Some(waiting) = self.handovers.get_mut(&client_id) {
+            // A newer CONNECT for a session still on its way: it waits in the older one's
+            // place (which is closed), as a takeover would have it.
+            waiting.1 = conn;
+            return;
+        }
         if self.claimed.contains_key(&client_id) {
             return self.connect_here(client_id, conn, ctx).await;
         }
@@ -100,13 +114,22 @@ impl Registry {
         &mut self,
         client_id: Arc<str>,
         conn: Box<NewConn>,
-        result: Result<u64, ClaimError>,
+        result: Result<Claim, ClaimError>,
         ctx: &mut Ctx<Self>,
     ) {
         match result {
-            Ok(epoch) => {
+            Ok(Claim { epoch, previous }) => {
                 let e = self.claimed.entry(client_id.clone()).or_default();
                 *e = (*e).max(epoch);
+                let me = self.shared.config.node.id;
+                if previous.is_some_and(|p| p != me) && !conn.connect.clean_start {
+                    // The previous owner hands the session over once it applies this claim.
+                    debug!(client_id = %client_id, epoch, from = ?previous, "waiting for the session from its previous node");
+                    self.handovers.insert(client_id.clone(), (epoch, conn));
+                    let msg = RegistryMsg::HandoverTimeout { client_id, epoch };
+                    ctx.after(HANDOVER_WAIT, msg);
+                    return;
+                }
                 self.connect_here(client_id, conn, ctx).await;
             }
             Err(e) => {
@@ -116,23 +139,104 @@ impl Registry {
         }
     }
 
-    /// Another node claimed `client_id` with `epoch`: a session here claimed with an older
-    /// epoch is taken over and discarded.
-    fn taken_over(&mut self, client_id: &Arc<str>, epoch: u64) {
-        let Some(&mine) = self.claimed.get(client_id) else {
-            return;
-        };
-        if mine >= epoch {
+    /// Another node (`node`) claimed `client_id` with `epoch`: a session here under an older
+    /// claim (or restored from the store, under none) is handed over to it, and that node
+    /// is told even when there is nothing to hand over, so that its CONNECT stops waiting.
+    fn taken_over(&mut self, client_id: &Arc<str>, epoch: u64, node: u64) {
+        if self
+            .claimed
+            .get(client_id)
+            .is_some_and(|&mine| mine >= epoch)
+        {
             return;
         }
         self.claimed.remove(client_id);
-        if let Some(e) = self.clients.remove(client_id) {
-            debug!(client_id = %client_id, epoch, "session taken over by another node");
-            let addr = e.addr;
-            starling_rt::spawn(async move {
-                let _ = addr.send(ClientMsg::TakenOver).await;
-            });
+        let Some(cluster) = self.cluster.clone() else {
+            return;
+        };
+        let entry = self.clients.remove(client_id);
+        let client_id = client_id.clone();
+        starling_rt::spawn(async move {
+            let handoff = match entry {
+                Some(e) if !e.addr.is_closed() => {
+                    debug!(client_id = %client_id, epoch, node, "session taken over by another node");
+                    e.addr.ask(ClientMsg::HandOver).await.ok().flatten()
+                }
+                _ => None,
+            };
+            let msg = ClusterMsg::SendSession {
+                to: node,
+                client_id,
+                epoch,
+                handoff,
+            };
+            let _ = cluster.send(msg).await;
+        });
+    }
+
+    /// The session the previous node handed over for this node's claim `epoch`: it gets a
+    /// client actor, detached, routed here (off this turn), then the waiting CONNECT
+    /// resumes it.
+    fn handed_over(
+        &mut self,
+        client_id: Arc<str>,
+        epoch: u64,
+        handoff: Option<Box<HandOff>>,
+        ctx: &mut Ctx<Self>,
+    ) -> Option<(Arc<str>, Box<NewConn>)> {
+        if self
+            .handovers
+            .get(&client_id)
+            .is_none_or(|(e, _)| *e != epoch)
+        {
+            // Too late (the CONNECT went on afresh) or for another claim.
+            debug!(client_id = %client_id, epoch, "a handed-over session nobody waits for; dropped");
+            return None;
         }
+        let (_, conn) = self.handovers.remove(&client_id)?;
+        let Some(h) = handoff.map(|h| *h) else {
+            return Some((client_id, conn));
+        };
+        let (now, wall) = (time::now(), time::wall());
+        let session = match starling_session::Session::restore(
+            h.state,
+            self.shared.limits.clone(),
+            now,
+            wall,
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(client_id = %client_id, error = %e, "handed-over session not restored; starting afresh");
+                return Some((client_id, conn));
+            }
+        };
+        let owner = h.owner.map(Arc::from);
+        let client = Client::restored(
+            self.shared.clone(),
+            self.shards.clone(),
+            self.chain.clone(),
+            ctx.weak_addr(),
+            session,
+            owner.clone(),
+        );
+        let opts = Options::named("client").capacity(self.shared.client_mailbox);
+        let addr = start_with(client, opts);
+        self.clients.insert(
+            client_id.clone(),
+            Entry {
+                addr: addr.clone(),
+                attaches: 0,
+                owner,
+            },
+        );
+        add(&self.shared.metrics.cluster_sessions_received, 1);
+        ctx.spawn_then(
+            async move {
+                let _ = addr.ask(ClientMsg::Resubscribe).await;
+            },
+            move |()| RegistryMsg::HandoverReady { client_id, conn },
+        );
+        None
     }
 
     async fn connect_here(&mut self, client_id: Arc<str>, conn: Box<NewConn>, ctx: &mut Ctx<Self>) {
@@ -318,7 +422,36 @@ impl Actor for Registry {
                 conn,
                 result,
             } => self.claimed(client_id, conn, result, ctx).await,
-            RegistryMsg::TakenOver { client_id, epoch } => self.taken_over(&client_id, epoch),
+            RegistryMsg::TakenOver {
+                client_id,
+                epoch,
+                node,
+            } => self.taken_over(&client_id, epoch, node),
+            RegistryMsg::HandedOver {
+                client_id,
+                epoch,
+                handoff,
+            } => {
+                if let Some((client_id, conn)) = self.handed_over(client_id, epoch, handoff, ctx) {
+                    self.connect_here(client_id, conn, ctx).await;
+                }
+            }
+            RegistryMsg::HandoverTimeout { client_id, epoch } => {
+                if self
+                    .handovers
+                    .get(&client_id)
+                    .is_some_and(|(e, _)| *e == epoch)
+                {
+                    if let Some((_, conn)) = self.handovers.remove(&client_id) {
+                        debug!(client_id = %client_id, epoch, "no session from the previous node in time; starting afresh");
+                        add(&self.shared.metrics.cluster_handover_timeouts, 1);
+                        self.connect_here(client_id, conn, ctx).await;
+                    }
+                }
+            }
+            RegistryMsg::HandoverReady { client_id, conn } => {
+                self.connect_here(client_id, conn, ctx).await;
+            }
             RegistryMsg::Shutdown(reply) => {
                 // All at once: one slow peer's last write must not hold up the others.
                 let goodbyes = self.clients.drain().map(|(_, e)| async move {

@@ -97,6 +97,7 @@ fn checkpoint(base: Instant, a: &mut Driver, b: &mut Driver, down: u16) {
         assert_eq!(drain(&mut t), after_close, "attached snapshot, restored");
         let w = wall(base, before);
         assert_eq!(t.snapshot(before, w), b.s.snapshot(before, w));
+        hand_over(before, w, &state, &b.limits);
     }
     let state = round_trip(&b.s.snapshot(before, wall(base, before)));
     let keys = b.s.store_keys();
@@ -110,6 +111,42 @@ fn checkpoint(base: Instant, a: &mut Driver, b: &mut Driver, down: u16) {
     b.s.set_store_keys(keys.0, keys.1);
     b.s.handle_timeout(b.now);
     b.drain();
+}
+
+/// A session handed over to another node gives the state it would be saved with, and ends
+/// here with nothing published and nothing dropped: the will and the messages travel.
+fn hand_over(
+    now: Instant,
+    w: SystemTime,
+    state: &SessionState,
+    limits: &starling_session::SessionLimits,
+) {
+    let mut h = Session::restore(state.clone(), limits.clone(), now, w).expect("restores");
+    drain(&mut h);
+    let outlives = h.outlives_connection();
+    let saved = h.snapshot(now, w);
+    let given = h.hand_over(now, w);
+    let effects = drain(&mut h);
+    assert!(h.is_ended(), "the session ends where it was handed over");
+    if !outlives {
+        assert_eq!(given, None);
+        return;
+    }
+    assert_eq!(
+        given.as_ref(),
+        Some(&saved),
+        "handed over as it would be saved"
+    );
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::Will(_) | Effect::Dropped { .. })),
+        "nothing published or dropped on a handover: {effects:?}"
+    );
+    assert!(
+        matches!(effects.last(), Some(Effect::SessionEnded { .. })),
+        "{effects:?}"
+    );
 }
 
 /// Runs `data` through both drivers, with a checkpoint after each step named in

@@ -5,8 +5,8 @@
 //! acknowledged has reached both subscribers; the publisher goes on through node 2; the
 //! status shows node 1 down, and up again once it is restarted on its raft log; a retained
 //! message set through node 3 while node 1 was down is read through node 1 after its
-//! restart; a client id that connects to a second node is taken over there (the first
-//! closes with 0x8E).
+//! restart; a persistent session moves from node 2 to node 3 with the messages queued for
+//! it, and back (the connection on node 3 closes with 0x8E).
 
 #![allow(clippy::disallowed_methods)]
 
@@ -358,15 +358,57 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
         let _ = w.wait();
     }
 
-    // One client id, two nodes: the CONNECT on node 3 takes the id over, and node 2 closes
-    // its connection with DISCONNECT 0x8E (Session taken over).
-    let (mut first, rx_first) = watcher(ports[1].mqtt, "mover", "m/#");
+    // A persistent session moves: subscribed on node 2, its client gone (killed), QoS 1/2
+    // messages queued for it there; it connects to node 3, which takes the client id over
+    // and gets the session from node 2: every queued message arrives.
+    let persistent = ["--expiry", "3600"];
+    let (mut first, rx_first) = common::watcher_with(ports[1].mqtt, "mover", "m/#", &persistent);
     common::next_line(&rx_first, "subscribed");
-    let (mut second, rx_second) = watcher(ports[2].mqtt, "mover", "m/#");
-    common::next_line(&rx_second, "subscribed");
-    common::next_line(&rx_first, "disconnected 142");
+    let _ = first.kill();
+    let _ = first.wait();
+    let mut p = publisher(ports[0].mqtt, "m/data", 100);
+    let queued: BTreeSet<(String, String)> = acked_lines(&mut p, |_| {})
+        .into_iter()
+        .map(|p| ("m/data".to_owned(), p))
+        .collect();
+    assert_eq!(queued.len(), 200, "node 1 acknowledged every message");
+    let (mut second, rx_second) = common::watcher_with(ports[2].mqtt, "mover", "m/#", &persistent);
+    let mut got = BTreeSet::new();
+    gather(&rx_second, &mut got, &queued, Duration::from_secs(20));
+    assert_eq!(
+        missing(&queued, &got),
+        0,
+        "messages queued on node 2 missing after the move to node 3 (of {})",
+        queued.len()
+    );
+    println!("the session moved from node 2 to node 3 with its 200 queued messages");
+    // Back to node 2 while connected to node 3: node 3 closes its connection with
+    // DISCONNECT 0x8E (Session taken over), and the session comes along again.
+    let (mut third, rx_third) = common::watcher_with(ports[1].mqtt, "mover", "m/#", &persistent);
+    common::next_line(&rx_third, "subscribed");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx_second.recv_timeout(left) {
+            Ok(l) if l == "disconnected 142" => break,
+            Ok(_) => continue,
+            Err(_) => panic!("node 3 did not close the moved client's connection with 0x8E"),
+        }
+    }
+    let mut p = publisher(ports[0].mqtt, "m/after", 10);
+    let after: BTreeSet<(String, String)> = acked_lines(&mut p, |_| {})
+        .into_iter()
+        .map(|p| ("m/after".to_owned(), p))
+        .collect();
+    let mut got = BTreeSet::new();
+    gather(&rx_third, &mut got, &after, Duration::from_secs(20));
+    assert_eq!(
+        missing(&after, &got),
+        0,
+        "the session back on node 2 gets new messages"
+    );
 
-    for w in [&mut w2, &mut w3, &mut first, &mut second] {
+    for w in [&mut w2, &mut w3, &mut first, &mut second, &mut third] {
         let _ = w.kill();
         let _ = w.wait();
     }

@@ -9,7 +9,7 @@ use starling_rt::{time, Ctx};
 use starling_session::DetachReason;
 
 use super::Client;
-use crate::msg::{ClientInfo, ClientSubscriptions, NotConnected};
+use crate::msg::{ClientInfo, ClientSubscriptions, HandOff, NotConnected};
 
 impl Client {
     /// The connection's address, while there is one.
@@ -80,6 +80,25 @@ impl Client {
             self.run_effects(ctx).await;
         }
         before
+    }
+
+    /// Another node took the client id over: the session's state for it (see
+    /// [`starling_session::Session::hand_over`]), closing the connection with 0x8E.
+    pub(super) async fn hand_over(&mut self, ctx: &mut Ctx<Self>) -> Option<Box<HandOff>> {
+        if self.session.is_ended() {
+            return None;
+        }
+        if self.session.is_attached() {
+            self.closing = Some(DisconnectReason::Server(ReasonCode::SessionTakenOver));
+        }
+        let state = self.session.hand_over(time::now(), time::wall());
+        self.run_effects(ctx).await;
+        state.map(|state| {
+            Box::new(HandOff {
+                state,
+                owner: self.owner().map(|o| o.to_string()),
+            })
+        })
     }
 
     /// Subscribes the connected client to `filters` as its own SUBSCRIBE would (the

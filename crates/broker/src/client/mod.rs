@@ -707,9 +707,9 @@ impl Client {
                 let was = self.kick(ctx).await;
                 let _ = reply.send(was);
             }
-            ClientMsg::TakenOver => {
-                let why = starling_session::DetachReason::TakenOver;
-                let _ = self.discard(why, ReasonCode::SessionTakenOver, ctx).await;
+            ClientMsg::HandOver(reply) => {
+                let h = self.hand_over(ctx).await;
+                let _ = reply.send(h);
             }
             ClientMsg::Subscribe {
                 filters,

@@ -19,7 +19,8 @@ use starling_rt::{time, Actor, Addr, Ctx, Reply, WeakAddr};
 
 use super::retained::from_cluster;
 use crate::msg::{
-    ClaimError, ClusterMsg, ClusterStatus, MemberStatus, Proposal, RegistryMsg, RouterMsg, Stored,
+    Claim, ClaimError, ClusterMsg, ClusterStatus, MemberStatus, Proposal, RegistryMsg, RouterMsg,
+    Stored,
 };
 use crate::shards::Shards;
 
@@ -61,6 +62,8 @@ pub(crate) struct ClusterActor {
     /// wait for the next one (a read that began before them proves nothing about them).
     barrier_queue: Vec<tokio::sync::oneshot::Sender<()>>,
     barrier_in_flight: Option<Vec<tokio::sync::oneshot::Sender<()>>>,
+    /// The data streams, for sessions handed over.
+    links: Option<starling_raft::DataLinks>,
 }
 
 /// A retained PUBLISH's change, with the shard (and its key) whose publisher waits.
@@ -77,7 +80,7 @@ const RETAIN_BATCH_BYTES: usize = 1 << 20;
 
 /// A claim (with whom to answer) or a release, waiting for its commit.
 enum OwnerOp {
-    Claim(Arc<str>, Reply<Result<u64, ClaimError>>),
+    Claim(Arc<str>, Reply<Result<Claim, ClaimError>>),
     Release(Arc<str>, u64),
 }
 
@@ -110,6 +113,7 @@ impl ClusterActor {
             retain_in_flight: None,
             barrier_queue: Vec::new(),
             barrier_in_flight: None,
+            links: None,
         }
     }
 
@@ -303,14 +307,17 @@ impl ClusterActor {
             };
             let answer = match &outputs {
                 Ok(outs) => match outs.get(i) {
-                    Some(Output::Claimed { owner, .. }) => {
+                    Some(Output::Claimed { owner, previous }) => {
                         // A later claim by another node, applied before this answer came
                         // back, wins: this one is fenced before it is used.
                         match self.owners.get(&*client_id) {
                             Some(now) if now.epoch > owner.epoch && now.node != self.node => {
                                 Err(ClaimError::Superseded { node: now.node })
                             }
-                            _ => Ok(owner.epoch),
+                            _ => Ok(Claim {
+                                epoch: owner.epoch,
+                                previous: previous.map(|p| p.node),
+                            }),
                         }
                     }
                     other => Err(ClaimError::Unavailable(format!("{other:?}"))),
@@ -336,6 +343,7 @@ impl ClusterActor {
             let msg = RegistryMsg::TakenOver {
                 client_id: Arc::from(client_id),
                 epoch: o.epoch,
+                node: o.node,
             };
             let _ = r.send(msg).await;
         }
@@ -592,6 +600,32 @@ impl Actor for ClusterActor {
                 self.propose_owners(ctx);
             }
             ClusterMsg::Registry(r) => self.registry = Some(r),
+            ClusterMsg::Links(l) => self.links = Some(l),
+            ClusterMsg::SendSession {
+                to,
+                client_id,
+                epoch,
+                handoff,
+            } => {
+                if let Some(links) = self.links.clone() {
+                    let frame = crate::forward::encode_session(&client_id, epoch, handoff);
+                    starling_rt::spawn(async move { super::send_frame(&links, to, frame).await });
+                }
+            }
+            ClusterMsg::SessionArrived {
+                client_id,
+                epoch,
+                handoff,
+            } => {
+                if let Some(r) = &self.registry {
+                    let msg = RegistryMsg::HandedOver {
+                        client_id,
+                        epoch,
+                        handoff,
+                    };
+                    let _ = r.send(msg).await;
+                }
+            }
             ClusterMsg::Retain {
                 topic,
                 message,

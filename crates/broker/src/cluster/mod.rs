@@ -125,7 +125,14 @@ impl ClusterNode {
         let raft = start_raft(node, transport);
         let (tx, rx) = tokio::sync::mpsc::channel(INBOUND_FRAMES);
         net.serve_with_data(raft.clone(), Some(tx));
-        starling_rt::spawn(inbound(rx, shards.clone(), links.clone(), shared.clone()));
+        starling_rt::spawn(inbound(
+            rx,
+            shards.clone(),
+            links.clone(),
+            actor.clone(),
+            shared.clone(),
+        ));
+        let _ = actor.send(ClusterMsg::Links(links.clone())).await;
         for shard in shards.all() {
             let wiring = ShardCluster {
                 node: id,
@@ -177,6 +184,7 @@ async fn inbound(
     mut rx: tokio::sync::mpsc::Receiver<(u64, Vec<u8>)>,
     shards: Shards,
     links: DataLinks,
+    actor: Addr<ClusterMsg>,
     shared: Arc<Shared>,
 ) {
     let node_id = shared.config.node.id;
@@ -206,6 +214,20 @@ async fn inbound(
                 }
                 ack(&links, from, shard, seq).await;
             }
+            Frame::Session {
+                client_id,
+                epoch,
+                handoff,
+            } => {
+                let msg = ClusterMsg::SessionArrived {
+                    client_id: Arc::from(client_id),
+                    epoch,
+                    handoff,
+                };
+                if actor.send(msg).await.is_err() {
+                    return;
+                }
+            }
             Frame::Ack { shard, seq } => {
                 let Some(to) = shards.all().get(usize::from(shard)) else {
                     continue;
@@ -225,7 +247,11 @@ async fn inbound(
 /// Sends an acknowledgement, waiting for room a little: it is small, and the sender's
 /// publishers wait for it. One that cannot go in time is settled by the sender's timeout.
 async fn ack(links: &DataLinks, to: u64, shard: u16, seq: u64) {
-    let mut frame = forward::encode_ack(shard, seq);
+    send_frame(links, to, forward::encode_ack(shard, seq)).await;
+}
+
+/// Sends `frame` to `to`, waiting up to a second for room on its stream.
+pub(crate) async fn send_frame(links: &DataLinks, to: u64, mut frame: Vec<u8>) {
     for _ in 0..100 {
         match links.try_send(to, frame) {
             Ok(()) | Err(DataSendError::Closed) => return,

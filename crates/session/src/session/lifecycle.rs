@@ -230,6 +230,35 @@ impl Session {
         }
     }
 
+    /// Another node takes the session over and continues it (a cluster's handover): the
+    /// state it goes on from, will and deliveries included, and the session ends here
+    /// without publishing the will or counting its messages as dropped (they travel in the
+    /// state). A connected client is closed with 0x8E (MQTT 5). `None`, and an ordinary
+    /// end ([`Session::end_because`]), for a session that does not outlive its connection:
+    /// the takeover closes that connection, so the session ends with it (MQTT 5 §3.1.2.11.2).
+    pub fn hand_over(
+        &mut self,
+        now: Instant,
+        wall: std::time::SystemTime,
+    ) -> Option<crate::SessionState> {
+        if !self.outlives_connection() {
+            self.end_because(now, DetachReason::TakenOver);
+            return None;
+        }
+        let state = self.snapshot(now, wall);
+        self.will = None;
+        self.set_will_at(None);
+        self.queue.clear();
+        self.queued_qos0 = 0;
+        self.inflight.clear();
+        self.detach_with(now, DetachReason::TakenOver.reason_code(), false);
+        if matches!(self.phase, Phase::Detached { .. }) {
+            self.end_state(now);
+            self.phase = Phase::Ended;
+        }
+        Some(state)
+    }
+
     /// Timers: keep alive (detach with 0x8D after 1.5 × keep alive without a
     /// packet, MQTT 5 §3.1.2.10), 3.x retry of unacknowledged messages, will
     /// delay, session expiry. Call when [`Session::poll_timeout`] has passed;

@@ -3,7 +3,7 @@
 `disconnected CODE` (the reason code's value, e.g. 152 for 0x98 Administrative action)
 when the broker ends the connection, after which it exits.
 
-    python3 watch_v5.py --port 1883 --id watcher --topic 'api/#'
+    python3 watch_v5.py --port 1883 --id watcher --topic 'api/#' [--expiry 3600]
 """
 
 import argparse
@@ -19,6 +19,12 @@ def main():
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--id", required=True)
     ap.add_argument("--topic", required=True)
+    ap.add_argument(
+        "--expiry",
+        type=int,
+        default=0,
+        help="session expiry interval; above 0 the session is resumed (clean start 0)",
+    )
     args = ap.parse_args()
 
     if not hasattr(mqtt, "CallbackAPIVersion"):
@@ -52,7 +58,20 @@ def main():
     client.on_subscribe = on_subscribe
     client.on_message = on_message
     client.on_disconnect = on_disconnect
-    client.connect(args.host, args.port, keepalive=30)
+    props = None
+    if args.expiry > 0:
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = args.expiry
+    client.connect(
+        args.host,
+        args.port,
+        keepalive=30,
+        clean_start=args.expiry == 0,
+        properties=props,
+    )
     client.loop_start()
     over.wait(120)
     client.loop_stop()

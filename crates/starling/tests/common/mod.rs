@@ -171,12 +171,23 @@ pub fn have(program: &str, check: &[&str], install: &str) -> bool {
 
 /// The paho subscriber of `tests/clients/watch_v5.py`, its lines on a channel.
 pub fn watcher(port: u16, id: &str, topic: &str) -> (Child, mpsc::Receiver<String>) {
+    watcher_with(port, id, topic, &[])
+}
+
+/// As [`watcher`], with more arguments of `watch_v5.py` (e.g. `--expiry 3600`).
+pub fn watcher_with(
+    port: u16,
+    id: &str,
+    topic: &str,
+    extra: &[&str],
+) -> (Child, mpsc::Receiver<String>) {
     let mut child = Command::new("python3")
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/clients/watch_v5.py"
         ))
         .args(["--port", &port.to_string(), "--id", id, "--topic", topic])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
