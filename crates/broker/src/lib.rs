@@ -223,7 +223,7 @@ impl Broker {
         // Before the sessions are routed again: their subscriptions are the node's routes.
         let cluster = cluster::ClusterNode::start(&shared, &router).await?;
         let router = match &cluster {
-            Some(c) => router.with_cluster(c.actor()),
+            Some(_) => router.clustered(),
             None => router,
         };
         let sessions = std::mem::take(&mut recovered.sessions);

@@ -403,6 +403,10 @@ pub(crate) enum RouterMsg {
         topic: Arc<str>,
         message: Option<Arc<Message>>,
     },
+    /// Answered once the retained changes this shard took before are with the cluster
+    /// actor, and it passed a read barrier behind them (see `Shards::cluster_retained`);
+    /// at once outside a cluster.
+    Barrier(tokio::sync::oneshot::Sender<()>),
     /// The replicated retained messages as a whole (after a snapshot or lost changes):
     /// this shard's part replaces every retained message it holds but `$SYS` ones.
     ClusterRetainedReset(Vec<Arc<Message>>),

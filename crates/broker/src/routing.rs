@@ -634,6 +634,14 @@ impl Actor for RouterActor {
                 self.cluster_retained(&topic, message);
             }
             RouterMsg::ClusterRetainedReset(all) => self.cluster_retained_reset(all),
+            RouterMsg::Barrier(done) => match &self.cluster {
+                Some(_) => self
+                    .route_outbox
+                    .push_back(crate::msg::ClusterMsg::Barrier(done)),
+                None => {
+                    let _ = done.send(());
+                }
+            },
             RouterMsg::Cluster(c) => self.wire_cluster(*c),
             RouterMsg::RemoteRoute {
                 filter,

@@ -13,13 +13,13 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 use starling_codec::ReasonCode;
+use starling_router::parse_subscription;
 use starling_router::{Reach, ShardMap, TopicLimits};
 use starling_rt::{ActorId, Addr, WeakAddr};
-use starling_session::SubscribeRequest;
+use starling_session::{DeliveryOptions, SubscribeRequest};
 
 use crate::msg::{
-    Admission, ClientMsg, ClusterMsg, RouterMsg, RouterStats, StoreMsg, SubscribeMsg,
-    SubscribeResult,
+    Admission, ClientMsg, RouterMsg, RouterStats, StoreMsg, SubscribeMsg, SubscribeResult,
 };
 
 /// Longest a SUBACK waits for the cluster's routes to hold a new subscription's filter.
@@ -36,9 +36,8 @@ struct Inner {
     /// The node's store, when `storage.enabled`: beside the shards' addresses because every
     /// client actor that writes its session there holds this handle already.
     store: Option<Addr<StoreMsg>>,
-    /// The cluster actor, when `cluster.enabled`: a SUBSCRIBE that wants retained messages
-    /// passes its read barrier first.
-    cluster: Option<Addr<ClusterMsg>>,
+    /// `cluster.enabled`: a SUBSCRIBE's retained messages are read after a read barrier.
+    clustered: bool,
 }
 
 /// Requests of one SUBSCRIBE bound for one shard, with their places in the packet.
@@ -61,43 +60,85 @@ impl Shards {
             addrs,
             limits,
             store,
-            cluster: None,
+            clustered: false,
         }))
     }
 
-    /// The same shards, with the cluster actor's read barrier on subscribe (the cluster
-    /// actor itself keeps a handle without it: it starts after the shards).
-    pub(crate) fn with_cluster(&self, cluster: Addr<ClusterMsg>) -> Self {
+    /// The same shards, in a cluster: SUBSCRIBEs read their retained messages after a read
+    /// barrier (see `cluster_retained`). The cluster actor keeps a handle without it.
+    pub(crate) fn clustered(&self) -> Self {
         let i = &self.0;
         Self(Arc::new(Inner {
             map: i.map.clone(),
             addrs: i.addrs.clone(),
             limits: i.limits,
             store: i.store.clone(),
-            cluster: Some(cluster),
+            clustered: true,
         }))
     }
 
-    /// In a cluster, waits (bounded) until this node applied what the cluster had
-    /// committed when asked: retained messages acknowledged on any node before are then
-    /// in this node's shards. Without a quorum the SUBSCRIBE goes on with what is here.
-    pub(crate) async fn retained_barrier(&self, client_id: &str, filters: &[SubscribeRequest]) {
-        let Some(c) = &self.0.cluster else { return };
-        // Whether a filter is new is known only at its shard: a barrier for any that may
-        // want retained messages.
-        if !filters.iter().any(|f| f.wants_retained(true)) {
+    /// In a cluster, reads a SUBSCRIBE's retained messages again (replacing `r.retained`)
+    /// once this node applied what the cluster had committed when asked, and every retained
+    /// change this node's shards took before: a retained message acknowledged through any
+    /// node before the SUBSCRIBE, or published by this client just before it, is found.
+    /// The subscriptions are installed already (so no live publish waits for this). Without
+    /// a quorum, after a bound, `r.retained` stays as this node had it.
+    pub(crate) async fn cluster_retained(
+        &self,
+        client_id: &str,
+        filters: &[SubscribeRequest],
+        r: &mut SubscribeResult,
+    ) {
+        if !self.0.clustered {
             return;
         }
-        let (done, wait) = tokio::sync::oneshot::channel();
-        if c.send(ClusterMsg::Barrier(done)).await.is_err() {
+        let wanted: Vec<(String, DeliveryOptions)> = filters
+            .iter()
+            .enumerate()
+            .filter(|(i, f)| {
+                r.results.get(*i).is_some_and(Result::is_ok)
+                    && f.wants_retained(r.new.get(*i).copied().unwrap_or(false))
+            })
+            .map(|(_, f)| {
+                let plain = parse_subscription(&f.filter, &self.0.limits)
+                    .map(|s| s.filter)
+                    .unwrap_or(&f.filter)
+                    .to_owned();
+                (
+                    plain,
+                    DeliveryOptions::retained(&f.options, f.subscription_id),
+                )
+            })
+            .collect();
+        if wanted.is_empty() {
             return;
         }
-        match starling_rt::time::timeout(ROUTE_WAIT, wait).await {
-            Some(Ok(())) => {}
-            _ => {
-                tracing::debug!(%client_id, "retained messages read before the cluster confirmed them")
+        // Through every shard: each passes the barrier on behind the retained changes it
+        // took before, so the cluster actor sees them first.
+        let waits = self.0.addrs.iter().map(|a| async move {
+            let (done, wait) = tokio::sync::oneshot::channel();
+            a.send(RouterMsg::Barrier(done)).await.is_ok() && wait.await.is_ok()
+        });
+        let passed = starling_rt::time::timeout(ROUTE_WAIT, join_all(waits)).await;
+        if !passed.is_some_and(|all| all.into_iter().all(|ok| ok)) {
+            tracing::debug!(%client_id, "retained messages read before the cluster confirmed them");
+            return;
+        }
+        let mut retained = Vec::new();
+        for (filter, options) in wanted {
+            let asks = self.0.addrs.iter().map(|a| {
+                let filter = filter.clone();
+                a.ask(|reply| RouterMsg::Retained {
+                    filter,
+                    limit: usize::MAX,
+                    reply,
+                })
+            });
+            for found in join_all(asks).await.into_iter().flatten() {
+                retained.extend(found.into_iter().map(|m| (m, options.clone())));
             }
         }
+        r.retained = retained;
     }
 
     /// The node's store (see `storage`), when it has one.

@@ -30,10 +30,12 @@ impl Client {
             f.map(|f| (Arc::<str>::from(f.filter.as_str()), f.options.qos))
                 .collect::<Vec<_>>()
         });
-        self.shards.retained_barrier(&client_id, &filters).await;
-        let r = self
+        let mut r = self
             .shards
-            .subscribe(client_id, me, may_hold, persistent, filters)
+            .subscribe(client_id.clone(), me, may_hold, persistent, filters.clone())
+            .await;
+        self.shards
+            .cluster_retained(&client_id, &filters, &mut r)
             .await;
         for ((filter, asked), r) in named.into_iter().flatten().zip(&r.results) {
             if let Ok(qos) = r {

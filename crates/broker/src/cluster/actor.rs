@@ -60,10 +60,21 @@ pub(crate) struct ClusterActor {
     retain_in_flight: Option<Vec<RetainOp>>,
     /// SUBSCRIBEs waiting for a read barrier: those asked since the read in flight started
     /// wait for the next one (a read that began before them proves nothing about them).
-    barrier_queue: Vec<tokio::sync::oneshot::Sender<()>>,
-    barrier_in_flight: Option<Vec<tokio::sync::oneshot::Sender<()>>>,
+    barrier_queue: Vec<Barrier>,
+    barrier_in_flight: Option<Vec<Barrier>>,
+    /// Retained changes taken, and settled (applied or failed): a barrier also waits for
+    /// those taken before it (a client's own retained PUBLISH just before its SUBSCRIBE).
+    retain_taken: u64,
+    retain_settled: u64,
     /// The data streams, for sessions handed over.
     links: Option<starling_raft::DataLinks>,
+}
+
+/// A SUBSCRIBE's read barrier: answered by a read that started once the retained changes
+/// taken before it (`mark`) were settled.
+struct Barrier {
+    mark: u64,
+    done: tokio::sync::oneshot::Sender<()>,
 }
 
 /// A retained PUBLISH's change, with the shard (and its key) whose publisher waits.
@@ -113,6 +124,8 @@ impl ClusterActor {
             retain_in_flight: None,
             barrier_queue: Vec::new(),
             barrier_in_flight: None,
+            retain_taken: 0,
+            retain_settled: 0,
             links: None,
         }
     }
@@ -196,6 +209,7 @@ impl ClusterActor {
         let Some(ops) = self.retain_in_flight.take() else {
             return;
         };
+        self.retain_settled += ops.len() as u64;
         let failed = match result {
             Ok(Output::Batch(_)) => None,
             other => {
@@ -213,15 +227,22 @@ impl ClusterActor {
         }
     }
 
-    /// Starts a read barrier for the SUBSCRIBEs waiting, if none is in flight.
+    /// Starts a read barrier for the SUBSCRIBEs waiting whose retained changes are
+    /// settled, if none is in flight.
     fn start_barrier(&mut self, ctx: &mut Ctx<Self>) {
-        if self.barrier_in_flight.is_some() || self.barrier_queue.is_empty() {
+        let settled = self.retain_settled;
+        if self.barrier_in_flight.is_some() || !self.barrier_queue.iter().any(|b| b.mark <= settled)
+        {
             return;
         }
         let Some(raft) = self.raft.clone() else {
             return;
         };
-        self.barrier_in_flight = Some(std::mem::take(&mut self.barrier_queue));
+        let (ready, wait): (Vec<Barrier>, Vec<Barrier>) = std::mem::take(&mut self.barrier_queue)
+            .into_iter()
+            .partition(|b| b.mark <= settled);
+        self.barrier_queue = wait;
+        self.barrier_in_flight = Some(ready);
         let query = encode(&Query::Summary);
         ctx.spawn_then(
             async move { raft.read(query, Consistency::Linearizable).await },
@@ -232,9 +253,9 @@ impl ClusterActor {
     /// A read barrier finished. Its answer is handled here, behind every change the log
     /// sent before it: the shards have them before the waiting SUBSCRIBEs reach them.
     fn barrier_done(&mut self, ok: bool, ctx: &mut Ctx<Self>) {
-        for w in self.barrier_in_flight.take().into_iter().flatten() {
+        for b in self.barrier_in_flight.take().into_iter().flatten() {
             if ok {
-                let _ = w.send(());
+                let _ = b.done.send(());
             }
         }
         self.start_barrier(ctx);
@@ -631,6 +652,7 @@ impl Actor for ClusterActor {
                 message,
                 done,
             } => {
+                self.retain_taken += 1;
                 self.retain_queue.push(RetainOp {
                     topic,
                     message,
@@ -639,7 +661,11 @@ impl Actor for ClusterActor {
                 self.propose_retained(ctx);
             }
             ClusterMsg::Barrier(done) => {
-                self.barrier_queue.push(done);
+                self.barrier_queue.retain(|b| !b.done.is_closed());
+                self.barrier_queue.push(Barrier {
+                    mark: self.retain_taken,
+                    done,
+                });
                 self.start_barrier(ctx);
             }
             ClusterMsg::BarrierDone(ok) => self.barrier_done(ok, ctx),
@@ -649,6 +675,7 @@ impl Actor for ClusterActor {
             } => {
                 self.retained_done(&result).await;
                 self.propose_retained(ctx);
+                self.start_barrier(ctx);
             }
             ClusterMsg::Proposed {
                 kind: Proposal::Owners,
