@@ -13,7 +13,8 @@
 //!   Written to `snap.tmp`, synced, then renamed, so a snapshot file is whole or absent.
 //!
 //! Group commit: `append` and `set_hard_state` write records; `sync` makes them all durable
-//! with one fsync. Recovery cuts a torn tail (the last record of the last segment running off
+//! with one fsync, and `begin_sync` does the same with the fsync's wait handed out as a
+//! [`SyncJob`], so that the driver keeps appending while a storage thread waits. Recovery cuts a torn tail (the last record of the last segment running off
 //! the end of the file) and refuses a bad record anywhere else with [`Error::Corrupt`].
 
 use std::collections::VecDeque;
@@ -22,7 +23,7 @@ use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
 
-use crate::disk::Disk;
+use crate::disk::{Disk, SyncWait};
 use crate::error::{io_err, Error, Result};
 
 const KIND_ENTRY: u8 = 1;
@@ -83,6 +84,13 @@ pub trait LogStore: Storage + Send + 'static {
     fn set_hard_state(&mut self, hs: &HardState) -> Result<()>;
     /// Makes every write so far durable (one fsync, per the fsync policy).
     fn sync(&mut self) -> Result<()>;
+    /// As `sync`, but the wait is handed out: once the returned job has run (on any thread),
+    /// every write made before this call is durable. `None`: nothing is left to wait for.
+    /// Writes made after the call need another one. The default syncs at once.
+    fn begin_sync(&mut self) -> Result<Option<SyncJob>> {
+        self.sync()?;
+        Ok(None)
+    }
     /// Installs a snapshot received from the leader: the log restarts after it. Durable on
     /// return.
     fn apply_snapshot(&mut self, snap: Snapshot) -> Result<()>;
@@ -94,6 +102,25 @@ pub trait LogStore: Storage + Send + 'static {
     fn latest_snapshot(&self) -> &Snapshot;
     /// True if this store has never held a snapshot, an entry or a vote.
     fn is_fresh(&self) -> bool;
+}
+
+/// The wait of a [`LogStore::begin_sync`]: run it off the driver's turn, report the outcome.
+pub struct SyncJob {
+    file: String,
+    wait: SyncWait,
+}
+
+impl SyncJob {
+    /// Waits for the sync (blocks: an fsync).
+    pub fn run(self) -> Result<()> {
+        (self.wait)().map_err(io_err("sync", &self.file))
+    }
+}
+
+impl std::fmt::Debug for SyncJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncJob").field("file", &self.file).finish()
+    }
 }
 
 struct Segment {
@@ -562,6 +589,24 @@ impl<D: Disk> LogStore for DiskLog<D> {
             self.roll()?;
         }
         Ok(())
+    }
+
+    fn begin_sync(&mut self) -> Result<Option<SyncJob>> {
+        if self.active().bytes >= self.opts.segment_bytes_max {
+            // Sealing waits in the caller, once a segment: recovery takes damage in a sealed
+            // segment for corruption, so it must be whole before the next one starts.
+            self.roll()?;
+            return Ok(None);
+        }
+        if !self.dirty || self.opts.fsync == FsyncPolicy::Never {
+            return Ok(None);
+        }
+        let file = segment_name(self.active().seq);
+        let wait = self.disk.sync_later(&file).map_err(io_err("sync", &file))?;
+        // Covered by the job; what compaction drops (applied, so persisted) is already on
+        // disk.
+        self.dirty = false;
+        Ok(Some(SyncJob { file, wait }))
     }
 
     fn apply_snapshot(&mut self, snap: Snapshot) -> Result<()> {

@@ -247,3 +247,32 @@ fn overwritten_suffix_does_not_return_after_compaction() {
     let l = DiskLog::open(disk, small()).unwrap();
     assert_eq!(l.last_index().unwrap(), 6);
 }
+
+#[test]
+fn begin_sync_makes_earlier_writes_durable_only_once_its_job_ran() {
+    let disk = MemDisk::new();
+    let mut l = DiskLog::open(disk.clone(), small()).unwrap();
+    l.append(&[ent(1, 1)]).unwrap();
+    let job = l.begin_sync().unwrap().expect("a write to sync");
+    assert!(l.begin_sync().unwrap().is_none(), "nothing new since");
+    l.append(&[ent(2, 1)]).unwrap();
+    job.run().unwrap();
+    drop(l);
+    disk.crash(Crash::LoseUnsynced);
+    let l = DiskLog::open(disk.clone(), small()).unwrap();
+    assert_eq!(
+        indexes(&l),
+        vec![(1, 1)],
+        "entry 2 came after the sync began"
+    );
+
+    let mut l = l;
+    l.append(&[ent(2, 2)]).unwrap();
+    let job = l.begin_sync().unwrap().expect("a write to sync");
+    drop(l);
+    // Power lost while the job waited: it never ran.
+    disk.crash(Crash::LoseUnsynced);
+    drop(job);
+    let l = DiskLog::open(disk, small()).unwrap();
+    assert_eq!(indexes(&l), vec![(1, 1)]);
+}
