@@ -5,22 +5,31 @@
 //! client request, and committed entries are applied in bounded batches between messages,
 //! so a follower flooded with client work still answers heartbeats within one batch or one
 //! query (the follower-overload scenario of issue 4).
+//!
+//! The log's fsync runs on a storage thread of the runtime's blocking pool (under madsim, a
+//! simulated task), one at a time; its outcome comes back as the actor's own input. While it
+//! runs, the driver steps messages and appends what arrives, and the next sync covers all
+//! of it.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use raft::eraftpb::{ConfState, Message};
+use starling_rt::blocking::{BlockingPool, Job};
 use starling_rt::time::{self, Instant};
 use starling_rt::{Actor, Addr, Ctx, Options, Reply};
 use tracing::Instrument;
 
-use crate::error::RequestError;
+use crate::error::{Error, RequestError};
 use crate::node::{Effect, Membership, Node, ProposeError, Status};
 use crate::sm::{RequestId, StateMachine};
 use crate::transport::Transport;
-use crate::wal::LogStore;
+use crate::wal::{LogStore, SyncJob};
 
 /// How fresh a read must be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +70,8 @@ pub enum Msg {
     Status {
         reply: Reply<Status>,
     },
+    /// The outcome of the log sync the driver started (its own input, never sent to it).
+    Synced(crate::Result<()>),
 }
 
 /// Counters for metrics and tests.
@@ -75,6 +86,8 @@ pub struct Metrics {
     pub raft_dropped: AtomicU64,
     /// Entries applied.
     pub applied: AtomicU64,
+    /// Log syncs completed (each covers every ready written before it started).
+    pub syncs: AtomicU64,
 }
 
 /// The application's handle on a running driver.
@@ -247,6 +260,9 @@ pub struct Driver<L: LogStore, S: StateMachine, T: Transport> {
     changes: BTreeMap<u64, Pending<ConfState>>,
     next_token: u64,
     apply_scheduled: bool,
+    /// The storage thread, and the sync running on it.
+    sync_pool: BlockingPool,
+    sync: Option<Job<crate::Result<()>>>,
     /// Re-propose or re-read after this long without an outcome (an election timeout: by
     /// then a lost forward or a leader change has surely happened).
     retry_after: Duration,
@@ -269,6 +285,10 @@ pub fn start<L: LogStore, S: StateMachine, T: Transport>(
         changes: BTreeMap::new(),
         next_token: 1,
         apply_scheduled: false,
+        // One thread: syncs of one log are sequential by design. Room for one more job than
+        // the one that runs, which `Node` never asks for.
+        sync_pool: BlockingPool::new("raft-sync", 1, 1),
+        sync: None,
         retry_after,
     };
     let opts = Options {
@@ -356,12 +376,34 @@ impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
                         .leader
                         .store(leader.unwrap_or(0), Ordering::Relaxed);
                 }
+                Effect::Sync(job) => {
+                    if !self.start_sync(job) {
+                        ctx.stop();
+                        return;
+                    }
+                }
             }
         }
         if self.node.has_pending_apply() && !self.apply_scheduled {
             // Continue on the normal lane, behind raft traffic: a long backlog never delays a
             // heartbeat by more than one batch.
             self.apply_scheduled = ctx.addr().try_send(Msg::Apply).is_ok();
+        }
+    }
+
+    /// Hands `job` to the storage thread; its outcome arrives through `poll_input`.
+    fn start_sync(&mut self, job: SyncJob) -> bool {
+        match self.sync_pool.try_run(move || job.run()) {
+            Ok(j) => {
+                self.sync = Some(j);
+                true
+            }
+            Err(full) => {
+                // `Node` asks for one sync at a time, so this is a bug, not load: without the
+                // sync, nothing this node wrote may be acknowledged.
+                tracing::error!(node_id = self.node.id(), error = %full, "raft sync refused; stopping");
+                false
+            }
         }
     }
 
@@ -457,6 +499,19 @@ impl<L: LogStore, S: StateMachine, T: Transport> Actor for Driver<L, S, T> {
         );
         self.turn(msg, ctx).instrument(span).await
     }
+
+    fn poll_input(&mut self, cx: &mut Context<'_>) -> Poll<Msg> {
+        let Some(job) = self.sync.as_mut() else {
+            return Poll::Pending;
+        };
+        match Pin::new(job).poll(cx) {
+            Poll::Ready(r) => {
+                self.sync = None;
+                Poll::Ready(Msg::Synced(r.unwrap_or(Err(Error::SyncLost))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
@@ -530,6 +585,14 @@ impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
             }
             Msg::Status { reply } => {
                 let _ = reply.send(self.node.status());
+            }
+            Msg::Synced(outcome) => {
+                self.metrics.syncs.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = self.node.on_synced(outcome) {
+                    tracing::error!(node_id = self.node.id(), error = %e, "raft log sync failed; stopping");
+                    ctx.stop();
+                    return;
+                }
             }
         }
         self.drive(ctx).await;
