@@ -9,7 +9,7 @@
 //! The log's fsync runs on a storage thread of the runtime's blocking pool (under madsim, a
 //! simulated task), one at a time; its outcome comes back as the actor's own input. While it
 //! runs, the driver steps messages and appends what arrives, and the next sync covers all
-//! of it.
+//! of it. Proposals that queue up meanwhile are proposed together, as one raft message.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -30,6 +30,9 @@ use crate::node::{Effect, Membership, Node, ProposeError, Status};
 use crate::sm::{RequestId, StateMachine};
 use crate::transport::Transport;
 use crate::wal::{LogStore, SyncJob};
+
+/// Proposals proposed together at most: one raft message, one append.
+const PROPOSE_BATCH_MAX: usize = 256;
 
 /// How fresh a read must be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +91,8 @@ pub struct Metrics {
     pub applied: AtomicU64,
     /// Log syncs completed (each covers every ready written before it started).
     pub syncs: AtomicU64,
+    /// Raft proposal messages made from client proposals (each carries a batch).
+    pub proposal_batches: AtomicU64,
 }
 
 /// The application's handle on a running driver.
@@ -260,6 +265,12 @@ pub struct Driver<L: LogStore, S: StateMachine, T: Transport> {
     changes: BTreeMap<u64, Pending<ConfState>>,
     next_token: u64,
     apply_scheduled: bool,
+    /// Proposals received but not yet handed to raft: proposed together once the mailbox
+    /// is empty, the batch full, or the messages queued behind its first one handled.
+    batch: Vec<RequestId>,
+    /// Turns the batch may still wait: counted from the queue behind its first proposal,
+    /// so that a mailbox that never empties cannot hold it back.
+    batch_turns: usize,
     /// The storage thread, and the sync running on it.
     sync_pool: BlockingPool,
     sync: Option<Job<crate::Result<()>>>,
@@ -285,6 +296,8 @@ pub fn start<L: LogStore, S: StateMachine, T: Transport>(
         changes: BTreeMap::new(),
         next_token: 1,
         apply_scheduled: false,
+        batch: Vec::new(),
+        batch_turns: 0,
         // One thread: syncs of one log are sequential by design. Room for one more job than
         // the one that runs, which `Node` never asks for.
         sync_pool: BlockingPool::new("raft-sync", 1, 1),
@@ -403,6 +416,40 @@ impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
                 // sync, nothing this node wrote may be acknowledged.
                 tracing::error!(node_id = self.node.id(), error = %full, "raft sync refused; stopping");
                 false
+            }
+        }
+    }
+
+    /// Proposes the batch as one raft message.
+    fn flush_proposals(&mut self, now: Instant) {
+        let ids = std::mem::take(&mut self.batch);
+        // A proposal may have timed out while it waited in the batch.
+        let proposals = &self.proposals;
+        let batch: Vec<(RequestId, &[u8])> = ids
+            .iter()
+            .filter_map(|id| proposals.get(id).map(|p| (*id, &p.command[..])))
+            .collect();
+        if batch.is_empty() {
+            return;
+        }
+        self.metrics
+            .proposal_batches
+            .fetch_add(1, Ordering::Relaxed);
+        let r = self.node.propose_batch(batch);
+        for id in ids {
+            match &r {
+                Ok(()) => {}
+                // Try again at the next tick rather than after a whole interval.
+                Err(ProposeError::NoLeader) => {
+                    if let Some(p) = self.proposals.get_mut(&id) {
+                        p.wait.next_try = now;
+                    }
+                }
+                Err(ProposeError::Refused(why)) => {
+                    if let Some(p) = self.proposals.remove(&id) {
+                        p.wait.finish(Err(RequestError::Refused(why.clone())));
+                    }
+                }
             }
         }
     }
@@ -533,17 +580,12 @@ impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
                 } else if self.pending_count() >= pending_max {
                     let _ = reply.send(Err(RequestError::Overloaded { max: pending_max }));
                 } else {
-                    let r = self.node.propose(id, &command);
-                    let mut wait = Pending::new(now, request_timeout, self.retry_after, reply);
-                    if let Err(ProposeError::NoLeader) = r {
-                        // Try again at the next tick rather than after a whole interval.
-                        wait.next_try = now;
+                    let wait = Pending::new(now, request_timeout, self.retry_after, reply);
+                    self.proposals.insert(id, PendingProposal { command, wait });
+                    if self.batch.is_empty() {
+                        self.batch_turns = ctx.queued();
                     }
-                    if let Err(ProposeError::Refused(why)) = r {
-                        wait.finish(Err(RequestError::Refused(why)));
-                    } else {
-                        self.proposals.insert(id, PendingProposal { command, wait });
-                    }
+                    self.batch.push(id);
                 }
             }
             Msg::Read {
@@ -593,6 +635,15 @@ impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
                     ctx.stop();
                     return;
                 }
+            }
+        }
+        // Proposals that queued up behind this turn (behind a sync, typically) go into one
+        // raft message; the last of a burst sends the batch.
+        if !self.batch.is_empty() {
+            if ctx.queued() == 0 || self.batch_turns == 0 || self.batch.len() >= PROPOSE_BATCH_MAX {
+                self.flush_proposals(now);
+            } else {
+                self.batch_turns -= 1;
             }
         }
         self.drive(ctx).await;

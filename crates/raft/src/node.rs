@@ -290,6 +290,36 @@ impl<L: LogStore, S: StateMachine> Node<L, S> {
         }
     }
 
+    /// Proposes several commands as one raft message: one append and, on the leader, one
+    /// replication message per follower for all of them. All are accepted or none is.
+    pub fn propose_batch<'a>(
+        &mut self,
+        batch: impl IntoIterator<Item = (RequestId, &'a [u8])>,
+    ) -> Result<(), ProposeError> {
+        let entries: Vec<Entry> = batch
+            .into_iter()
+            .map(|(id, command)| Entry {
+                data: encode_command(id, command).into(),
+                ..Default::default()
+            })
+            .collect();
+        if entries.is_empty() {
+            return Ok(());
+        }
+        // What `RawNode::propose` builds for one entry; raft-rs takes many in one message.
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgPropose);
+        m.from = self.cfg.id;
+        m.set_entries(entries.into());
+        let r = self.raw.raft.step(m);
+        self.settle();
+        match r {
+            Ok(()) => Ok(()),
+            Err(raft::Error::ProposalDropped) => Err(ProposeError::NoLeader),
+            Err(e) => Err(ProposeError::Refused(e.to_string())),
+        }
+    }
+
     /// Asks for a linearizable read point; [`Effect::ReadReady`] with `token` follows once
     /// the leader confirmed its leadership and this node applied up to the read index. With
     /// no leader the request is dropped silently: the driver times it out.

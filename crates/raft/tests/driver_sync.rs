@@ -1,7 +1,7 @@
 //! The log's fsync runs outside the driver's turn: with the leader's sync held at a gate,
 //! the driver still answers, steps its followers' acknowledgements and takes proposals, and
 //! acknowledges none of them before its own sync is done; the proposals that queued up
-//! meanwhile are made durable by one more sync.
+//! meanwhile go into one raft proposal and are made durable by one more sync.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -173,7 +173,10 @@ fn a_pending_sync_leaves_the_driver_serving_and_holds_the_acknowledgement() {
         propose(&lh, 1).await.unwrap();
         let before = lh.status().await.unwrap();
         let own = before.progress[&leader].matched;
-        let syncs = lh.metrics().syncs.load(Ordering::Relaxed);
+        let (syncs, batches) = (
+            lh.metrics().syncs.load(Ordering::Relaxed),
+            lh.metrics().proposal_batches.load(Ordering::Relaxed),
+        );
 
         gates[(leader - 1) as usize].set_closed(true);
         let mut pending = vec![propose(&lh, 100)];
@@ -215,6 +218,11 @@ fn a_pending_sync_leaves_the_driver_serving_and_holds_the_acknowledgement() {
             m.syncs.load(Ordering::Relaxed),
             syncs,
             "the sync is still held"
+        );
+        assert_eq!(
+            m.proposal_batches.load(Ordering::Relaxed) - batches,
+            2,
+            "the twenty queued proposals went into one raft proposal"
         );
 
         gates[(leader - 1) as usize].set_closed(false);
