@@ -271,6 +271,9 @@ pub struct Driver<L: LogStore, S: StateMachine, T: Transport> {
     /// Turns the batch may still wait: counted from the queue behind its first proposal,
     /// so that a mailbox that never empties cannot hold it back.
     batch_turns: usize,
+    /// Command bytes in the batch: a follower forwards it whole, so it stays within one
+    /// raft message's size.
+    batch_bytes: u64,
     /// The storage thread, and the sync running on it.
     sync_pool: BlockingPool,
     sync: Option<Job<crate::Result<()>>>,
@@ -298,6 +301,7 @@ pub fn start<L: LogStore, S: StateMachine, T: Transport>(
         apply_scheduled: false,
         batch: Vec::new(),
         batch_turns: 0,
+        batch_bytes: 0,
         // One thread: syncs of one log are sequential by design. Room for one more job than
         // the one that runs, which `Node` never asks for.
         sync_pool: BlockingPool::new("raft-sync", 1, 1),
@@ -423,6 +427,7 @@ impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
     /// Proposes the batch as one raft message.
     fn flush_proposals(&mut self, now: Instant) {
         let ids = std::mem::take(&mut self.batch);
+        self.batch_bytes = 0;
         // A proposal may have timed out while it waited in the batch.
         let proposals = &self.proposals;
         let batch: Vec<(RequestId, &[u8])> = ids
@@ -581,6 +586,7 @@ impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
                     let _ = reply.send(Err(RequestError::Overloaded { max: pending_max }));
                 } else {
                     let wait = Pending::new(now, request_timeout, self.retry_after, reply);
+                    self.batch_bytes += command.len() as u64;
                     self.proposals.insert(id, PendingProposal { command, wait });
                     if self.batch.is_empty() {
                         self.batch_turns = ctx.queued();
@@ -640,7 +646,9 @@ impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
         // Proposals that queued up behind this turn (behind a sync, typically) go into one
         // raft message; the last of a burst sends the batch.
         if !self.batch.is_empty() {
-            if ctx.queued() == 0 || self.batch_turns == 0 || self.batch.len() >= PROPOSE_BATCH_MAX {
+            let full = self.batch.len() >= PROPOSE_BATCH_MAX
+                || self.batch_bytes >= self.node.config().max_size_per_msg;
+            if full || ctx.queued() == 0 || self.batch_turns == 0 {
                 self.flush_proposals(now);
             } else {
                 self.batch_turns -= 1;
