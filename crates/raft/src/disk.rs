@@ -33,11 +33,11 @@ pub trait Disk: Send + 'static {
     fn sync(&mut self, name: &str) -> io::Result<()>;
     /// A `sync` whose wait runs elsewhere, so that the log's owner keeps working during the
     /// fsync: once the returned wait returns `Ok`, every byte appended to the file before
-    /// this call is durable (later ones may or may not be). The default syncs at once and
-    /// returns a wait with nothing left to do: correct, but it blocks the caller.
-    fn sync_later(&mut self, name: &str) -> io::Result<SyncWait> {
+    /// this call is durable (later ones may or may not be). `None`: they already are, there
+    /// is nothing to wait for. The default syncs at once: correct, but it blocks the caller.
+    fn sync_later(&mut self, name: &str) -> io::Result<Option<SyncWait>> {
         self.sync(name)?;
-        Ok(Box::new(|| Ok(())))
+        Ok(None)
     }
     /// Cuts a file to `len` bytes.
     fn truncate(&mut self, name: &str, len: u64) -> io::Result<()>;
@@ -116,11 +116,11 @@ impl Disk for FsDisk {
         self.handle(name)?.sync_data()
     }
 
-    fn sync_later(&mut self, name: &str) -> io::Result<SyncWait> {
+    fn sync_later(&mut self, name: &str) -> io::Result<Option<SyncWait>> {
         // A second descriptor of the same open file: fsync through it flushes what was
         // written through the first, while the first keeps taking appends.
         let f = self.handle(name)?.try_clone()?;
-        Ok(Box::new(move || f.sync_data()))
+        Ok(Some(Box::new(move || f.sync_data())))
     }
 
     fn truncate(&mut self, name: &str, len: u64) -> io::Result<()> {
@@ -172,15 +172,27 @@ pub enum Crash {
 ///
 /// Clones share the same files: the simulated machine keeps its disk across a node's kill and
 /// restart, as hardware does. This is a model of a device, not state shared between actors.
+///
+/// A [`Disk::sync_later`] makes bytes durable only when its wait runs (on the driver's
+/// storage thread, or a simulated task), as a real fsync: a crash before then loses them.
+/// [`MemDisk::with_instant_sync`] models a device whose sync takes no time instead.
 #[derive(Clone, Default)]
 pub struct MemDisk {
     files: Arc<Mutex<BTreeMap<String, MemFile>>>,
     epochs: Arc<AtomicU64>,
+    instant_sync: bool,
 }
 
 impl MemDisk {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// `sync_later` syncs at once and leaves nothing to wait for: no hand-off to a storage
+    /// thread, so that a benchmark without a disk measures raft and the driver alone.
+    pub fn with_instant_sync(mut self) -> Self {
+        self.instant_sync = true;
+        self
     }
 
     fn next_epoch(&self) -> u64 {
@@ -236,6 +248,7 @@ impl MemDisk {
         MemDisk {
             files: Arc::new(Mutex::new(self.lock().clone())),
             epochs: Arc::new(AtomicU64::new(self.epochs.load(Ordering::Relaxed))),
+            instant_sync: self.instant_sync,
         }
     }
 
@@ -295,7 +308,11 @@ impl Disk for MemDisk {
         Ok(())
     }
 
-    fn sync_later(&mut self, name: &str) -> io::Result<SyncWait> {
+    fn sync_later(&mut self, name: &str) -> io::Result<Option<SyncWait>> {
+        if self.instant_sync {
+            self.sync(name)?;
+            return Ok(None);
+        }
         let (epoch, mark) = {
             let files = self.lock();
             let f = files.get(name).ok_or_else(|| not_found(name))?;
@@ -304,13 +321,13 @@ impl Disk for MemDisk {
         // Durable only when the wait runs, as a real fsync: a crash before it loses the bytes.
         let disk = self.clone();
         let name = name.to_string();
-        Ok(Box::new(move || {
+        Ok(Some(Box::new(move || {
             let mut files = disk.lock();
             if let Some(f) = files.get_mut(&name).filter(|f| f.epoch == epoch) {
                 f.synced = f.synced.max(mark.min(f.data.len()));
             }
             Ok(())
-        }))
+        })))
     }
 
     fn truncate(&mut self, name: &str, len: u64) -> io::Result<()> {
@@ -371,7 +388,7 @@ mod tests {
         let mut d = MemDisk::new();
         d.create("a").unwrap();
         d.append("a", b"one").unwrap();
-        let wait = d.sync_later("a").unwrap();
+        let wait = d.sync_later("a").unwrap().expect("a wait");
         d.append("a", b"two").unwrap();
         assert_eq!(
             d.unsynced_bytes(),
@@ -385,12 +402,15 @@ mod tests {
             "bytes appended after the call are not covered"
         );
         // A sync still pending at a power loss makes nothing durable afterwards.
-        let wait = d.sync_later("a").unwrap();
+        let wait = d.sync_later("a").unwrap().expect("a wait");
         d.crash(Crash::LoseUnsynced);
         d.append("a", b"three").unwrap();
         wait().unwrap();
         assert_eq!(d.read("a").unwrap(), b"onethree");
         assert_eq!(d.unsynced_bytes(), 5);
+        let mut d = d.with_instant_sync();
+        assert!(d.sync_later("a").unwrap().is_none());
+        assert_eq!(d.unsynced_bytes(), 0);
     }
 
     #[test]
@@ -401,7 +421,7 @@ mod tests {
         d.append("x", b"12345").unwrap();
         d.sync("x").unwrap();
         d.append("x", b"6").unwrap();
-        d.sync_later("x").unwrap()().unwrap();
+        d.sync_later("x").unwrap().expect("a wait")().unwrap();
         d.truncate("x", 3).unwrap();
         d.rename("x", "y").unwrap();
         assert_eq!(d.read("y").unwrap(), b"123");

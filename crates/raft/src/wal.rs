@@ -606,7 +606,7 @@ impl<D: Disk> LogStore for DiskLog<D> {
         // Covered by the job; what compaction drops (applied, so persisted) is already on
         // disk.
         self.dirty = false;
-        Ok(Some(SyncJob { file, wait }))
+        Ok(wait.map(|wait| SyncJob { file, wait }))
     }
 
     fn apply_snapshot(&mut self, snap: Snapshot) -> Result<()> {

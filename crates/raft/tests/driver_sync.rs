@@ -55,12 +55,14 @@ impl Disk for GatedDisk {
     fn sync(&mut self, name: &str) -> io::Result<()> {
         self.inner.sync(name)
     }
-    fn sync_later(&mut self, name: &str) -> io::Result<SyncWait> {
+    fn sync_later(&mut self, name: &str) -> io::Result<Option<SyncWait>> {
         let wait = self.inner.sync_later(name)?;
         let gate = self.gate.clone();
-        Ok(Box::new(move || {
-            gate.pass();
-            wait()
+        Ok(wait.map(|wait| -> SyncWait {
+            Box::new(move || {
+                gate.pass();
+                wait()
+            })
         }))
     }
     fn truncate(&mut self, name: &str, len: u64) -> io::Result<()> {
