@@ -415,6 +415,8 @@ impl<L: LogStore, S: StateMachine> Node<L, S> {
             self.written = number;
             self.persist()?;
         }
+        // Readies written while the last sync ran, when no new one came since.
+        self.persist()?;
         // raft waits for a report on every snapshot it sends before it probes that peer
         // again. We report it sent: if it was lost or refused (a snapshot older than the
         // peer's membership), the probe fails and raft sends the newest snapshot.
@@ -468,13 +470,14 @@ impl<L: LogStore, S: StateMachine> Node<L, S> {
     }
 
     /// The outcome of the last [`Effect::Sync`]. An error leaves the log's durability
-    /// unknown: the caller must stop this replica. Call [`Node::handle_ready`] next.
+    /// unknown: the caller must stop this replica. Call [`Node::handle_ready`] next: it
+    /// starts the next sync, after any proposals made in between, so that it covers them.
     pub fn on_synced(&mut self, outcome: Result<()>) -> Result<()> {
         outcome?;
         if let Some(number) = self.syncing.take() {
             self.mark_durable(number);
         }
-        self.persist()
+        Ok(())
     }
 
     /// True while an [`Effect::Sync`] has not been reported.
