@@ -265,9 +265,8 @@ pub struct Driver<L: LogStore, S: StateMachine, T: Transport> {
     changes: BTreeMap<u64, Pending<ConfState>>,
     next_token: u64,
     apply_scheduled: bool,
-    /// Proposals received during a sync, not yet handed to raft: proposed together once
-    /// the sync is done, the mailbox empty, the batch full, or the messages queued behind
-    /// its first one handled.
+    /// Proposals received but not yet handed to raft: proposed together once the mailbox
+    /// is empty, the batch full, or the messages queued behind its first one handled.
     batch: Vec<RequestId>,
     /// Turns the batch may still wait: counted from the queue behind its first proposal,
     /// so that a mailbox that never empties cannot hold it back.
@@ -644,15 +643,14 @@ impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
                 }
             }
         }
-        // While a sync is in flight, proposals that keep arriving gather into one raft
-        // message (their fsync waits for the next sync anyway); with none in flight, or once
-        // the messages queued behind the batch's first proposal are handled, it goes out, so
-        // that a lone proposal waits for nothing. On a `Synced` turn this comes before the
-        // next sync starts (in `drive`), which then covers the batch.
+        // Proposals that queued up behind this turn (behind a sync, typically) go into one
+        // raft message: the last of the burst, or the last of the messages that were queued
+        // when the batch began, sends it. On a `Synced` turn this comes before the next
+        // sync starts (in `drive`), which then covers the batch.
         if !self.batch.is_empty() {
             let full = self.batch.len() >= PROPOSE_BATCH_MAX
                 || self.batch_bytes >= self.node.config().max_size_per_msg;
-            if full || !self.node.is_syncing() || ctx.queued() == 0 || self.batch_turns == 0 {
+            if full || ctx.queued() == 0 || self.batch_turns == 0 {
                 self.flush_proposals(now);
             } else {
                 self.batch_turns -= 1;
