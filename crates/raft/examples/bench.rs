@@ -6,7 +6,8 @@
 //!
 //! `--net quic`: the production QUIC transport over loopback (mutual TLS); `--net local`: the
 //! in-process `LocalNet` (no serialization, no sockets). `--disk fs`: the WAL on files in a
-//! temporary directory, fsync per ready (the default policy); `--disk mem`: `MemDisk`.
+//! temporary directory, synced with the default policy (group commit on a storage thread);
+//! `--disk mem`: `MemDisk` with instant syncs (no storage thread: raft and the driver alone).
 //! `--clients N` proposers, each with one request outstanding, all through the leader.
 //! Latency is measured from `propose` to its output (committed on a quorum and applied on
 //! the leader). Prints one line per run.
@@ -96,7 +97,7 @@ fn start_node(
     let rng = starling_rt::rng::rng();
     Ok(match disk {
         DiskKind::Mem => {
-            let log = DiskLog::open(MemDisk::new(), cfg.log.clone())?;
+            let log = DiskLog::open(MemDisk::new().with_instant_sync(), cfg.log.clone())?;
             start(Node::new(cfg, log, Counter::default(), rng)?, transport)
         }
         DiskKind::Fs => {

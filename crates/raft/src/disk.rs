@@ -9,7 +9,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The waiting half of a sync started with [`Disk::sync_later`]: it may run on any thread.
+pub type SyncWait = Box<dyn FnOnce() -> io::Result<()> + Send>;
 
 /// A directory of files, as the log needs it.
 ///
@@ -27,6 +31,14 @@ pub trait Disk: Send + 'static {
     fn append(&mut self, name: &str, data: &[u8]) -> io::Result<()>;
     /// Makes every byte appended to the file so far durable.
     fn sync(&mut self, name: &str) -> io::Result<()>;
+    /// A `sync` whose wait runs elsewhere, so that the log's owner keeps working during the
+    /// fsync: once the returned wait returns `Ok`, every byte appended to the file before
+    /// this call is durable (later ones may or may not be). `None`: they already are, there
+    /// is nothing to wait for. The default syncs at once: correct, but it blocks the caller.
+    fn sync_later(&mut self, name: &str) -> io::Result<Option<SyncWait>> {
+        self.sync(name)?;
+        Ok(None)
+    }
     /// Cuts a file to `len` bytes.
     fn truncate(&mut self, name: &str, len: u64) -> io::Result<()>;
     /// Atomically replaces `to` with `from`.
@@ -104,6 +116,13 @@ impl Disk for FsDisk {
         self.handle(name)?.sync_data()
     }
 
+    fn sync_later(&mut self, name: &str) -> io::Result<Option<SyncWait>> {
+        // A second descriptor of the same open file: fsync through it flushes what was
+        // written through the first, while the first keeps taking appends.
+        let f = self.handle(name)?.try_clone()?;
+        Ok(Some(Box::new(move || f.sync_data())))
+    }
+
     fn truncate(&mut self, name: &str, len: u64) -> io::Result<()> {
         self.open.remove(name);
         let f = OpenOptions::new().write(true).open(self.path(name))?;
@@ -134,6 +153,9 @@ struct MemFile {
     data: Vec<u8>,
     /// How many leading bytes of `data` survive a crash.
     synced: usize,
+    /// Renewed whenever `data` may no longer extend what a pending [`Disk::sync_later`]
+    /// saw (create, truncate, crash): such a sync then makes nothing durable.
+    epoch: u64,
 }
 
 /// How a [`MemDisk`] crash treats bytes that were written but not synced.
@@ -150,14 +172,31 @@ pub enum Crash {
 ///
 /// Clones share the same files: the simulated machine keeps its disk across a node's kill and
 /// restart, as hardware does. This is a model of a device, not state shared between actors.
+///
+/// A [`Disk::sync_later`] makes bytes durable only when its wait runs (on the driver's
+/// storage thread, or a simulated task), as a real fsync: a crash before then loses them.
+/// [`MemDisk::with_instant_sync`] models a device whose sync takes no time instead.
 #[derive(Clone, Default)]
 pub struct MemDisk {
     files: Arc<Mutex<BTreeMap<String, MemFile>>>,
+    epochs: Arc<AtomicU64>,
+    instant_sync: bool,
 }
 
 impl MemDisk {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// `sync_later` syncs at once and leaves nothing to wait for: no hand-off to a storage
+    /// thread, so that a benchmark without a disk measures raft and the driver alone.
+    pub fn with_instant_sync(mut self) -> Self {
+        self.instant_sync = true;
+        self
+    }
+
+    fn next_epoch(&self) -> u64 {
+        self.epochs.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, MemFile>> {
@@ -168,6 +207,7 @@ impl MemDisk {
     /// Simulates a power loss: unsynced bytes are dropped or torn, as `mode` says.
     pub fn crash(&self, mode: Crash) {
         let mut files = self.lock();
+        let epoch = self.next_epoch();
         let mut state = match mode {
             Crash::LoseUnsynced => 0,
             Crash::Torn { seed } => seed | 1,
@@ -185,6 +225,8 @@ impl MemDisk {
             };
             f.data.truncate(f.synced + keep);
             f.synced = f.data.len();
+            // A sync started before the power loss never finished.
+            f.epoch = epoch;
         }
     }
 
@@ -205,6 +247,8 @@ impl MemDisk {
     pub fn fork(&self) -> MemDisk {
         MemDisk {
             files: Arc::new(Mutex::new(self.lock().clone())),
+            epochs: Arc::new(AtomicU64::new(self.epochs.load(Ordering::Relaxed))),
+            instant_sync: self.instant_sync,
         }
     }
 
@@ -239,7 +283,14 @@ impl Disk for MemDisk {
     }
 
     fn create(&mut self, name: &str) -> io::Result<()> {
-        self.lock().insert(name.to_string(), MemFile::default());
+        let epoch = self.next_epoch();
+        self.lock().insert(
+            name.to_string(),
+            MemFile {
+                epoch,
+                ..MemFile::default()
+            },
+        );
         Ok(())
     }
 
@@ -257,12 +308,35 @@ impl Disk for MemDisk {
         Ok(())
     }
 
+    fn sync_later(&mut self, name: &str) -> io::Result<Option<SyncWait>> {
+        if self.instant_sync {
+            self.sync(name)?;
+            return Ok(None);
+        }
+        let (epoch, mark) = {
+            let files = self.lock();
+            let f = files.get(name).ok_or_else(|| not_found(name))?;
+            (f.epoch, f.data.len())
+        };
+        // Durable only when the wait runs, as a real fsync: a crash before it loses the bytes.
+        let disk = self.clone();
+        let name = name.to_string();
+        Ok(Some(Box::new(move || {
+            let mut files = disk.lock();
+            if let Some(f) = files.get_mut(&name).filter(|f| f.epoch == epoch) {
+                f.synced = f.synced.max(mark.min(f.data.len()));
+            }
+            Ok(())
+        })))
+    }
+
     fn truncate(&mut self, name: &str, len: u64) -> io::Result<()> {
         let mut files = self.lock();
         let f = files.get_mut(name).ok_or_else(|| not_found(name))?;
         let len = usize::try_from(len).unwrap_or(usize::MAX).min(f.data.len());
         f.data.truncate(len);
         f.synced = f.synced.min(len);
+        f.epoch = self.next_epoch();
         Ok(())
     }
 
@@ -310,12 +384,44 @@ mod tests {
     }
 
     #[test]
+    fn a_later_sync_covers_what_was_written_before_it_and_only_once_it_runs() {
+        let mut d = MemDisk::new();
+        d.create("a").unwrap();
+        d.append("a", b"one").unwrap();
+        let wait = d.sync_later("a").unwrap().expect("a wait");
+        d.append("a", b"two").unwrap();
+        assert_eq!(
+            d.unsynced_bytes(),
+            6,
+            "nothing is durable before the wait runs"
+        );
+        wait().unwrap();
+        assert_eq!(
+            d.unsynced_bytes(),
+            3,
+            "bytes appended after the call are not covered"
+        );
+        // A sync still pending at a power loss makes nothing durable afterwards.
+        let wait = d.sync_later("a").unwrap().expect("a wait");
+        d.crash(Crash::LoseUnsynced);
+        d.append("a", b"three").unwrap();
+        wait().unwrap();
+        assert_eq!(d.read("a").unwrap(), b"onethree");
+        assert_eq!(d.unsynced_bytes(), 5);
+        let mut d = d.with_instant_sync();
+        assert!(d.sync_later("a").unwrap().is_none());
+        assert_eq!(d.unsynced_bytes(), 0);
+    }
+
+    #[test]
     fn fs_disk_round_trip() {
         let dir = std::env::temp_dir().join(format!("starling-raft-disk-{}", std::process::id()));
         let mut d = FsDisk::open(&dir).unwrap();
         d.create("x").unwrap();
         d.append("x", b"12345").unwrap();
         d.sync("x").unwrap();
+        d.append("x", b"6").unwrap();
+        d.sync_later("x").unwrap().expect("a wait")().unwrap();
         d.truncate("x", 3).unwrap();
         d.rename("x", "y").unwrap();
         assert_eq!(d.read("y").unwrap(), b"123");

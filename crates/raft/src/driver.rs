@@ -5,22 +5,34 @@
 //! client request, and committed entries are applied in bounded batches between messages,
 //! so a follower flooded with client work still answers heartbeats within one batch or one
 //! query (the follower-overload scenario of issue 4).
+//!
+//! The log's fsync runs on a storage thread of the runtime's blocking pool (under madsim, a
+//! simulated task), one at a time; its outcome comes back as the actor's own input. While it
+//! runs, the driver steps messages and appends what arrives, and the next sync covers all
+//! of it. Proposals that queue up meanwhile are proposed together, as one raft message.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use raft::eraftpb::{ConfState, Message};
+use starling_rt::blocking::{BlockingPool, Job};
 use starling_rt::time::{self, Instant};
 use starling_rt::{Actor, Addr, Ctx, Options, Reply};
 use tracing::Instrument;
 
-use crate::error::RequestError;
+use crate::error::{Error, RequestError};
 use crate::node::{Effect, Membership, Node, ProposeError, Status};
 use crate::sm::{RequestId, StateMachine};
 use crate::transport::Transport;
-use crate::wal::LogStore;
+use crate::wal::{LogStore, SyncJob};
+
+/// Proposals proposed together at most: one raft message, one append.
+const PROPOSE_BATCH_MAX: usize = 256;
 
 /// How fresh a read must be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +73,8 @@ pub enum Msg {
     Status {
         reply: Reply<Status>,
     },
+    /// The outcome of the log sync the driver started (its own input, never sent to it).
+    Synced(crate::Result<()>),
 }
 
 /// Counters for metrics and tests.
@@ -75,6 +89,10 @@ pub struct Metrics {
     pub raft_dropped: AtomicU64,
     /// Entries applied.
     pub applied: AtomicU64,
+    /// Log syncs completed (each covers every ready written before it started).
+    pub syncs: AtomicU64,
+    /// Raft proposal messages made from client proposals (each carries a batch).
+    pub proposal_batches: AtomicU64,
 }
 
 /// The application's handle on a running driver.
@@ -247,6 +265,18 @@ pub struct Driver<L: LogStore, S: StateMachine, T: Transport> {
     changes: BTreeMap<u64, Pending<ConfState>>,
     next_token: u64,
     apply_scheduled: bool,
+    /// Proposals received but not yet handed to raft: proposed together once the mailbox
+    /// is empty, the batch full, or the messages queued behind its first one handled.
+    batch: Vec<RequestId>,
+    /// Turns the batch may still wait: counted from the queue behind its first proposal,
+    /// so that a mailbox that never empties cannot hold it back.
+    batch_turns: usize,
+    /// Command bytes in the batch: a follower forwards it whole, so it stays within one
+    /// raft message's size.
+    batch_bytes: u64,
+    /// The storage thread, and the sync running on it.
+    sync_pool: BlockingPool,
+    sync: Option<Job<crate::Result<()>>>,
     /// Re-propose or re-read after this long without an outcome (an election timeout: by
     /// then a lost forward or a leader change has surely happened).
     retry_after: Duration,
@@ -269,6 +299,13 @@ pub fn start<L: LogStore, S: StateMachine, T: Transport>(
         changes: BTreeMap::new(),
         next_token: 1,
         apply_scheduled: false,
+        batch: Vec::new(),
+        batch_turns: 0,
+        batch_bytes: 0,
+        // One thread: syncs of one log are sequential by design. Room for one more job than
+        // the one that runs, which `Node` never asks for.
+        sync_pool: BlockingPool::new("raft-sync", 1, 1),
+        sync: None,
         retry_after,
     };
     let opts = Options {
@@ -356,12 +393,69 @@ impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
                         .leader
                         .store(leader.unwrap_or(0), Ordering::Relaxed);
                 }
+                Effect::Sync(job) => {
+                    if !self.start_sync(job) {
+                        ctx.stop();
+                        return;
+                    }
+                }
             }
         }
         if self.node.has_pending_apply() && !self.apply_scheduled {
             // Continue on the normal lane, behind raft traffic: a long backlog never delays a
             // heartbeat by more than one batch.
             self.apply_scheduled = ctx.addr().try_send(Msg::Apply).is_ok();
+        }
+    }
+
+    /// Hands `job` to the storage thread; its outcome arrives through `poll_input`.
+    fn start_sync(&mut self, job: SyncJob) -> bool {
+        match self.sync_pool.try_run(move || job.run()) {
+            Ok(j) => {
+                self.sync = Some(j);
+                true
+            }
+            Err(full) => {
+                // `Node` asks for one sync at a time, so this is a bug, not load: without the
+                // sync, nothing this node wrote may be acknowledged.
+                tracing::error!(node_id = self.node.id(), error = %full, "raft sync refused; stopping");
+                false
+            }
+        }
+    }
+
+    /// Proposes the batch as one raft message.
+    fn flush_proposals(&mut self, now: Instant) {
+        let ids = std::mem::take(&mut self.batch);
+        self.batch_bytes = 0;
+        // A proposal may have timed out while it waited in the batch.
+        let proposals = &self.proposals;
+        let batch: Vec<(RequestId, &[u8])> = ids
+            .iter()
+            .filter_map(|id| proposals.get(id).map(|p| (*id, &p.command[..])))
+            .collect();
+        if batch.is_empty() {
+            return;
+        }
+        self.metrics
+            .proposal_batches
+            .fetch_add(1, Ordering::Relaxed);
+        let r = self.node.propose_batch(batch);
+        for id in ids {
+            match &r {
+                Ok(()) => {}
+                // Try again at the next tick rather than after a whole interval.
+                Err(ProposeError::NoLeader) => {
+                    if let Some(p) = self.proposals.get_mut(&id) {
+                        p.wait.next_try = now;
+                    }
+                }
+                Err(ProposeError::Refused(why)) => {
+                    if let Some(p) = self.proposals.remove(&id) {
+                        p.wait.finish(Err(RequestError::Refused(why.clone())));
+                    }
+                }
+            }
         }
     }
 
@@ -457,6 +551,19 @@ impl<L: LogStore, S: StateMachine, T: Transport> Actor for Driver<L, S, T> {
         );
         self.turn(msg, ctx).instrument(span).await
     }
+
+    fn poll_input(&mut self, cx: &mut Context<'_>) -> Poll<Msg> {
+        let Some(job) = self.sync.as_mut() else {
+            return Poll::Pending;
+        };
+        match Pin::new(job).poll(cx) {
+            Poll::Ready(r) => {
+                self.sync = None;
+                Poll::Ready(Msg::Synced(r.unwrap_or(Err(Error::SyncLost))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
@@ -478,17 +585,13 @@ impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
                 } else if self.pending_count() >= pending_max {
                     let _ = reply.send(Err(RequestError::Overloaded { max: pending_max }));
                 } else {
-                    let r = self.node.propose(id, &command);
-                    let mut wait = Pending::new(now, request_timeout, self.retry_after, reply);
-                    if let Err(ProposeError::NoLeader) = r {
-                        // Try again at the next tick rather than after a whole interval.
-                        wait.next_try = now;
+                    let wait = Pending::new(now, request_timeout, self.retry_after, reply);
+                    self.batch_bytes += command.len() as u64;
+                    self.proposals.insert(id, PendingProposal { command, wait });
+                    if self.batch.is_empty() {
+                        self.batch_turns = ctx.queued();
                     }
-                    if let Err(ProposeError::Refused(why)) = r {
-                        wait.finish(Err(RequestError::Refused(why)));
-                    } else {
-                        self.proposals.insert(id, PendingProposal { command, wait });
-                    }
+                    self.batch.push(id);
                 }
             }
             Msg::Read {
@@ -530,6 +633,27 @@ impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
             }
             Msg::Status { reply } => {
                 let _ = reply.send(self.node.status());
+            }
+            Msg::Synced(outcome) => {
+                self.metrics.syncs.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = self.node.on_synced(outcome) {
+                    tracing::error!(node_id = self.node.id(), error = %e, "raft log sync failed; stopping");
+                    ctx.stop();
+                    return;
+                }
+            }
+        }
+        // Proposals that queued up behind this turn (behind a sync, typically) go into one
+        // raft message: the last of the burst, or the last of the messages that were queued
+        // when the batch began, sends it. On a `Synced` turn this comes before the next
+        // sync starts (in `drive`), which then covers the batch.
+        if !self.batch.is_empty() {
+            let full = self.batch.len() >= PROPOSE_BATCH_MAX
+                || self.batch_bytes >= self.node.config().max_size_per_msg;
+            if full || ctx.queued() == 0 || self.batch_turns == 0 {
+                self.flush_proposals(now);
+            } else {
+                self.batch_turns -= 1;
             }
         }
         self.drive(ctx).await;

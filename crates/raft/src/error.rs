@@ -34,6 +34,10 @@ pub enum Error {
     /// Entries handed to `append` do not continue the log.
     #[error("append of entry {index} does not follow the log (first {first}, last {last})")]
     AppendOutOfRange { index: u64, first: u64, last: u64 },
+    /// The storage thread ended a log sync without an outcome (it panicked, or none could
+    /// be started): whether the log is durable is unknown.
+    #[error("the log sync was lost (storage thread panicked or missing)")]
+    SyncLost,
     /// A protobuf record could not be decoded.
     #[error("decoding {what}: {source}")]
     Decode {

@@ -14,7 +14,7 @@ pub mod transport;
 pub mod wal;
 
 pub use config::{Config, ValidConfig};
-pub use disk::{Crash, Disk, FsDisk, MemDisk};
+pub use disk::{Crash, Disk, FsDisk, MemDisk, SyncWait};
 pub use driver::{start, Client, Consistency, Metrics, RaftHandle};
 pub use error::{ConfigError, Error, RequestError, Result};
 pub use node::{Effect, Membership, Node, PeerProgress, ProposeError, Role, Status};
@@ -25,7 +25,7 @@ pub use sm::{RequestId, StateMachine};
 #[cfg(feature = "testkit")]
 pub use testkit::{LocalNet, LocalTransport};
 pub use transport::Transport;
-pub use wal::{DiskLog, FsyncPolicy, LogOptions, LogStore, Recovery};
+pub use wal::{DiskLog, FsyncPolicy, LogOptions, LogStore, Recovery, SyncJob};
 
 /// raft-rs's wire types, re-exported so that transports need no direct dependency.
 pub use raft::eraftpb;

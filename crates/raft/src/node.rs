@@ -5,6 +5,11 @@
 //! Call order per turn: any inputs, then [`Node::handle_ready`], then
 //! [`Node::apply_committed`] (a bounded batch), then `handle_ready` again (applying a
 //! membership change can produce messages), then drain [`Node::poll_effect`].
+//!
+//! The log's fsync is not done here: an [`Effect::Sync`] hands its wait to the caller, who
+//! runs it off the turn and reports with [`Node::on_synced`]. Meanwhile the node keeps
+//! stepping messages and appending; what depends on durability (votes, acknowledgements,
+//! the leader's own vote for its entries, applying) waits for that report.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -20,7 +25,7 @@ use starling_rt::rng::Rng;
 use crate::config::ValidConfig;
 use crate::error::{Error, RequestError, Result};
 use crate::sm::{decode_command, encode_command, Dedup, RequestId, StateMachine};
-use crate::wal::{make_snapshot, LogStore};
+use crate::wal::{make_snapshot, LogStore, SyncJob};
 
 /// A membership change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,6 +97,9 @@ pub enum Effect {
     MembershipChanged { token: u64, conf: ConfState },
     /// Term or leader changed.
     LeaderChanged { term: u64, leader: Option<u64> },
+    /// Run this log sync (it blocks), then report its outcome with [`Node::on_synced`]. At
+    /// most one is outstanding; everything written while it runs goes in the next one.
+    Sync(SyncJob),
 }
 
 /// Why a proposal was not accepted into the local raft.
@@ -142,6 +150,16 @@ pub struct Node<L: LogStore, S: StateMachine> {
     /// (term, role, leader) when the election timeout was last drawn.
     seen: (u64, u8, u64),
     election_timeout: usize,
+    /// raft-rs numbers its readies. Every one up to `written` is in the store, up to
+    /// `durable` on disk; `must_sync` is the last that wrote something a crash must not
+    /// lose (more than a commit index).
+    written: u64,
+    durable: u64,
+    must_sync: u64,
+    /// The ready number the outstanding [`Effect::Sync`] makes durable.
+    syncing: Option<u64>,
+    /// Votes and acknowledgements by ready number, held until that ready is durable.
+    held: VecDeque<(u64, Vec<Message>)>,
 }
 
 impl<L: LogStore, S: StateMachine> Node<L, S> {
@@ -198,6 +216,11 @@ impl<L: LogStore, S: StateMachine> Node<L, S> {
             snapshots_sent: Vec::new(),
             seen: (u64::MAX, 0, 0),
             election_timeout: 0,
+            written: 0,
+            durable: 0,
+            must_sync: 0,
+            syncing: None,
+            held: VecDeque::new(),
             cfg,
         };
         node.settle();
@@ -267,6 +290,36 @@ impl<L: LogStore, S: StateMachine> Node<L, S> {
         }
     }
 
+    /// Proposes several commands as one raft message: one append and, on the leader, one
+    /// replication message per follower for all of them. All are accepted or none is.
+    pub fn propose_batch<'a>(
+        &mut self,
+        batch: impl IntoIterator<Item = (RequestId, &'a [u8])>,
+    ) -> Result<(), ProposeError> {
+        let entries: Vec<Entry> = batch
+            .into_iter()
+            .map(|(id, command)| Entry {
+                data: encode_command(id, command).into(),
+                ..Default::default()
+            })
+            .collect();
+        if entries.is_empty() {
+            return Ok(());
+        }
+        // What `RawNode::propose` builds for one entry; raft-rs takes many in one message.
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgPropose);
+        m.from = self.cfg.id;
+        m.set_entries(entries.into());
+        let r = self.raw.raft.step(m);
+        self.settle();
+        match r {
+            Ok(()) => Ok(()),
+            Err(raft::Error::ProposalDropped) => Err(ProposeError::NoLeader),
+            Err(e) => Err(ProposeError::Refused(e.to_string())),
+        }
+    }
+
     /// Asks for a linearizable read point; [`Effect::ReadReady`] with `token` follows once
     /// the leader confirmed its leadership and this node applied up to the read index. With
     /// no leader the request is dropped silently: the driver times it out.
@@ -321,48 +374,49 @@ impl<L: LogStore, S: StateMachine> Node<L, S> {
         Ok(())
     }
 
-    /// Handles raft's `Ready` in the order raft-rs documents: messages (a leader sends before
-    /// persisting, raft thesis §10.2.1), snapshot, committed entries (queued for apply),
-    /// entries, hard state, one sync for all of them (group commit), persisted messages
-    /// (votes and acknowledgements, only after the sync), advance, then the light ready.
+    /// Handles raft's readies in the order raft-rs documents, with its asynchronous
+    /// persistence: messages (a leader sends before persisting, raft thesis §10.2.1),
+    /// snapshot, committed entries (queued for apply), entries and hard state written but
+    /// not synced, persisted messages (votes and acknowledgements) held, then
+    /// `advance_append_async`. [`Node::persist`] decides when a ready counts as durable.
     pub fn handle_ready(&mut self) -> Result<()> {
-        if !self.raw.has_ready() {
-            return Ok(());
-        }
-        let mut rd = self.raw.ready();
-        for m in rd.take_messages() {
-            self.send(m);
-        }
-        if !rd.snapshot().is_empty() {
-            let snap = rd.snapshot().clone();
-            self.raw.mut_store().apply_snapshot(snap.clone())?;
-            self.install(&snap)?;
-        }
-        self.queue_committed(rd.take_committed_entries());
-        self.raw.mut_store().append(rd.entries())?;
-        if let Some(hs) = rd.hs() {
-            self.raw.mut_store().set_hard_state(hs)?;
-        }
-        self.raw.mut_store().sync()?;
-        for rs in rd.take_read_states() {
-            if let Ok(b) = <[u8; 8]>::try_from(&rs.request_ctx[..]) {
-                self.reads.push_back((rs.index, u64::from_le_bytes(b)));
+        // Persisting a ready can make the next one (a commit, entries to apply), so loop.
+        while self.raw.has_ready() {
+            let mut rd = self.raw.ready();
+            let number = rd.number();
+            for m in rd.take_messages() {
+                self.send(m);
             }
+            if !rd.snapshot().is_empty() {
+                let snap = rd.snapshot().clone();
+                self.raw.mut_store().apply_snapshot(snap.clone())?;
+                self.install(&snap)?;
+            }
+            self.queue_committed(rd.take_committed_entries());
+            self.raw.mut_store().append(rd.entries())?;
+            if let Some(hs) = rd.hs() {
+                // The commit index rides along; alone it need not be synced (after a crash
+                // raft learns it again), which is what `must_sync` says.
+                self.raw.mut_store().set_hard_state(hs)?;
+            }
+            if rd.must_sync() {
+                self.must_sync = number;
+            }
+            for rs in rd.take_read_states() {
+                if let Ok(b) = <[u8; 8]>::try_from(&rs.request_ctx[..]) {
+                    self.reads.push_back((rs.index, u64::from_le_bytes(b)));
+                }
+            }
+            let persisted = rd.take_persisted_messages();
+            if !persisted.is_empty() {
+                self.held.push_back((number, persisted));
+            }
+            self.raw.advance_append_async(rd);
+            self.written = number;
+            self.persist()?;
         }
-        for m in rd.take_persisted_messages() {
-            self.send(m);
-        }
-        let mut light = self.raw.advance_append(rd);
-        if let Some(commit) = light.commit_index() {
-            // The commit index need not be synced: after a crash raft learns it again.
-            let mut hs = self.raw.store().hard_state();
-            hs.commit = commit;
-            self.raw.mut_store().set_hard_state(&hs)?;
-        }
-        for m in light.take_messages() {
-            self.send(m);
-        }
-        self.queue_committed(light.take_committed_entries());
+        // Readies written while the last sync ran, when no new one came since.
+        self.persist()?;
         // raft waits for a report on every snapshot it sends before it probes that peer
         // again. We report it sent: if it was lost or refused (a snapshot older than the
         // peer's membership), the probe fails and raft sends the newest snapshot.
@@ -376,6 +430,59 @@ impl<L: LogStore, S: StateMachine> Node<L, S> {
         self.settle();
         self.release_reads();
         Ok(())
+    }
+
+    /// Group commit: with no sync outstanding, the readies written since the last durable
+    /// one become durable together, at once if none of them must be synced, otherwise
+    /// through one [`Effect::Sync`]. With one outstanding, they wait for it to end and go
+    /// in the next.
+    fn persist(&mut self) -> Result<()> {
+        if self.syncing.is_some() || self.durable == self.written {
+            return Ok(());
+        }
+        if self.must_sync <= self.durable {
+            self.mark_durable(self.written);
+            return Ok(());
+        }
+        match self.raw.mut_store().begin_sync()? {
+            Some(job) => {
+                self.syncing = Some(self.written);
+                self.effects.push_back(Effect::Sync(job));
+            }
+            None => self.mark_durable(self.written),
+        }
+        Ok(())
+    }
+
+    /// Readies up to `number` are on disk: raft may count this node's entries (a leader
+    /// its own vote in the commit quorum) and apply them, and what they held may go out.
+    fn mark_durable(&mut self, number: u64) {
+        self.durable = number;
+        self.raw.on_persist_ready(number);
+        while self.held.front().is_some_and(|(n, _)| *n <= number) {
+            if let Some((_, msgs)) = self.held.pop_front() {
+                for m in msgs {
+                    self.send(m);
+                }
+            }
+        }
+        self.settle();
+    }
+
+    /// The outcome of the last [`Effect::Sync`]. An error leaves the log's durability
+    /// unknown: the caller must stop this replica. Call [`Node::handle_ready`] next: it
+    /// starts the next sync, after any proposals made in between, so that it covers them.
+    pub fn on_synced(&mut self, outcome: Result<()>) -> Result<()> {
+        outcome?;
+        if let Some(number) = self.syncing.take() {
+            self.mark_durable(number);
+        }
+        Ok(())
+    }
+
+    /// True while an [`Effect::Sync`] has not been reported.
+    pub fn is_syncing(&self) -> bool {
+        self.syncing.is_some()
     }
 
     fn send(&mut self, m: Message) {

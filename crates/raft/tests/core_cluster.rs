@@ -119,6 +119,7 @@ impl Cluster {
     fn settle(&mut self) {
         for _ in 0..100 {
             let mut msgs = vec![];
+            let mut synced = false;
             for (&id, n) in self.nodes.iter_mut() {
                 let Some(n) = n else { continue };
                 n.handle_ready().unwrap();
@@ -133,10 +134,15 @@ impl Cluster {
                         Effect::ReadReady { token } => self.reads.push((id, token)),
                         Effect::MembershipChanged { token, .. } => self.changes.push(token),
                         Effect::LeaderChanged { .. } => {}
+                        // Synced at once: what it releases is handled in the next round.
+                        Effect::Sync(job) => {
+                            n.on_synced(job.run()).unwrap();
+                            synced = true;
+                        }
                     }
                 }
             }
-            if msgs.is_empty() {
+            if msgs.is_empty() && !synced {
                 return;
             }
             for m in msgs {
