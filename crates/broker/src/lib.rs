@@ -279,7 +279,12 @@ impl Broker {
             .map(|l| (l.kind, l.addr.port(), l.counters.clone()))
             .collect();
         let sys = start_with(
-            SysActor::new(shared.clone(), router.clone(), listener_counters),
+            SysActor::new(
+                shared.clone(),
+                router.clone(),
+                listener_counters,
+                cluster.as_ref().map(cluster::ClusterNode::actor),
+            ),
             Options::named("sys"),
         );
         Ok(Broker {

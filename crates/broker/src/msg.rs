@@ -540,6 +540,8 @@ pub struct ClusterStatus {
     pub routes: usize,
     /// This node's local subscriptions are all in the replicated routes.
     pub routes_converged: bool,
+    /// Times this node saw the leader or term change since it started.
+    pub leader_changes: u64,
 }
 
 /// One member as a node sees it.

@@ -11,7 +11,7 @@ use starling_hooks::{Event, EventKind, EventMask, EventProvider, What};
 use starling_net::ListenerCounters;
 use starling_rt::{time, Actor, Ctx, TrySendError};
 
-use crate::msg::{sys_message, RouterMsg};
+use crate::msg::{sys_message, ClusterMsg, ClusterStatus, RouterMsg};
 use crate::settings::Shared;
 use crate::shards::Shards;
 
@@ -25,6 +25,8 @@ pub(crate) struct SysActor {
     started_at: time::Instant,
     /// Each listener's kind, bound port and transport counters.
     listeners: Vec<(ListenerKind, u16, Arc<ListenerCounters>)>,
+    /// The cluster actor, when `cluster.enabled`: its view goes under `.../cluster/`.
+    cluster: Option<starling_rt::Addr<ClusterMsg>>,
 }
 
 impl SysActor {
@@ -32,13 +34,49 @@ impl SysActor {
         shared: Arc<Shared>,
         shards: Shards,
         listeners: Vec<(ListenerKind, u16, Arc<ListenerCounters>)>,
+        cluster: Option<starling_rt::Addr<ClusterMsg>>,
     ) -> Self {
         Self {
             shared,
             shards,
             started_at: time::now(),
             listeners,
+            cluster,
         }
+    }
+
+    /// `.../cluster/...`: this node's role, the leader it follows, the term, its commit and
+    /// applied indices, leader changes seen, the routes, and each member with its health
+    /// (known on the leader: `up` or `down`; `unknown` elsewhere); all of it as JSON under
+    /// `.../cluster`.
+    async fn cluster(&self) {
+        let Some(c) = &self.cluster else { return };
+        let Ok(st) = c.ask(ClusterMsg::Status).await else {
+            return;
+        };
+        let leader = st
+            .leader
+            .map_or_else(|| "none".to_owned(), |l| l.to_string());
+        for (name, value) in [
+            ("cluster/role", st.role.clone()),
+            ("cluster/leader", leader),
+            ("cluster/term", st.term.to_string()),
+            ("cluster/commit", st.commit.to_string()),
+            ("cluster/applied", st.applied.to_string()),
+            ("cluster/leader_changes", st.leader_changes.to_string()),
+            ("cluster/routes", st.routes.to_string()),
+            ("cluster/members/count", st.members.len().to_string()),
+        ] {
+            self.publish(name, value).await;
+        }
+        for m in &st.members {
+            self.publish(
+                &format!("cluster/members/{}/health", m.id),
+                health(m.active).to_owned(),
+            )
+            .await;
+        }
+        self.publish("cluster", cluster_json(&st)).await;
     }
 
     async fn publish(&self, name: &str, value: String) {
@@ -108,6 +146,7 @@ impl SysActor {
             .collect();
         self.publish("metrics", format!("{{{}}}", fields.join(",")))
             .await;
+        self.cluster().await;
         for (kind, port, counters) in &self.listeners {
             let c = counters.snapshot();
             for (name, value) in [
@@ -212,6 +251,49 @@ impl EventProvider for SysEvents {
 }
 
 /// Escapes a string for a JSON string literal.
+fn health(active: Option<bool>) -> &'static str {
+    match active {
+        Some(true) => "up",
+        Some(false) => "down",
+        None => "unknown",
+    }
+}
+
+/// A node's cluster view as one JSON object (the shape of `GET /api/v1/cluster`, with each
+/// member's health as a word).
+fn cluster_json(st: &ClusterStatus) -> String {
+    let opt = |v: Option<u64>| v.map_or_else(|| "null".to_owned(), |v| v.to_string());
+    let members: Vec<String> = st
+        .members
+        .iter()
+        .map(|m| {
+            format!(
+                "{{\"id\":{},\"voter\":{},\"health\":\"{}\",\"matched\":{},\"mqtt\":{}}}",
+                m.id,
+                m.voter,
+                health(m.active),
+                opt(m.matched),
+                m.mqtt
+                    .as_deref()
+                    .map_or_else(|| "null".to_owned(), |a| format!("\"{}\"", json_escape(a))),
+            )
+        })
+        .collect();
+    format!(
+        "{{\"node\":{},\"role\":\"{}\",\"leader\":{},\"term\":{},\"commit\":{},\"applied\":{},\"leader_changes\":{},\"routes\":{},\"routes_converged\":{},\"members\":[{}]}}",
+        st.node,
+        json_escape(&st.role),
+        opt(st.leader),
+        st.term,
+        st.commit,
+        st.applied,
+        st.leader_changes,
+        st.routes,
+        st.routes_converged,
+        members.join(",")
+    )
+}
+
 fn json_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for ch in s.chars() {

@@ -25,6 +25,7 @@ pub(crate) fn status_json(s: &ClusterStatus) -> serde_json::Value {
         "applied": s.applied,
         "routes": s.routes,
         "routes_converged": s.routes_converged,
+        "leader_changes": s.leader_changes,
         "members": s.members.iter().map(|m| json!({
             "id": m.id,
             "mqtt": m.mqtt,
@@ -50,6 +51,7 @@ async fn status(s: web::Data<ApiState>) -> HttpResponse {
             "applied": 0,
             "routes": 0,
             "routes_converged": true,
+            "leader_changes": 0,
             "members": [],
         })),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),

@@ -5,7 +5,8 @@
 //! acknowledged has reached both subscribers; the publisher goes on through node 2; the
 //! status shows node 1 down, and up again once it is restarted on its raft log; a retained
 //! message set through node 3 while node 1 was down is read through node 1 after its
-//! restart; a persistent session moves from node 2 to node 3 with the messages queued for
+//! restart; node 2's `$SYS/brokers/+/cluster/...` topics name a leader and three members;
+//! a persistent session moves from node 2 to node 3 with the messages queued for
 //! it, and back (the connection on node 3 closes with 0x8E).
 
 #![allow(clippy::disallowed_methods)]
@@ -353,6 +354,37 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
     common::next_line(&rx_r1, "subscribed");
     common::next_line(&rx_r1, "msg ret/state 2:0");
     println!("node 1 serves the retained message set through node 3 while it was down");
+    // Node 2's view of the cluster in `$SYS` (retained, renewed every 10 s): its role, a
+    // leader, three members, each with a health word.
+    let (mut sys, rx_sys) = watcher(ports[1].mqtt, "sys-watcher", "$SYS/brokers/+/cluster/#");
+    common::next_line(&rx_sys, "subscribed");
+    let mut sys_seen = std::collections::BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let sys_ok = |m: &std::collections::BTreeMap<String, String>| {
+        m.get("leader").is_some_and(|l| l.parse::<u64>().is_ok())
+            && m.get("members/count").map(String::as_str) == Some("3")
+            && m.get("role")
+                .is_some_and(|r| r == "leader" || r == "follower")
+            && (1..=3).all(|i| {
+                m.get(&format!("members/{i}/health"))
+                    .is_some_and(|h| ["up", "down", "unknown"].contains(&h.as_str()))
+            })
+    };
+    while !sys_ok(&sys_seen) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(line) = rx_sys.recv_timeout(left) else {
+            panic!("node 2's $SYS cluster topics incomplete: {sys_seen:?}");
+        };
+        let mut w = line.splitn(3, ' ');
+        if let (Some("msg"), Some(t), Some(v)) = (w.next(), w.next(), w.next()) {
+            if let Some((_, name)) = t.split_once("/cluster/") {
+                sys_seen.insert(name.to_owned(), v.to_owned());
+            }
+        }
+    }
+    println!("node 2's $SYS cluster view: {sys_seen:?}");
+    let _ = sys.kill();
+    let _ = sys.wait();
     for w in [&mut r1, &mut r2] {
         let _ = w.kill();
         let _ = w.wait();

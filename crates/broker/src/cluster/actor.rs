@@ -510,9 +510,14 @@ impl ClusterActor {
         let routes_converged = self.book.converged();
         let raft = self.raft.clone();
         starling_rt::spawn(async move {
-            let st = match raft {
-                Some(r) => r.status().await.ok(),
-                None => None,
+            let (st, leader_changes) = match raft {
+                Some(r) => (
+                    r.status().await.ok(),
+                    r.metrics()
+                        .leader_changes
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                ),
+                None => (None, 0),
             };
             let voters: BTreeSet<u64> = st
                 .as_ref()
@@ -560,6 +565,7 @@ impl ClusterActor {
                 members,
                 routes,
                 routes_converged,
+                leader_changes,
             });
         });
     }
