@@ -84,6 +84,10 @@ struct RetainOp {
     done: Option<(WeakAddr<RouterMsg>, u64)>,
 }
 
+/// A handed-over session's frame at most: the data stream's frame bound (`QuicOptions`,
+/// 16 MiB), less room for the frame's own fields.
+const HANDOFF_BYTES_MAX: usize = (16 << 20) - 4096;
+
 /// Retained changes per proposal at most, and their payload bytes: one entry of the log
 /// stays small (a single message over the bound goes alone).
 const RETAIN_BATCH_MAX: usize = 256;
@@ -635,7 +639,13 @@ impl Actor for ClusterActor {
                 handoff,
             } => {
                 if let Some(links) = self.links.clone() {
-                    let frame = crate::forward::encode_session(&client_id, epoch, handoff);
+                    let mut frame = crate::forward::encode_session(&client_id, epoch, handoff);
+                    if frame.len() > HANDOFF_BYTES_MAX {
+                        // Past what one frame of the data stream carries: the new node is
+                        // told there is nothing, rather than left waiting for it.
+                        tracing::warn!(node_id = self.node, %client_id, bytes = frame.len(), "session too large to hand over; the new node starts it afresh");
+                        frame = crate::forward::encode_session(&client_id, epoch, None);
+                    }
                     starling_rt::spawn(async move { super::send_frame(&links, to, frame).await });
                 }
             }
