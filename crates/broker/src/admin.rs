@@ -72,7 +72,12 @@ pub struct BrokerStats {
     pub subscriptions: u64,
     pub retained: u64,
     pub delayed: u64,
+    /// High-water marks since start: clients connected at once, sessions held at once.
+    pub connections_max: u64,
+    pub sessions_max: u64,
 }
+
+use std::sync::atomic::Ordering::Relaxed;
 
 /// A handle on a running broker for its operator; cheap to clone, usable from any thread
 /// of the runtime.
@@ -150,6 +155,8 @@ impl Admin {
             subscriptions: router.subscriptions as u64,
             retained: router.retained as u64,
             delayed: router.delayed as u64,
+            connections_max: self.shared.metrics.clients_connected_max.load(Relaxed),
+            sessions_max: self.shared.metrics.sessions_max.load(Relaxed),
         }
     }
 

@@ -52,6 +52,16 @@ pub(crate) struct Metrics {
     pub cluster_forward_timeouts: AtomicU64,
     pub cluster_sessions_received: AtomicU64,
     pub cluster_handover_timeouts: AtomicU64,
+    /// High-water marks of `clients_connected` and of the sessions the registry holds
+    /// (RMQTT's `connections.max`, `sessions.max`): raised where the count rises.
+    pub clients_connected_max: AtomicU64,
+    pub sessions_max: AtomicU64,
+}
+
+/// Adds one to a gauge and raises its high-water mark to the new value.
+pub(crate) fn add_with_max(c: &AtomicU64, max: &AtomicU64) {
+    let now = c.fetch_add(1, Ordering::Relaxed) + 1;
+    max.fetch_max(now, Ordering::Relaxed);
 }
 
 /// Adds `n` to a counter.

@@ -229,6 +229,7 @@ impl Registry {
                 owner,
             },
         );
+        self.sessions_mark();
         add(&self.shared.metrics.cluster_sessions_received, 1);
         ctx.spawn_then(
             async move {
@@ -293,6 +294,7 @@ impl Registry {
                 owner,
             },
         );
+        self.sessions_mark();
     }
 
     /// Answers a CONNECT with `code`, off the registry's turn: a client id this identity may
@@ -351,6 +353,17 @@ fn take_conn(m: ClientMsg) -> Option<Box<NewConn>> {
     }
 }
 
+impl Registry {
+    /// Raises the sessions' high-water mark (`sessions.max`) to what the registry holds.
+    fn sessions_mark(&self) {
+        let n = self.clients.len() as u64;
+        self.shared
+            .metrics
+            .sessions_max
+            .fetch_max(n, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl Actor for Registry {
     type Msg = RegistryMsg;
 
@@ -401,6 +414,7 @@ impl Actor for Registry {
                             owner,
                         },
                     );
+                    self.sessions_mark();
                 }
                 // Routed before the listeners open: a publish after start reaches them. A few
                 // hundred at a time (one join over 100k asks spent most of a start polling).

@@ -26,12 +26,15 @@ pub(crate) fn routes(cfg: &mut web::ServiceConfig) {
         .service(resource("/metrics/{id}", "GET").route(get().to(metrics_one)));
 }
 
-/// RMQTT's stats keys that the broker counts. Their `.max` companions (high-water marks)
-/// are not tracked yet and are left out rather than made up.
+/// RMQTT's stats keys that the broker counts: the `.max` companions (high-water marks since
+/// start) of connections and sessions; those of the router's counts are not tracked yet
+/// and are left out rather than made up.
 fn stats_json(s: &BrokerStats) -> Value {
     json!({
         "connections.count": s.connections,
+        "connections.max": s.connections_max,
         "sessions.count": s.sessions,
+        "sessions.max": s.sessions_max,
         "subscriptions.count": s.subscriptions,
         "retaineds.count": s.retained,
         "delayed_publishs.count": s.delayed,

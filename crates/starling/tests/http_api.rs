@@ -174,6 +174,16 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
     let stats = &json(&body)[0]["stats"];
     assert_eq!(stats["connections.count"], 1, "{body}");
     assert_eq!(stats["subscriptions.count"], 1, "{body}");
+    // High-water marks: at least what is there now.
+    let at_least = |max: &str, now: &str| {
+        let (m, n) = (stats[max].as_u64(), stats[now].as_u64());
+        assert!(
+            m.is_some() && m >= n && m >= Some(1),
+            "{max} {m:?} < {now} {n:?}: {body}"
+        );
+    };
+    at_least("connections.max", "connections.count");
+    at_least("sessions.max", "sessions.count");
     let (code, body) = curl(port, "GET", "/metrics/sum", None, true);
     assert_eq!(code, 200);
     assert!(

@@ -10,7 +10,7 @@ use tracing::{debug, Instrument};
 use super::Client;
 use crate::conn::{linger, Conn};
 use crate::gate::AuthGate;
-use crate::metrics::add;
+
 use crate::msg::NewConn;
 
 impl Client {
@@ -65,7 +65,8 @@ impl Client {
         });
         match self.session.attach(time::now(), &connect) {
             Ok(a) => {
-                add(&self.shared.metrics.clients_connected, 1);
+                let m = &self.shared.metrics;
+                crate::metrics::add_with_max(&m.clients_connected, &m.clients_connected_max);
                 // Stored before the CONNACK goes: a session the client is told it has.
                 self.meta_changed(true);
                 self.presence(true).await;
