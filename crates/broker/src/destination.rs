@@ -126,12 +126,25 @@ pub(crate) enum Destination {
     Remote(RemoteNode),
 }
 
+/// One message for another node: the message, the key of the answer waiting for it, and
+/// the shared group it goes to there (see [`SharedTo`]).
+pub(crate) type Pending1 = (Arc<Message>, Option<u64>, Option<SharedTo>);
+
+/// A shared group (its name and topic filter) whose member for one publish is a node: that
+/// node hands the message to one member of its own in that group, and to nothing else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SharedTo {
+    pub group: Arc<str>,
+    pub filter: Arc<str>,
+}
+
 pub(crate) struct RemoteNode {
     pub node: u64,
     pub links: starling_raft::DataLinks,
     /// Messages not yet handed to the link, oldest first, each with the key of the
-    /// publisher's acknowledgement that waits for it (QoS 1/2 with a waiting publisher).
-    pub pending: VecDeque<(Arc<Message>, Option<u64>)>,
+    /// publisher's acknowledgement that waits for it (QoS 1/2 with a waiting publisher),
+    /// and the shared group this node was picked for (`None`: its plain subscribers).
+    pub pending: VecDeque<Pending1>,
     /// The number of the next batch sent.
     pub next_seq: u64,
     /// Batches sent whose acknowledgement keys wait for the node's Ack, oldest first.
@@ -248,7 +261,7 @@ impl Destination {
                     let frame = forward::encode_publish(
                         shard,
                         seq,
-                        r.pending.iter().take(n).map(|(m, _)| m),
+                        r.pending.iter().take(n).map(|(m, _, g)| (m, g.as_ref())),
                         now,
                         wall,
                     );
@@ -256,7 +269,7 @@ impl Destination {
                         Ok(()) => {
                             r.next_seq += 1;
                             let keys: Vec<u64> =
-                                r.pending.drain(..n).filter_map(|(_, k)| k).collect();
+                                r.pending.drain(..n).filter_map(|(_, k, _)| k).collect();
                             if !keys.is_empty() {
                                 r.unacked.push_back(Unacked {
                                     seq,
@@ -269,7 +282,7 @@ impl Destination {
                         // Not a peer of this node (or it is stopping): nothing to deliver
                         // to. What waits for it is settled by the caller's timeout check.
                         Err(starling_raft::DataSendError::Closed) => {
-                            let keys = r.pending.drain(..).filter_map(|(_, k)| k);
+                            let keys = r.pending.drain(..).filter_map(|(_, k, _)| k);
                             r.lost.extend(keys);
                             return Flushed::Done;
                         }

@@ -1,6 +1,6 @@
 //! The frames nodes exchange on their data streams, postcard behind a version byte:
 //! - `Publish`: a batch of forwarded messages from one shard, numbered per destination node,
-//!   each in its stored form (`MessageState`: expiry as wall-clock time, so it means the same
+//!   each with the shared group the receiver was picked for (or none), each in its stored form (`MessageState`: expiry as wall-clock time, so it means the same
 //!   on the receiving node as long as the nodes' clocks agree);
 //! - `Ack`: the receiver took every batch of that shard up to `seq` (acknowledgements are
 //!   cumulative: a stream delivers in order);
@@ -13,9 +13,11 @@ use serde::{Deserialize, Serialize};
 use starling_session::state::MessageState;
 use starling_session::{Instant, Message};
 
+use crate::destination::SharedTo;
 use crate::msg::HandOff;
 
-const FRAME_V1: u8 = 1;
+/// 2: `Publish` names the shared group of each message (1 had none).
+const FRAME_V2: u8 = 2;
 
 /// One frame of a data stream.
 #[derive(Debug, Serialize, Deserialize)]
@@ -24,6 +26,9 @@ pub(crate) enum Frame {
         shard: u16,
         seq: u64,
         messages: Vec<MessageState>,
+        /// One per message: the shared group (name, topic filter) the receiver was picked
+        /// for, or `None` for its plain subscribers.
+        groups: Vec<Option<(String, String)>>,
     },
     Ack {
         shard: u16,
@@ -51,16 +56,28 @@ pub(crate) fn encode_session(
     })
 }
 
-/// The messages of a `Publish` frame, in order.
-pub(crate) fn messages(states: Vec<MessageState>, now: Instant, wall: SystemTime) -> Vec<Message> {
+/// The messages of a `Publish` frame, in order, each with its shared group.
+pub(crate) fn messages(
+    states: Vec<MessageState>,
+    groups: Vec<Option<(String, String)>>,
+    now: Instant,
+    wall: SystemTime,
+) -> Vec<(Message, Option<SharedTo>)> {
+    let mut groups = groups.into_iter();
     states
         .into_iter()
-        .map(|s| Message::from_state(s, now, wall))
+        .map(|s| {
+            let g = groups.next().flatten().map(|(group, filter)| SharedTo {
+                group: Arc::from(group),
+                filter: Arc::from(filter),
+            });
+            (Message::from_state(s, now, wall), g)
+        })
         .collect()
 }
 
 fn frame_bytes(f: &Frame) -> Vec<u8> {
-    let mut out = vec![FRAME_V1];
+    let mut out = vec![FRAME_V2];
     // Serializing plain data into a Vec cannot fail.
     out.extend(postcard::to_stdvec(f).expect("frames serialize"));
     out
@@ -86,22 +103,28 @@ pub(crate) enum FrameError {
 pub(crate) fn encode_publish<'a>(
     shard: u16,
     seq: u64,
-    messages: impl Iterator<Item = &'a Arc<Message>>,
+    messages: impl Iterator<Item = (&'a Arc<Message>, Option<&'a SharedTo>)>,
     now: Instant,
     wall: SystemTime,
 ) -> Vec<u8> {
-    let messages = messages.map(|m| m.to_state(now, wall)).collect();
+    let (messages, groups) = messages
+        .map(|(m, g)| {
+            let g = g.map(|g| (g.group.to_string(), g.filter.to_string()));
+            (m.to_state(now, wall), g)
+        })
+        .unzip();
     frame_bytes(&Frame::Publish {
         shard,
         seq,
         messages,
+        groups,
     })
 }
 
 /// A frame back.
 pub(crate) fn decode(frame: &[u8]) -> Result<Frame, FrameError> {
     let (v, body) = frame.split_first().ok_or(FrameError::Empty)?;
-    if *v != FRAME_V1 {
+    if *v != FRAME_V2 {
         return Err(FrameError::Version(*v));
     }
     postcard::from_bytes(body).map_err(|e| FrameError::Body(e.to_string()))
@@ -136,18 +159,29 @@ mod tests {
             m(1, QoS::AtLeastOnce),
             m(2, QoS::ExactlyOnce),
         ];
-        let frame = encode_publish(3, 17, batch.iter(), now, wall);
+        let shared = SharedTo {
+            group: Arc::from("g"),
+            filter: Arc::from("t/+"),
+        };
+        let groups = [None, Some(&shared), None];
+        let frame = encode_publish(3, 17, batch.iter().zip(groups), now, wall);
         // Decoded 10 s later on a node whose clock agrees: 20 s of expiry left.
         let later = now + Duration::from_secs(10);
         let Frame::Publish {
             shard: 3,
             seq: 17,
             messages: states,
+            groups,
         } = decode(&frame).unwrap()
         else {
             panic!("a publish frame of shard 3, batch 17");
         };
-        let back = messages(states, later, wall + Duration::from_secs(10));
+        let back = messages(states, groups, later, wall + Duration::from_secs(10));
+        assert_eq!(
+            back.iter().map(|(_, g)| g.clone()).collect::<Vec<_>>(),
+            vec![None, Some(shared), None]
+        );
+        let back: Vec<Message> = back.into_iter().map(|(m, _)| m).collect();
         assert_eq!(back.len(), 3);
         for (a, b) in batch.iter().zip(&back) {
             assert_eq!(
@@ -169,6 +203,7 @@ mod tests {
         ));
         assert!(matches!(decode(&[]), Err(FrameError::Empty)));
         assert!(matches!(decode(&[9, 1]), Err(FrameError::Version(9))));
-        assert!(matches!(decode(&[1, 0xff, 0xff]), Err(FrameError::Body(_))));
+        assert!(matches!(decode(&[1, 0]), Err(FrameError::Version(1))));
+        assert!(matches!(decode(&[2, 0xff, 0xff]), Err(FrameError::Body(_))));
     }
 }

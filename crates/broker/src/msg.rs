@@ -378,8 +378,9 @@ pub(crate) enum RouterMsg {
         present: bool,
     },
     /// A publish another node forwarded: for this node's subscribers only (never forwarded
-    /// again, not retained here).
-    Forwarded(Arc<Message>),
+    /// again, not retained here): its plain subscribers, or (`Some`) one member of the
+    /// shared group that node picked this node for.
+    Forwarded(Arc<Message>, Option<Box<crate::destination::SharedTo>>),
     /// `node` took this shard's batches up to `seq`.
     ForwardAcked {
         node: u64,

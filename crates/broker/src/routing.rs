@@ -29,15 +29,15 @@ use rand::RngCore;
 use starling_codec::ReasonCode;
 use starling_config::StuckPolicy;
 use starling_router::{
-    parse_subscription, Delivery as Routed, Merge, PublishContext, RetainedIndex, Router,
-    RouterError, ShardMap, DELAYED_PREFIX,
+    parse_subscription, Delivery as Routed, DeliveryKind, Merge, PublishContext, RetainedIndex,
+    Router, RouterError, ShardMap, DELAYED_PREFIX,
 };
 use starling_rt::{rng, time, Actor, ActorId, Addr, Ctx, TimerId, WeakAddr};
 use starling_session::{DeliveryOptions, Message, SubscribeRequest};
 use starling_store::Op;
 use tracing::debug;
 
-use crate::destination::{is_qos0, Destination, Flushed};
+use crate::destination::{is_qos0, Destination, Flushed, SharedTo};
 use crate::flow::{Backlog, Qos0Tally, StallRules};
 use crate::metrics::add;
 use crate::msg::{
@@ -316,7 +316,11 @@ impl RouterActor {
         let mut qos0 = Qos0Tally::default();
         for d in merged.drain(..) {
             let source = if local {
-                Source::Local(from.as_ref())
+                Source::Local(from.as_ref(), Some(&d.kind))
+            } else if matches!(d.kind, DeliveryKind::Shared { .. }) {
+                // The publish's node picked the members of shared groups cluster-wide:
+                // this node's plain subscribers only (see `publish_forwarded`).
+                continue;
             } else {
                 Source::Forwarded
             };
@@ -340,9 +344,9 @@ impl RouterActor {
         qos0: &mut Qos0Tally,
         ctx: &mut Ctx<Self>,
     ) {
-        let (from, local) = match source {
-            Source::Local(from) => (from, true),
-            Source::Forwarded => (None, false),
+        let (from, local, kind) = match source {
+            Source::Local(from, kind) => (from, true, kind),
+            Source::Forwarded => (None, false, None),
         };
         // One lookup per delivery: what must be sent or scheduled is carried out after.
         let client = match self.destinations.get_mut(&subscriber) {
@@ -352,7 +356,15 @@ impl RouterActor {
                 // every node that needed them.
                 if local {
                     let key = self.fwd_current.as_ref().map(|f| f.key);
-                    let offered = remote::offer_remote(node, msg.clone(), key, self.pending_max);
+                    let group = match kind {
+                        Some(DeliveryKind::Shared { group, filter, .. }) => Some(SharedTo {
+                            group: group.clone(),
+                            filter: filter.clone(),
+                        }),
+                        _ => None,
+                    };
+                    let offered =
+                        remote::offer_remote(node, msg.clone(), key, group, self.pending_max);
                     if offered == remote::Offered::Dropped {
                         add(&self.shared.metrics.dropped_mailbox_full, 1);
                     }
@@ -593,8 +605,9 @@ impl RouterActor {
 /// Where a routed publish came from.
 #[derive(Clone, Copy)]
 enum Source<'a> {
-    /// Published on this node, by this publisher when it may be held back.
-    Local(Option<&'a Publisher>),
+    /// Published on this node, by this publisher when it may be held back; with the shared
+    /// group the delivery is for, if it is (a node picked as its member is told).
+    Local(Option<&'a Publisher>, Option<&'a DeliveryKind>),
     /// Forwarded by another node: for local subscribers only.
     Forwarded,
 }
@@ -625,7 +638,8 @@ impl Actor for RouterActor {
                 }
                 self.publish(m, None, true, ctx);
             }
-            RouterMsg::Forwarded(m) => self.publish(m, None, false, ctx),
+            RouterMsg::Forwarded(m, None) => self.publish(m, None, false, ctx),
+            RouterMsg::Forwarded(m, Some(group)) => self.publish_to_group(&m, &group, ctx),
             RouterMsg::ForwardAcked { node, seq } => self.forward_acked(node, seq),
             RouterMsg::ForwardStored { key, outcome } => self.forward_stored(key, outcome),
             RouterMsg::ForwardCheck => self.forward_check(ctx),

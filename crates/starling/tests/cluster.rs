@@ -6,7 +6,8 @@
 //! status shows node 1 down, and up again once it is restarted on its raft log; a retained
 //! message set through node 3 while node 1 was down is read through node 1 after its
 //! restart; node 2's `$SYS/brokers/+/cluster/...` topics name a leader and three members;
-//! a persistent session moves from node 2 to node 3 with the messages queued for
+//! a shared group with members on nodes 2 and 3 gets each message once; a persistent
+//! session moves from node 2 to node 3 with the messages queued for
 //! it, and back (the connection on node 3 closes with 0x8E).
 
 #![allow(clippy::disallowed_methods)]
@@ -390,12 +391,69 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
         let _ = w.wait();
     }
 
+    // A shared group with a member on node 2 and one on node 3, published to through node
+    // 1: each message reaches exactly one of them (node 1 picks the node, that node its
+    // member), none is lost, none goes to both.
+    let (mut g2, rx_g2) = watcher(ports[1].mqtt, "member-on-2", "$share/workers/s/#");
+    let (mut g3, rx_g3) = watcher(ports[2].mqtt, "member-on-3", "$share/workers/s/#");
+    common::next_line(&rx_g2, "subscribed");
+    common::next_line(&rx_g3, "subscribed");
+    let mut p = publisher(ports[0].mqtt, "s/jobs", 100);
+    let jobs: BTreeSet<(String, String)> = acked_lines(&mut p, |_| {})
+        .into_iter()
+        .map(|p| ("s/jobs".to_owned(), p))
+        .collect();
+    assert_eq!(jobs.len(), 200, "node 1 acknowledged every job");
+    let (mut got2, mut got3) = (BTreeSet::new(), BTreeSet::new());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got2.union(&got3).count() < jobs.len() && Instant::now() < deadline {
+        gather(&rx_g2, &mut got2, &jobs, Duration::from_millis(200));
+        gather(&rx_g3, &mut got3, &jobs, Duration::from_millis(200));
+    }
+    // Late duplicates, if any, would arrive now.
+    gather(&rx_g2, &mut got2, &jobs, Duration::from_millis(500));
+    gather(&rx_g3, &mut got3, &jobs, Duration::from_millis(500));
+    let both = got2.intersection(&got3).count();
+    let all: BTreeSet<_> = got2.union(&got3).cloned().collect();
+    assert_eq!(
+        (missing(&jobs, &all), both),
+        (0, 0),
+        "shared group across nodes: (missing, delivered to both members) of {} jobs; node 2 got {}, node 3 got {}",
+        jobs.len(),
+        got2.len(),
+        got3.len()
+    );
+    println!(
+        "the shared group split 200 jobs between nodes 2 and 3: {} and {}",
+        got2.len(),
+        got3.len()
+    );
+    for w in [&mut g2, &mut g3] {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+
     // A persistent session moves: subscribed on node 2, its client gone (killed), QoS 1/2
     // messages queued for it there; it connects to node 3, which takes the client id over
     // and gets the session from node 2: every queued message arrives.
     let persistent = ["--expiry", "3600"];
     let (mut first, rx_first) = common::watcher_with(ports[1].mqtt, "mover", "m/#", &persistent);
     common::next_line(&rx_first, "subscribed");
+    // Node 1 forwards to node 2 for it (a SUBACK waits at most 3 s for the route: on a
+    // loaded machine it may come first).
+    let probe: BTreeSet<(String, String)> = [("m/probe".to_owned(), "1:0".to_owned())].into();
+    let mut seen_first = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while missing(&probe, &seen_first) > 0 && Instant::now() < deadline {
+        let mut p = publisher(ports[0].mqtt, "m/probe", 1);
+        acked_lines(&mut p, |_| {});
+        gather(&rx_first, &mut seen_first, &probe, Duration::from_secs(1));
+    }
+    assert_eq!(
+        missing(&probe, &seen_first),
+        0,
+        "node 1 never forwarded to the mover"
+    );
     let _ = first.kill();
     let _ = first.wait();
     let mut p = publisher(ports[0].mqtt, "m/data", 100);
@@ -410,8 +468,9 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
     assert_eq!(
         missing(&queued, &got),
         0,
-        "messages queued on node 2 missing after the move to node 3 (of {})",
-        queued.len()
+        "messages queued on node 2 missing after the move to node 3 (of {}; {} arrived)",
+        queued.len(),
+        got.len()
     );
     println!("the session moved from node 2 to node 3 with its 200 queued messages");
     // Back to node 2 while connected to node 3: node 3 closes its connection with

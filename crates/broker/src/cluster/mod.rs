@@ -202,13 +202,18 @@ async fn inbound(
                 shard,
                 seq,
                 messages,
+                groups,
             } => {
-                let messages = forward::messages(messages, time::now(), time::wall());
+                let messages = forward::messages(messages, groups, time::now(), time::wall());
                 add(&shared.metrics.cluster_received, messages.len() as u64);
-                for m in messages {
+                for (m, group) in messages {
                     let m = Arc::new(m);
                     let to = shards.for_publish(&m.topic);
-                    if to.send(RouterMsg::Forwarded(m)).await.is_err() {
+                    if to
+                        .send(RouterMsg::Forwarded(m, group.map(Box::new)))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }

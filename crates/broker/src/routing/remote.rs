@@ -18,13 +18,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use starling_router::parse_subscription;
+use starling_router::{parse_subscription, Extension};
 use starling_rt::{time, Ctx, WeakAddr};
 use starling_session::{DeliveryOptions, Message};
 use tracing::debug;
 
 use super::{RouterActor, SubOpts};
-use crate::destination::{remote_key, Destination, RemoteNode};
+use crate::destination::{remote_key, Destination, RemoteNode, SharedTo};
 use crate::metrics::add;
 use crate::msg::{AckTo, ClientMsg, ClusterMsg, RouterMsg, ShardCluster, Stored};
 
@@ -131,10 +131,7 @@ impl RouterActor {
         up: bool,
     ) -> Option<tokio::sync::oneshot::Receiver<()>> {
         self.cluster.as_ref()?;
-        let plain = parse_subscription(raw, &self.shared.topic_limits)
-            .map(|s| s.filter)
-            .unwrap_or(raw)
-            .to_owned();
+        let plain = route_of(raw, &self.shared.topic_limits);
         let n = self.route_counts.entry(plain.clone()).or_default();
         if up {
             *n += 1;
@@ -184,6 +181,45 @@ impl RouterActor {
             message,
             done,
         });
+    }
+
+    /// A publish another node picked this node for as the member of a shared group: one
+    /// local member of that group gets it (by the group's strategy, online ones first),
+    /// nothing else here does. None left (the last one just went): dropped and counted.
+    pub(super) fn publish_to_group(
+        &mut self,
+        msg: &Arc<Message>,
+        to: &SharedTo,
+        ctx: &mut Ctx<Self>,
+    ) {
+        let pctx = starling_router::PublishContext {
+            random: rand::RngCore::next_u64(&mut self.rng),
+            publisher_hash: msg
+                .publisher
+                .as_deref()
+                .map_or(0, |p| self.router.publisher_hash(p)),
+        };
+        let destinations = &self.destinations;
+        let local = |s: &Arc<str>| matches!(destinations.get(s), Some(Destination::Local(_)));
+        let online = |s: &Arc<str>| matches!(destinations.get(s), Some(d @ Destination::Local(_)) if d.online());
+        let picked = self
+            .router
+            .pick_shared(&to.group, &to.filter, &pctx, online)
+            .or_else(|| self.router.pick_shared(&to.group, &to.filter, &pctx, local));
+        let Some((subscriber, opts)) = picked else {
+            add(&self.shared.metrics.dropped_other, 1);
+            debug!(group = %to.group, filter = %to.filter, "forwarded for a shared group with no member here");
+            return;
+        };
+        let mut qos0 = crate::flow::Qos0Tally::default();
+        self.offer(
+            msg,
+            subscriber,
+            opts.0,
+            super::Source::Forwarded,
+            &mut qos0,
+            ctx,
+        );
     }
 
     /// The cluster's log set (`Some`) or deleted the retained message of `topic`.
@@ -244,6 +280,20 @@ impl RouterActor {
     }
 }
 
+/// The route a local subscription gives its node: its topic filter, but for a shared
+/// subscription `$share/{group}/{filter}`, so that a publish's node picks one member of the
+/// group among all nodes (each node with members counts as one). `$exclusive/` and
+/// `$limit/N/` count per node, so their route is the plain filter.
+pub(super) fn route_of(raw: &str, limits: &starling_router::TopicLimits) -> String {
+    match parse_subscription(raw, limits) {
+        Ok(s) => match s.extension {
+            Extension::Shared { group } => format!("$share/{group}/{}", s.filter),
+            _ => s.filter.to_owned(),
+        },
+        Err(_) => raw.to_owned(),
+    }
+}
+
 /// One delivery to another node, with the key of the answer waiting for it: its pending
 /// list, under the node-wide queue bound. A full list makes room by dropping its oldest
 /// QoS 0 message; without one, the new message is dropped.
@@ -251,19 +301,20 @@ pub(super) fn offer_remote(
     node: &mut RemoteNode,
     msg: Arc<Message>,
     key: Option<u64>,
+    group: Option<SharedTo>,
     bound: usize,
 ) -> Offered {
     let was_empty = node.pending.is_empty();
     if node.pending.len() >= bound {
         let qos0 = |m: &Arc<Message>| m.qos == starling_codec::QoS::AtMostOnce;
-        match node.pending.iter().position(|(m, _)| qos0(m)) {
+        match node.pending.iter().position(|(m, _, _)| qos0(m)) {
             Some(i) => {
                 node.pending.remove(i);
             }
             None => return Offered::Dropped,
         }
     }
-    node.pending.push_back((msg, key));
+    node.pending.push_back((msg, key, group));
     if was_empty {
         Offered::First
     } else {
