@@ -445,3 +445,19 @@ impl RouterActor {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::route_of;
+    use starling_router::TopicLimits;
+
+    #[test]
+    fn a_shared_subscription_routes_with_its_group_and_the_others_by_their_filter() {
+        let l = TopicLimits::default();
+        assert_eq!(route_of("a/+/c", &l), "a/+/c");
+        assert_eq!(route_of("$share/g/a/#", &l), "$share/g/a/#");
+        assert_eq!(route_of("$queue/a/b", &l), "$share/$queue/a/b");
+        assert_eq!(route_of("$exclusive/a/b", &l), "a/b");
+        assert_eq!(route_of("$limit/3/a/b", &l), "a/b");
+    }
+}
