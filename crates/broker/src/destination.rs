@@ -130,13 +130,7 @@ pub(crate) enum Destination {
 /// the shared group it goes to there (see [`SharedTo`]).
 pub(crate) type Pending1 = (Arc<Message>, Option<u64>, Option<SharedTo>);
 
-/// A shared group (its name and topic filter) whose member for one publish is a node: that
-/// node hands the message to one member of its own in that group, and to nothing else.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SharedTo {
-    pub group: Arc<str>,
-    pub filter: Arc<str>,
-}
+pub(crate) use crate::msg::SharedTo;
 
 pub(crate) struct RemoteNode {
     pub node: u64,

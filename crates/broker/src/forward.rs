@@ -13,8 +13,7 @@ use serde::{Deserialize, Serialize};
 use starling_session::state::MessageState;
 use starling_session::{Instant, Message};
 
-use crate::destination::SharedTo;
-use crate::msg::HandOff;
+use crate::msg::{HandOff, SharedTo};
 
 /// 2: `Publish` names the shared group of each message (1 had none).
 const FRAME_V2: u8 = 2;

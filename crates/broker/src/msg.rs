@@ -380,7 +380,7 @@ pub(crate) enum RouterMsg {
     /// A publish another node forwarded: for this node's subscribers only (never forwarded
     /// again, not retained here): its plain subscribers, or (`Some`) one member of the
     /// shared group that node picked this node for.
-    Forwarded(Arc<Message>, Option<Box<crate::destination::SharedTo>>),
+    Forwarded(Arc<Message>, Option<Box<SharedTo>>),
     /// `node` took this shard's batches up to `seq`.
     ForwardAcked {
         node: u64,
@@ -414,6 +414,14 @@ pub(crate) enum RouterMsg {
 }
 
 // --- to the cluster actor -------------------------------------------------------------
+
+/// A shared group (its name and topic filter) whose member for one publish is a node: that
+/// node hands the message to one member of its own in that group, and to nothing else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SharedTo {
+    pub group: Arc<str>,
+    pub filter: Arc<str>,
+}
 
 /// A committed claim of a client id by this node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
