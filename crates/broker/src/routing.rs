@@ -29,20 +29,20 @@ use rand::RngCore;
 use starling_codec::ReasonCode;
 use starling_config::StuckPolicy;
 use starling_router::{
-    parse_subscription, Delivery as Routed, DeliveryKind, Merge, PublishContext, RetainedIndex,
-    Router, RouterError, ShardMap, DELAYED_PREFIX,
+    Delivery as Routed, DeliveryKind, Merge, PublishContext, RetainedIndex, Router, ShardMap,
+    DELAYED_PREFIX,
 };
 use starling_rt::{rng, time, Actor, ActorId, Addr, Ctx, TimerId, WeakAddr};
-use starling_session::{DeliveryOptions, Message, SubscribeRequest};
+use starling_session::{DeliveryOptions, Message};
 use starling_store::Op;
 use tracing::debug;
 
 use crate::destination::{is_qos0, Destination, Flushed, SharedTo};
-use crate::flow::{Backlog, Qos0Tally, StallRules};
+use crate::flow::{Qos0Tally, StallRules};
 use crate::metrics::add;
 use crate::msg::{
-    AckTo, Admission, ClientMsg, DelayedKey, HeldDelivery, Publisher, Restore, RouterMsg,
-    RouterStats, StoreMsg, Stored, SubscribeMsg, SubscribeResult, Waiter, WaiterTo, BATCH_MAX,
+    AckTo, ClientMsg, DelayedKey, HeldDelivery, Publisher, Restore, RouterMsg, RouterStats,
+    StoreMsg, Stored, SubscribeMsg, Waiter, WaiterTo, BATCH_MAX,
 };
 use crate::settings::Shared;
 
@@ -50,6 +50,7 @@ mod admin;
 mod control;
 mod remote;
 mod stored;
+mod subscribe;
 
 use stored::stored_delivery;
 
@@ -516,90 +517,6 @@ impl RouterActor {
         }
         blocked
     }
-
-    fn subscribe(
-        &mut self,
-        client_id: Arc<str>,
-        client: WeakAddr<ClientMsg>,
-        may_hold: bool,
-        persistent: bool,
-        filters: Vec<SubscribeRequest>,
-        admission: Admission,
-    ) -> SubscribeResult {
-        match self.destinations.get_mut(&client_id) {
-            Some(Destination::Local(d)) if d.addr.id() == client.id() => d.persistent = persistent,
-            _ => {
-                // New, or an actor after one whose session ended: its counts start over.
-                let mut fresh = Destination::local(client, Backlog::new(time::now(), may_hold));
-                if let Destination::Local(l) = &mut fresh {
-                    l.persistent = persistent;
-                }
-                if let Some(mut old) = self.destinations.insert(client_id.clone(), fresh) {
-                    let released = old.end();
-                    self.release(released, old.actor());
-                }
-            }
-        }
-        let mut res = SubscribeResult::default();
-        for (i, req) in filters.into_iter().enumerate() {
-            let opts = SubOpts(DeliveryOptions::subscription(
-                &req.options,
-                req.subscription_id,
-            ));
-            let (outcome, new) = match &admission {
-                Admission::Decide => {
-                    let r = self.router.subscribe(client_id.clone(), &req.filter, opts);
-                    let new = matches!(r, Ok(None));
-                    self.owned += usize::from(new);
-                    if new {
-                        if let Some(wait) = self.count_route(&req.filter, true) {
-                            res.route_waits.push(wait);
-                        }
-                    }
-                    (r, new)
-                }
-                Admission::Admitted { new } => {
-                    let r = self
-                        .router
-                        .subscribe_admitted(client_id.clone(), &req.filter, opts);
-                    (r, new.get(i).copied().unwrap_or(false))
-                }
-            };
-            match outcome {
-                Ok(_) => {
-                    res.results.push(Ok(req.options.qos));
-                    res.new.push(new);
-                    if req.wants_retained(new) {
-                        let plain = parse_subscription(&req.filter, &self.shared.topic_limits)
-                            .map(|s| s.filter)
-                            .unwrap_or(&req.filter);
-                        let options = DeliveryOptions::retained(&req.options, req.subscription_id);
-                        if let Ok(found) = self.retained.matching(plain) {
-                            for (_, m) in found {
-                                res.retained.push((m.clone(), options.clone()));
-                            }
-                        }
-                    }
-                }
-                Err(e) => {
-                    debug!(client_id = %client_id, filter = %req.filter, error = %e, "subscribe refused");
-                    res.results.push(Err(subscribe_refusal(&e)));
-                    res.new.push(false);
-                }
-            }
-        }
-        res
-    }
-
-    /// Removes a subscription; counts it off if this shard is its home.
-    fn unsubscribe(&mut self, client_id: &Arc<str>, filter: &str) -> Result<bool, RouterError> {
-        let removed = self.router.unsubscribe(client_id, filter)?.is_some();
-        if removed && self.map.reach(filter, &self.shared.topic_limits).home() == self.index {
-            self.owned -= 1;
-            let _ = self.count_route(filter, false);
-        }
-        Ok(removed)
-    }
 }
 
 /// Where a routed publish came from.
@@ -610,19 +527,6 @@ enum Source<'a> {
     Local(Option<&'a Publisher>, Option<&'a DeliveryKind>),
     /// Forwarded by another node: for local subscribers only.
     Forwarded,
-}
-
-/// The one place a router refusal becomes a SUBACK code.
-fn subscribe_refusal(e: &RouterError) -> ReasonCode {
-    match e {
-        RouterError::ExclusiveHeld
-        | RouterError::LimitReached { .. }
-        | RouterError::SubscriptionsFull { .. } => ReasonCode::QuotaExceeded,
-        RouterError::RetainedFull { .. } | RouterError::RetainedBytesFull { .. } => {
-            ReasonCode::ImplementationSpecificError
-        }
-        _ => ReasonCode::TopicFilterInvalid,
-    }
 }
 
 impl Actor for RouterActor {
