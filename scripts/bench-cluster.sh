@@ -7,6 +7,10 @@
 #   pairs-q1   pairs QoS 1: one node / publishers on node 1, subscribers on node 2
 #   fanout-q1  fanout QoS 1: one node / the publisher on node 1, subscribers round-robin
 #              on nodes 2 and 3 (a publish is PUBACKed once both nodes acknowledged it)
+#   fanout-q1-rate  the same at a fixed FANOUT_RATE publishes/s (× CLIENTS deliveries/s),
+#              which both should carry without loss: the CPU per delivery at equal load
+#              (back-pressure does not cross nodes, so at an unlimited rate a cluster's
+#              remote subscriber queues fill and drop, while one node holds its publisher)
 #   conn       CONNECTs of new client ids: one starling-bench / three in parallel, one
 #              per node, each with a third of the clients (the cluster figure is the sum
 #              of their rates)
@@ -20,8 +24,8 @@
 #
 # Knobs (environment): REPS (3 runs per figure, the median is reported), DURATION (5 s per
 # run), PAIRS (50), CLIENTS (100 fanout subscribers), PAYLOAD (64 bytes), CONN_CLIENTS
-# (9000 in all; a third per cluster node), CONN_RATE (50000/s cap per starling-bench),
-# SCENARIOS (subset of: pairs-q1 fanout-q1 conn), PIN (1: every broker on CPU 0 and
+# (9000 in all; a third per cluster node), FANOUT_RATE (5000 publishes/s), CONN_RATE (50000/s cap per starling-bench),
+# SCENARIOS (subset of: pairs-q1 fanout-q1 fanout-q1-rate conn), PIN (1: every broker on CPU 0 and
 # starling-bench on CPU 1 with taskset, so that one node and the cluster get the same CPU;
 # 0: unpinned), KEEP (1: keep the temp dir and print its path), NO_BUILD (1: use the
 # binaries already in the target dir).
@@ -38,7 +42,8 @@ CLIENTS=${CLIENTS:-100}
 PAYLOAD=${PAYLOAD:-64}
 CONN_CLIENTS=${CONN_CLIENTS:-9000}
 CONN_RATE=${CONN_RATE:-50000}
-SCENARIOS=${SCENARIOS:-pairs-q1 fanout-q1 conn}
+FANOUT_RATE=${FANOUT_RATE:-5000}
+SCENARIOS=${SCENARIOS:-pairs-q1 fanout-q1 fanout-q1-rate conn}
 PIN=${PIN:-1}
 KEEP=${KEEP:-0}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
@@ -275,6 +280,8 @@ bench_args() {
     pairs-q1,cluster) echo "pairs -c $PAIRS -q 1 -s $PAYLOAD -p $P1 --sub-port $P2 $common" ;;
     fanout-q1,single) echo "fanout -c $CLIENTS -q 1 -s $PAYLOAD -p $SP $common" ;;
     fanout-q1,cluster) echo "fanout -c $CLIENTS -q 1 -s $PAYLOAD -p $P1 --sub-port $P2,$P3 $common" ;;
+    fanout-q1-rate,single) echo "fanout -c $CLIENTS -q 1 -s $PAYLOAD -r $FANOUT_RATE -p $SP $common" ;;
+    fanout-q1-rate,cluster) echo "fanout -c $CLIENTS -q 1 -s $PAYLOAD -r $FANOUT_RATE -p $P1 --sub-port $P2,$P3 $common" ;;
     conn,single) echo "conn -c $CONN_CLIENTS --connect-rate $CONN_RATE -p $SP $common" ;;
     conn,cluster) echo "conn -c $((CONN_CLIENTS / 3)) --connect-rate $CONN_RATE $common" ;;
   esac
@@ -292,6 +299,8 @@ run_once() {
   LOADS+=("$(cut -d' ' -f1 /proc/loadavg)")
   local c0 c1
   read -r -a c0 < <(counters "${http[@]}")
+  local each0=() each1=() p
+  for p in "${pids[@]}"; do each0+=("$(cpu_us "$p")"); done
   before=$(cpu_us "${pids[@]}")
   if [ "$scenario" = conn ] && [ "$side" = cluster ]; then
     local n bpids=()
@@ -307,6 +316,7 @@ run_once() {
     "${LOAD_PIN[@]}" "$BENCH" $args --broker-pid "${pids[0]}" >"$out/result1.json" 2>"$out/summary1.txt" || true
   fi
   after=$(cpu_us "${pids[@]}")
+  for p in "${pids[@]}"; do each1+=("$(cpu_us "$p")"); done
   read -r -a c1 < <(counters "${http[@]}")
   local f rate ok fields sum_rate=0 sum_count=0 detail="" lost=0 l
   for f in "$out"/result*.json; do
@@ -314,8 +324,8 @@ run_once() {
       read -r rate ok l fields < <(json_fields "$f" connect.rate_per_s connect.ok connect.failed errors first_error)
       detail+=" [ok $ok failed $l errors ${fields}]"
     else
-      read -r rate ok l fields < <(json_fields "$f" delivered_per_s received lost sent acked expected duplicates errors first_error)
-      detail+=" [received $ok lost $l sent/acked/expected/dup/errors ${fields}]"
+      read -r rate ok l fields < <(json_fields "$f" delivered_per_s received lost sent acked expected duplicates errors latency_us.p50 latency_us.p99 first_error)
+      detail+=" [received $ok lost $l sent/acked/expected/dup/errors/p50 µs/p99 µs ${fields}]"
     fi
     if [ "$l" = n/a ] || [ "$lost" = n/a ]; then lost=n/a; else lost=$((lost + l)); fi
     if [ "$rate" = n/a ] || [ "$ok" = n/a ]; then sum_rate=n/a; break; fi
@@ -332,18 +342,25 @@ run_once() {
   LOST[$scenario,$side]+=" $lost"
   CPU_PER[$scenario,$side]+=" $per"
   local cpu_ms=n/a
-  [ "$before" != n/a ] && [ "$after" != n/a ] && cpu_ms=$(((after - before) / 1000))
+  if [ "$before" != n/a ] && [ "$after" != n/a ]; then
+    cpu_ms="$(((after - before) / 1000)) ms"
+    if [ "${#pids[@]}" -gt 1 ]; then
+      local i split=()
+      for i in "${!pids[@]}"; do split+=("$(((each1[i] - each0[i]) / 1000))"); done
+      cpu_ms+=" (nodes 1/2/3: $(IFS=/; echo "${split[*]}") ms)"
+    fi
+  fi
   local counted="n/a"
   if [ "${c0[0]}" != n/a ] && [ "${c1[0]}" != n/a ]; then
     counted="dropped $((c1[0] - c0[0])), forward timeouts $((c1[1] - c0[1])), back-pressure holds $((c1[2] - c0[2]))"
   fi
-  local msg="$scenario $side #$rep: $figure/s, brokers' CPU $cpu_ms ms, $per µs each; brokers: $counted;$detail"
+  local msg="$scenario $side #$rep: $figure/s, brokers' CPU $cpu_ms, $per µs each; brokers: $counted;$detail"
   echo "$msg" >>"$RAW"
   log "$msg"
 }
 
 for scenario in $SCENARIOS; do
-  case $scenario in pairs-q1|fanout-q1|conn) ;; *) log "unknown scenario $scenario"; exit 2 ;; esac
+  case $scenario in pairs-q1|fanout-q1|fanout-q1-rate|conn) ;; *) log "unknown scenario $scenario"; exit 2 ;; esac
   # One node alone.
   dir="$TMP/$scenario/single"
   node_config 1 "$dir/node1" single
@@ -379,6 +396,7 @@ TABLE="$TMP/table.md"
     case $scenario in
       pairs-q1) what="pairs QoS 1, $PAIRS pairs (cluster: publishers on node 1, subscribers on node 2)"; metric="deliveries/s" ;;
       fanout-q1) what="fanout QoS 1, 1 → $CLIENTS (cluster: publisher on node 1, subscribers on nodes 2 and 3)"; metric="deliveries/s" ;;
+      fanout-q1-rate) what="fanout QoS 1 at $FANOUT_RATE msg/s → $CLIENTS (as above)"; metric="deliveries/s" ;;
       conn) what="conn, $CONN_CLIENTS new client ids (cluster: $((CONN_CLIENTS / 3)) per node, 3 processes)"; metric="CONNECTs/s (CPU per CONNECT)" ;;
     esac
     # shellcheck disable=SC2086 # the recorded values are a word list
