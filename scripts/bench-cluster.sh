@@ -97,16 +97,28 @@ BENCH="$TARGET_DIR/release/starling-bench"
 "$BIN" cert cluster "$TMP/certs" --nodes 1,2,3 --name 127.0.0.1 >"$TMP/cert.log" 2>&1 ||
   { cat "$TMP/cert.log" >&2; exit 1; }
 
-# Free ports, held open together so that none is handed out twice: MQTT and HTTP (TCP)
-# of the lone node and of the three nodes, and the three cluster endpoints (UDP).
+# Free ports below the ephemeral range, so that no client socket (starling-bench's, the
+# readiness probes') takes one between two scenarios: MQTT and HTTP (TCP) of the lone node
+# and of the three nodes, and the three cluster endpoints (UDP), held open together while
+# chosen so that none is handed out twice.
 read -r SP SH P1 P2 P3 H1 H2 H3 C1 C2 C3 < <(python3 - <<'PY'
-import socket
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 held, ports = [], []
 for kind in [socket.SOCK_STREAM] * 8 + [socket.SOCK_DGRAM] * 3:
-    s = socket.socket(socket.AF_INET, kind)
-    s.bind(("127.0.0.1", 0))
-    held.append(s)
-    ports.append(s.getsockname()[1])
+    while True:
+        port = random.randrange(max(1024, low - 12000), low)
+        if port in ports:
+            continue
+        s = socket.socket(socket.AF_INET, kind)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            continue
+        held.append(s)
+        ports.append(port)
+        break
 print(*ports)
 PY
 )
