@@ -53,6 +53,12 @@ bench:
 bench-compare:
     scripts/bench-compare.sh
 
+# One node against the three-node example cluster on loopback: pairs and fan-out QoS 1
+# across nodes, CONNECTs on every node, the brokers' CPU per delivery; a markdown table.
+# Knobs as environment variables, e.g. `REPS=1 DURATION=2 just bench-cluster` (see the script's header).
+bench-cluster:
+    scripts/bench-cluster.sh
+
 # Topic shards against one router, unpinned: fan-in at `[router] shards = 1` and `= 2`.
 bench-shards:
     scripts/bench-shards.sh

@@ -140,6 +140,20 @@ pub struct MsgArgs {
     /// with a session expiry of 300 s), so a broker with a store writes their deliveries.
     #[arg(long)]
     pub persistent: bool,
+    /// Subscribers' broker host, when not --host: e.g. another node of a cluster, so that
+    /// every delivery crosses from the publishers' node to the subscribers'.
+    #[arg(long, value_name = "HOST")]
+    pub sub_host: Option<String>,
+    /// Subscribers' broker port, when not --port. A comma list spreads the subscribers
+    /// round-robin over the ports (e.g. `--sub-port 1884,1885`: fanout subscribers over two
+    /// cluster nodes).
+    #[arg(
+        long,
+        visible_alias = "sub-ports",
+        value_name = "PORT[,PORT...]",
+        value_delimiter = ','
+    )]
+    pub sub_port: Vec<u16>,
 }
 
 /// Which scenario.
@@ -203,7 +217,10 @@ pub struct RunConfig {
     pub scenario: Scenario,
     /// Broker address.
     pub target: SocketAddr,
-    /// As given, for the report.
+    /// Where subscriber `i` connects: `sub_targets[i % len]`. Never empty; `[target]`
+    /// unless --sub-host/--sub-port say otherwise.
+    pub sub_targets: Vec<SocketAddr>,
+    /// As given, for the report (with the subscribers' addresses when they differ).
     pub target_label: String,
     /// Transport.
     pub transport: Transport,
@@ -244,6 +261,11 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// The broker address of subscriber `s` (round-robin over `sub_targets`).
+    pub fn sub_target_for(&self, s: u32) -> SocketAddr {
+        self.sub_targets[s as usize % self.sub_targets.len()]
+    }
+
     /// The source address for client `i`, if spreading.
     pub fn source_for(&self, i: u64) -> Option<IpAddr> {
         // 250 addresses × ~28k ephemeral ports each is far past any fd limit.
@@ -293,23 +315,24 @@ impl Command {
                 max: DURATION_MAX_SECS,
             });
         }
-        let target = (common.host.as_str(), common.port)
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| ArgError::Unresolvable {
-                host: common.host.clone(),
-                port: common.port,
-            })?;
-        let source_spread =
-            !common.no_source_spread && matches!(target.ip(), IpAddr::V4(ip) if ip.is_loopback());
+        let target = resolve(&common.host, common.port)?;
+        let (publishers, subscribers) = scenario.roles(clients);
+        let (sub_targets, target_label) = match msg {
+            Some(m) => sub_targets(m, scenario, subscribers, target)?,
+            None => (vec![target], format!("{}:{}", common.host, common.port)),
+        };
+        // Binding to 127.0.0.x only reaches loopback brokers: every address must be one.
+        let source_spread = !common.no_source_spread
+            && std::iter::once(&target)
+                .chain(&sub_targets)
+                .all(|t| matches!(t.ip(), IpAddr::V4(ip) if ip.is_loopback()));
 
-        let (publishers, _) = scenario.roles(clients);
         let pid = std::process::id();
         let mut cfg = RunConfig {
             scenario,
             target,
-            target_label: format!("{}:{}", common.host, common.port),
+            sub_targets,
+            target_label,
             transport: common.transport,
             protocol: match common.mqtt_version {
                 MqttVersion::V311 => Protocol::V3_1_1,
@@ -386,6 +409,57 @@ impl Command {
         }
         Ok(cfg)
     }
+}
+
+fn resolve(host: &str, port: u16) -> Result<SocketAddr, ArgError> {
+    (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| ArgError::Unresolvable {
+            host: host.to_string(),
+            port,
+        })
+}
+
+/// The subscribers' addresses from --sub-host/--sub-port (`[target]` without them), and
+/// the report's label for the run's addresses.
+fn sub_targets(
+    msg: &MsgArgs,
+    scenario: Scenario,
+    subscribers: u32,
+    target: SocketAddr,
+) -> Result<(Vec<SocketAddr>, String), ArgError> {
+    let common = &msg.common;
+    let label = format!("{}:{}", common.host, common.port);
+    if msg.sub_host.is_none() && msg.sub_port.is_empty() {
+        return Ok((vec![target], label));
+    }
+    if subscribers == 0 {
+        return Err(ArgError::NoSubscribers {
+            scenario: scenario.name(),
+        });
+    }
+    // Ports past the subscriber count would never be used: a mistake, not a plan.
+    if msg.sub_port.len() > subscribers as usize {
+        return Err(ArgError::SubPortsUnused {
+            ports: msg.sub_port.len(),
+            subscribers,
+        });
+    }
+    let host = msg.sub_host.as_deref().unwrap_or(&common.host);
+    let ports = if msg.sub_port.is_empty() {
+        vec![common.port]
+    } else {
+        msg.sub_port.clone()
+    };
+    let targets = ports
+        .iter()
+        .map(|&p| resolve(host, p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+    let label = format!("{label} (subscribers {host}:{})", ports.join(","));
+    Ok((targets, label))
 }
 
 fn positive(name: &'static str, value: f64) -> Result<(), ArgError> {
@@ -535,5 +609,70 @@ mod tests {
         assert_eq!(c.source_for(0), Some("127.0.0.2".parse().unwrap()));
         assert_eq!(c.source_for(249), Some("127.0.0.251".parse().unwrap()));
         assert_eq!(c.source_for(250), Some("127.0.0.2".parse().unwrap()));
+    }
+
+    #[test]
+    fn subscribers_default_to_the_publishers_address() {
+        let c = parse(&["pairs", "-p", "1884"]).unwrap();
+        assert_eq!(c.sub_targets, vec![c.target]);
+        assert_eq!(c.sub_target_for(7), c.target);
+        assert_eq!(c.target_label, "127.0.0.1:1884");
+    }
+
+    #[test]
+    fn sub_host_and_port_move_the_subscribers_only() {
+        let c = parse(&[
+            "pairs",
+            "-p",
+            "1883",
+            "--sub-host",
+            "127.0.0.1",
+            "--sub-port",
+            "1884",
+        ])
+        .unwrap();
+        assert_eq!(c.target.port(), 1883);
+        assert_eq!(c.sub_targets, vec!["127.0.0.1:1884".parse().unwrap()]);
+        assert_eq!(
+            c.target_label,
+            "127.0.0.1:1883 (subscribers 127.0.0.1:1884)"
+        );
+        assert!(c.source_spread);
+        // --sub-host alone keeps --port.
+        let c = parse(&["fanin", "-p", "1890", "--sub-host", "localhost"]).unwrap();
+        assert_eq!(c.sub_targets[0].port(), 1890);
+    }
+
+    #[test]
+    fn a_port_list_spreads_fanout_subscribers_round_robin() {
+        let c = parse(&["fanout", "-c", "4", "--sub-ports", "1884,1885"]).unwrap();
+        let ports: Vec<u16> = (0..4).map(|s| c.sub_target_for(s).port()).collect();
+        assert_eq!(ports, [1884, 1885, 1884, 1885]);
+        assert_eq!(c.target.port(), 1883);
+        // The flag repeated appends, like the list.
+        let c = parse(&["fanout", "--sub-port", "1884", "--sub-port", "1885"]).unwrap();
+        assert_eq!(c.sub_targets.len(), 2);
+    }
+
+    #[test]
+    fn sub_options_without_subscribers_or_with_unused_ports_are_refused() {
+        assert_eq!(
+            parse(&["pub", "--sub-port", "1884"]).unwrap_err(),
+            ArgError::NoSubscribers { scenario: "pub" }
+        );
+        // fanin has one subscriber: a second port would get nobody.
+        assert_eq!(
+            parse(&["fanin", "--sub-port", "1884,1885"]).unwrap_err(),
+            ArgError::SubPortsUnused {
+                ports: 2,
+                subscribers: 1
+            }
+        );
+        assert!(Cli::try_parse_from(["starling-bench", "pairs", "--sub-port", "x"]).is_err());
+        assert!(Cli::try_parse_from(["starling-bench", "pairs", "--sub-port", "70000"]).is_err());
+        assert!(matches!(
+            parse(&["pairs", "--sub-host", "no.such.host.invalid"]),
+            Err(ArgError::Unresolvable { port: 1883, .. })
+        ));
     }
 }

@@ -75,6 +75,20 @@ pub enum ArgError {
         /// The topic.
         topic: String,
     },
+    /// --sub-host/--sub-port given to a scenario without subscribers.
+    #[error("--sub-host/--sub-port need subscribers, and {scenario} has none")]
+    NoSubscribers {
+        /// The scenario.
+        scenario: &'static str,
+    },
+    /// More --sub-port ports than subscribers: some would get nobody.
+    #[error("--sub-port lists {ports} ports for {subscribers} subscriber(s)")]
+    SubPortsUnused {
+        /// Ports given.
+        ports: usize,
+        /// Subscribers of the run.
+        subscribers: u32,
+    },
     /// Host is not an address and does not resolve.
     #[error("cannot resolve {host}:{port}")]
     Unresolvable {

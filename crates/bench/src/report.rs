@@ -130,7 +130,7 @@ pub struct RssReport {
 pub struct Report {
     /// conn, pub, sub, fanin, fanout or pairs.
     pub scenario: &'static str,
-    /// host:port.
+    /// host:port, then the subscribers' addresses when they differ (--sub-host/--sub-port).
     pub broker: String,
     /// tcp.
     pub transport: &'static str,

@@ -348,6 +348,7 @@ fn build_clients(cfg: &RunConfig) -> (Vec<ClientSpec>, Vec<Option<Expect>>) {
             _ => (pub_topic(s), Expect::One(s)),
         };
         let mut spec = base(specs.len() as u64, "s");
+        spec.target = cfg.sub_target_for(s);
         spec.subscribe = Some(SubSpec {
             filter,
             qos: cfg.qos,
@@ -441,5 +442,14 @@ mod tests {
         let (specs, _) = build_clients(&config(&["pairs", "-c", "50"]));
         let ids: std::collections::BTreeSet<_> = specs.iter().map(|s| &s.client_id).collect();
         assert_eq!(ids.len(), 100);
+    }
+
+    #[test]
+    fn subscribers_go_to_their_own_address_and_publishers_to_the_main_one() {
+        let cfg = config(&["fanout", "-c", "3", "-p", "1883", "--sub-port", "1884,1885"]);
+        let (specs, _) = build_clients(&cfg);
+        let ports: Vec<u16> = specs.iter().map(|s| s.target.port()).collect();
+        // Three subscribers round-robin, then the publisher.
+        assert_eq!(ports, [1884, 1885, 1884, 1883]);
     }
 }
