@@ -210,26 +210,7 @@ impl Registry {
                 return Some((client_id, conn));
             }
         };
-        let owner = h.owner.map(Arc::from);
-        let client = Client::restored(
-            self.shared.clone(),
-            self.shards.clone(),
-            self.chain.clone(),
-            ctx.weak_addr(),
-            session,
-            owner.clone(),
-        );
-        let opts = Options::named("client").capacity(self.shared.client_mailbox);
-        let addr = start_with(client, opts);
-        self.clients.insert(
-            client_id.clone(),
-            Entry {
-                addr: addr.clone(),
-                attaches: 0,
-                owner,
-            },
-        );
-        self.sessions_mark();
+        let addr = self.start_restored(session, h.owner.map(Arc::from), ctx);
         add(&self.shared.metrics.cluster_sessions_received, 1);
         ctx.spawn_then(
             async move {
@@ -354,6 +335,35 @@ fn take_conn(m: ClientMsg) -> Option<Box<NewConn>> {
 }
 
 impl Registry {
+    /// A detached client actor for `session` (read back from the store, or handed over by
+    /// another node), belonging to `owner`, registered under its client id.
+    fn start_restored(
+        &mut self,
+        session: starling_session::Session,
+        owner: Option<Arc<str>>,
+        ctx: &mut Ctx<Self>,
+    ) -> Addr<ClientMsg> {
+        let client_id = session.client_id().clone();
+        let client = Client::restored(
+            self.shared.clone(),
+            self.shards.clone(),
+            self.chain.clone(),
+            ctx.weak_addr(),
+            session,
+            owner.clone(),
+        );
+        let opts = Options::named("client").capacity(self.shared.client_mailbox);
+        let addr = start_with(client, opts);
+        let entry = Entry {
+            addr: addr.clone(),
+            attaches: 0,
+            owner,
+        };
+        self.clients.insert(client_id, entry);
+        self.sessions_mark();
+        addr
+    }
+
     /// Raises the sessions' high-water mark (`sessions.max`) to what the registry holds.
     fn sessions_mark(&self) {
         let n = self.clients.len() as u64;
@@ -394,27 +404,7 @@ impl Actor for Registry {
             RegistryMsg::Restore(sessions, reply) => {
                 let mut asks = Vec::with_capacity(sessions.len());
                 for (session, owner) in sessions {
-                    let client_id = session.client_id().clone();
-                    let client = Client::restored(
-                        self.shared.clone(),
-                        self.shards.clone(),
-                        self.chain.clone(),
-                        ctx.weak_addr(),
-                        session,
-                        owner.clone(),
-                    );
-                    let opts = Options::named("client").capacity(self.shared.client_mailbox);
-                    let addr = start_with(client, opts);
-                    asks.push(addr.clone());
-                    self.clients.insert(
-                        client_id,
-                        Entry {
-                            addr,
-                            attaches: 0,
-                            owner,
-                        },
-                    );
-                    self.sessions_mark();
+                    asks.push(self.start_restored(session, owner, ctx));
                 }
                 // Routed before the listeners open: a publish after start reaches them. A few
                 // hundred at a time (one join over 100k asks spent most of a start polling).

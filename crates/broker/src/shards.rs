@@ -77,6 +77,11 @@ impl Shards {
         }))
     }
 
+    /// Whether SUBSCRIBEs read their retained messages again in a cluster.
+    pub(crate) fn is_clustered(&self) -> bool {
+        self.0.clustered
+    }
+
     /// In a cluster, reads a SUBSCRIBE's retained messages again (replacing `r.retained`)
     /// once this node applied what the cluster had committed when asked, and every retained
     /// change this node's shards took before: a retained message acknowledged through any

@@ -30,13 +30,17 @@ impl Client {
             f.map(|f| (Arc::<str>::from(f.filter.as_str()), f.options.qos))
                 .collect::<Vec<_>>()
         });
+        // A cluster reads the retained messages again after the install (see `Shards`).
+        let again = self.shards.is_clustered().then(|| filters.clone());
         let mut r = self
             .shards
-            .subscribe(client_id.clone(), me, may_hold, persistent, filters.clone())
+            .subscribe(client_id.clone(), me, may_hold, persistent, filters)
             .await;
-        self.shards
-            .cluster_retained(&client_id, &filters, &mut r)
-            .await;
+        if let Some(filters) = again {
+            self.shards
+                .cluster_retained(&client_id, &filters, &mut r)
+                .await;
+        }
         for ((filter, asked), r) in named.into_iter().flatten().zip(&r.results) {
             if let Ok(qos) = r {
                 let qos = (*qos).min(asked);
