@@ -72,9 +72,19 @@ pub struct BrokerStats {
     pub subscriptions: u64,
     pub retained: u64,
     pub delayed: u64,
-    /// High-water marks since start: clients connected at once, sessions held at once.
+    /// `$share/` and `$queue/` subscriptions, among `subscriptions`.
+    pub subscriptions_shared: u64,
+    /// Distinct topic filters subscribed on the node (prefixes stripped).
+    pub topics: u64,
+    /// High-water marks since start: clients connected at once, sessions held at once,
+    /// and the highest values of the router's counts.
     pub connections_max: u64,
     pub sessions_max: u64,
+    pub subscriptions_max: u64,
+    pub subscriptions_shared_max: u64,
+    pub retained_max: u64,
+    pub delayed_max: u64,
+    pub topics_max: u64,
 }
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -139,8 +149,10 @@ impl Admin {
         self.shared.metrics.snapshot()
     }
 
+    /// The router's counts come from the gauges its shards move at the end of each burst
+    /// (no shard is asked), so they may trail a change by that burst.
     pub async fn stats(&self) -> BrokerStats {
-        let router = self.shards.stats().await;
+        let m = &self.shared.metrics;
         let sessions = self
             .registry
             .ask(|reply| RegistryMsg::Clients {
@@ -152,11 +164,18 @@ impl Admin {
         BrokerStats {
             connections: self.metrics().clients_connected,
             sessions: sessions as u64,
-            subscriptions: router.subscriptions as u64,
-            retained: router.retained as u64,
-            delayed: router.delayed as u64,
-            connections_max: self.shared.metrics.clients_connected_max.load(Relaxed),
-            sessions_max: self.shared.metrics.sessions_max.load(Relaxed),
+            subscriptions: m.subscriptions.count(),
+            retained: m.retained.count(),
+            delayed: m.delayed.count(),
+            subscriptions_shared: m.subscriptions_shared.count(),
+            topics: m.topics.count(),
+            connections_max: m.clients_connected_max.load(Relaxed),
+            sessions_max: m.sessions_max.load(Relaxed),
+            subscriptions_max: m.subscriptions.max(),
+            subscriptions_shared_max: m.subscriptions_shared.max(),
+            retained_max: m.retained.max(),
+            delayed_max: m.delayed.max(),
+            topics_max: m.topics.max(),
         }
     }
 

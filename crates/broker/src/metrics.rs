@@ -56,6 +56,51 @@ pub(crate) struct Metrics {
     /// (RMQTT's `connections.max`, `sessions.max`): raised where the count rises.
     pub clients_connected_max: AtomicU64,
     pub sessions_max: AtomicU64,
+    /// The router's state counts with their high-water marks (RMQTT's `subscriptions`,
+    /// `subscriptions_shared`, `retaineds`, `delayed_publishs`, `topics`), moved by each
+    /// shard at the end of a burst by what changed in it since its last report.
+    pub subscriptions: Gauge,
+    pub subscriptions_shared: Gauge,
+    pub retained: Gauge,
+    pub delayed: Gauge,
+    pub topics: Gauge,
+}
+
+/// A count that goes up and down, with the highest value it reached.
+#[derive(Debug, Default)]
+pub(crate) struct Gauge {
+    count: AtomicU64,
+    max: AtomicU64,
+}
+
+impl Gauge {
+    /// Moves the count by `delta` (never below 0) and raises the mark to the new value.
+    pub(crate) fn shift(&self, delta: i64) {
+        if delta == 0 {
+            return;
+        }
+        let step = delta.unsigned_abs();
+        let now = if delta > 0 {
+            self.count.fetch_add(step, Ordering::Relaxed) + step
+        } else {
+            let old = self
+                .count
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                    Some(v.saturating_sub(step))
+                })
+                .unwrap_or(0);
+            old.saturating_sub(step)
+        };
+        self.max.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count(&self) -> u64 {
+        get(&self.count)
+    }
+
+    pub(crate) fn max(&self) -> u64 {
+        get(&self.max)
+    }
 }
 
 /// Adds one to a gauge and raises its high-water mark to the new value.
@@ -425,7 +470,20 @@ impl MetricsSnapshot {
 
 #[cfg(test)]
 mod tests {
-    use super::MetricsSnapshot;
+    use super::{Gauge, MetricsSnapshot};
+
+    #[test]
+    fn a_gauge_keeps_its_highest_value_and_never_goes_below_zero() {
+        let g = Gauge::default();
+        g.shift(3);
+        g.shift(-2);
+        g.shift(4);
+        assert_eq!((g.count(), g.max()), (5, 5));
+        g.shift(-9);
+        assert_eq!((g.count(), g.max()), (0, 5));
+        g.shift(0);
+        assert_eq!((g.count(), g.max()), (0, 5));
+    }
 
     #[test]
     fn named_lists_every_field_once() {

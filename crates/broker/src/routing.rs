@@ -48,6 +48,7 @@ use crate::settings::Shared;
 
 mod admin;
 mod control;
+use control::ShardCounts;
 mod remote;
 mod stored;
 mod subscribe;
@@ -86,6 +87,10 @@ pub(crate) struct RouterActor {
     delayed_max: usize,
     /// Subscriptions this shard is home to: summed over shards, each counted once.
     owned: usize,
+    /// Of `owned`, the `$share/` (and `$queue/`) subscriptions.
+    owned_shared: usize,
+    /// The counts last added to the node's gauges (see `report_counts`).
+    reported: ShardCounts,
     rng: starling_rt::rng::Rng,
     /// Reused per publish: the matches, then one entry per subscriber after merging.
     scratch: Vec<Routed<Arc<str>, SubOpts>>,
@@ -183,6 +188,8 @@ impl RouterActor {
             delayed: 0,
             delayed_max,
             owned: 0,
+            owned_shared: 0,
+            reported: ShardCounts::default(),
             rng,
             scratch: Vec::new(),
             merged: Vec::new(),
@@ -742,6 +749,9 @@ impl Actor for RouterActor {
             self.retry = Some(ctx.after(RETRY_BLOCKED, RouterMsg::RetryBlocked));
         }
         let burst_end = self.routed >= FLUSH_EVERY_PUBLISHES || ctx.queued() == 0;
+        if burst_end {
+            self.report_counts();
+        }
         if !self.routed_acks.is_empty() && burst_end {
             self.send_routed_acks();
         }

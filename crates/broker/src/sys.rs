@@ -3,6 +3,7 @@
 //! latest values: one topic per figure, and all of them as JSON under `.../stats` and
 //! `.../metrics`.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -134,10 +135,28 @@ impl SysActor {
             self.publish(name, value).await;
         }
         // The same figures as JSON objects, in the HTTP API's names (docs/http-api.md).
-        let stats_json = format!(
-            "{{\"connections.count\":{},\"subscriptions.count\":{},\"retaineds.count\":{},\"delayed_publishs.count\":{}}}",
-            m.clients_connected, stats.subscriptions, stats.retained, stats.delayed
+        let g = &self.shared.metrics;
+        let mut stats_json = format!(
+            "{{\"connections.count\":{},\"connections.max\":{}",
+            m.clients_connected,
+            g.clients_connected_max
+                .load(std::sync::atomic::Ordering::Relaxed)
         );
+        for (name, gauge) in [
+            ("subscriptions", &g.subscriptions),
+            ("subscriptions_shared", &g.subscriptions_shared),
+            ("retaineds", &g.retained),
+            ("delayed_publishs", &g.delayed),
+            ("topics", &g.topics),
+        ] {
+            let _ = write!(
+                stats_json,
+                ",\"{name}.count\":{},\"{name}.max\":{}",
+                gauge.count(),
+                gauge.max()
+            );
+        }
+        stats_json.push('}');
         self.publish("stats", stats_json).await;
         let fields: Vec<String> = m
             .named()

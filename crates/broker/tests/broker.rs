@@ -449,8 +449,14 @@ fn sys_stats_and_metrics_as_json_are_there_from_the_start() {
         assert!(stats.starts_with('{') && stats.ends_with('}'), "{stats}");
         for key in [
             "connections.count",
+            "connections.max",
             "subscriptions.count",
+            "subscriptions.max",
+            "subscriptions_shared.max",
             "retaineds.count",
+            "retaineds.max",
+            "delayed_publishs.max",
+            "topics.max",
         ] {
             assert!(
                 stats.contains(&format!("\"{key}\":")),

@@ -26,8 +26,9 @@ pub(crate) fn routes(cfg: &mut web::ServiceConfig) {
         .service(resource("/metrics/{id}", "GET").route(get().to(metrics_one)));
 }
 
-/// RMQTT's stats keys that the broker counts: the `.max` companions (high-water marks since
-/// start) of connections and sessions; those of the router's counts are not tracked yet
+/// RMQTT's stats keys that the broker counts, each with its `.max` companion (the
+/// high-water mark since start). RMQTT's `handshakings`, `routes`, `message_queues`,
+/// `out_inflights`, `in_inflights`, `forwards` and `message_storages` are not tracked yet
 /// and are left out rather than made up.
 fn stats_json(s: &BrokerStats) -> Value {
     json!({
@@ -36,8 +37,15 @@ fn stats_json(s: &BrokerStats) -> Value {
         "sessions.count": s.sessions,
         "sessions.max": s.sessions_max,
         "subscriptions.count": s.subscriptions,
+        "subscriptions.max": s.subscriptions_max,
+        "subscriptions_shared.count": s.subscriptions_shared,
+        "subscriptions_shared.max": s.subscriptions_shared_max,
         "retaineds.count": s.retained,
+        "retaineds.max": s.retained_max,
         "delayed_publishs.count": s.delayed,
+        "delayed_publishs.max": s.delayed_max,
+        "topics.count": s.topics,
+        "topics.max": s.topics_max,
     })
 }
 
@@ -129,11 +137,61 @@ pub(crate) fn exposition(
         family(name, help, kind, v);
     }
     let g = MetricKind::Gauge;
-    family("sessions", "Sessions, connected or not", g, st.sessions);
-    family("subscriptions", "Subscriptions", g, st.subscriptions);
-    family("retained", "Retained messages", g, st.retained);
-    family("delayed", "Delayed publishes waiting", g, st.delayed);
+    for (name, help, v) in stats_gauges(st) {
+        family(name, help, g, v);
+    }
     out
+}
+
+/// The state counts as Prometheus gauges, each with its high-water mark since start.
+fn stats_gauges(st: &BrokerStats) -> [(&'static str, &'static str, u64); 13] {
+    [
+        ("sessions", "Sessions, connected or not", st.sessions),
+        (
+            "sessions_max",
+            "Most sessions held at once",
+            st.sessions_max,
+        ),
+        (
+            "connections_max",
+            "Most clients connected at once",
+            st.connections_max,
+        ),
+        ("subscriptions", "Subscriptions", st.subscriptions),
+        (
+            "subscriptions_max",
+            "Most subscriptions at once",
+            st.subscriptions_max,
+        ),
+        (
+            "subscriptions_shared",
+            "Shared subscriptions",
+            st.subscriptions_shared,
+        ),
+        (
+            "subscriptions_shared_max",
+            "Most shared subscriptions at once",
+            st.subscriptions_shared_max,
+        ),
+        ("retained", "Retained messages", st.retained),
+        (
+            "retained_max",
+            "Most retained messages at once",
+            st.retained_max,
+        ),
+        ("delayed", "Delayed publishes waiting", st.delayed),
+        (
+            "delayed_max",
+            "Most delayed publishes waiting at once",
+            st.delayed_max,
+        ),
+        ("topics", "Distinct topic filters subscribed", st.topics),
+        (
+            "topics_max",
+            "Most distinct topic filters at once",
+            st.topics_max,
+        ),
+    ]
 }
 
 async fn prometheus_with(s: &ApiState, per_node: bool) -> HttpResponse {
@@ -179,7 +237,7 @@ mod tests {
             }
         }
         let named = MetricsSnapshot::default().named().len();
-        assert_eq!(samples, 2 * (named + 4));
+        assert_eq!(samples, 2 * (named + 13));
         assert!(text.contains("starling_messages_received_total{node=\"1\"} 0"));
         assert!(text.contains("# TYPE starling_clients_connected gauge"));
         assert!(text.contains("starling_store_commit_seconds_total{node=\"all\"} 0"));

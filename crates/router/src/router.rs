@@ -293,6 +293,8 @@ impl<S, T> Node<S, T> {
 struct Counts {
     subscriptions: usize,
     filters: usize,
+    /// Of `filters`, those with a wildcard (which a sharded node holds on every shard).
+    wild_filters: usize,
     nodes: usize,
 }
 
@@ -302,6 +304,8 @@ struct Counts {
 struct FilterPath<'a> {
     levels: Option<&'a str>,
     multi: bool,
+    /// Whether the filter has a wildcard (`#`, or a `+` level).
+    wild: bool,
 }
 
 impl<'a> FilterPath<'a> {
@@ -310,17 +314,20 @@ impl<'a> FilterPath<'a> {
             Self {
                 levels: None,
                 multi: true,
+                wild: true,
             }
         } else if let Some(prefix) = filter.strip_suffix("/#") {
             // `/#` keeps one empty level: the prefix "" is a level, not the root.
             Self {
                 levels: Some(prefix),
                 multi: true,
+                wild: true,
             }
         } else {
             Self {
                 levels: Some(filter),
                 multi: false,
+                wild: filter.split('/').any(|l| l == "+"),
             }
         }
     }
@@ -371,6 +378,11 @@ impl<S: Clone + Eq + Hash, T: Clone> Router<S, T> {
     /// subscription.
     pub fn filter_count(&self) -> usize {
         self.counts.filters
+    }
+
+    /// Of [`Router::filter_count`], the filters with a wildcard.
+    pub fn wildcard_filter_count(&self) -> usize {
+        self.counts.wild_filters
     }
 
     /// Number of trie nodes below the root; zero when there are no subscriptions.
@@ -467,6 +479,7 @@ impl<S: Clone + Eq + Hash, T: Clone> Router<S, T> {
         }
         let entries = node.slot(path.multi).get_or_insert_with(|| {
             counts.filters += 1;
+            counts.wild_filters += usize::from(path.wild);
             Box::new(Entries::new(hasher))
         });
         let old = entries.insert(
@@ -643,13 +656,14 @@ fn remove_at<S: Clone + Eq + Hash, T: Clone>(
         if entries.is_empty() {
             *slot = None;
             counts.filters -= 1;
+            counts.wild_filters -= usize::from(path.wild);
         }
         return Some(old);
     };
     let (level, next) = split_level(rest);
     let path = FilterPath {
         levels: next,
-        multi: path.multi,
+        ..path
     };
     if level == "+" {
         let child = node.plus.as_deref_mut()?;

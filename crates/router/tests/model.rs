@@ -266,6 +266,8 @@ proptest! {
             let filters: BTreeSet<&String> = model.keys().map(|(_, _, f)| f).collect();
             prop_assert_eq!(router.subscription_count(), model.len());
             prop_assert_eq!(router.filter_count(), filters.len());
+            let wild = filters.iter().filter(|f| f.contains(['+', '#'])).count();
+            prop_assert_eq!(router.wildcard_filter_count(), wild);
         }
         // Churn leaves nothing behind.
         for (sub, kind, filter) in model.keys() {
@@ -281,6 +283,7 @@ proptest! {
             (router.subscription_count(), router.filter_count(), router.node_count()),
             (0, 0, 0)
         );
+        prop_assert_eq!(router.wildcard_filter_count(), 0);
     }
 
     #[test]

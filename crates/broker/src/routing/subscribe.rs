@@ -50,6 +50,7 @@ impl RouterActor {
                     let r = self.router.subscribe(client_id.clone(), &req.filter, opts);
                     let new = matches!(r, Ok(None));
                     self.owned += usize::from(new);
+                    self.owned_shared += usize::from(new && is_shared(&req.filter));
                     if new {
                         if let Some(wait) = self.count_route(&req.filter, true) {
                             res.route_waits.push(wait);
@@ -99,10 +100,16 @@ impl RouterActor {
         let removed = self.router.unsubscribe(client_id, filter)?.is_some();
         if removed && self.map.reach(filter, &self.shared.topic_limits).home() == self.index {
             self.owned -= 1;
+            self.owned_shared -= usize::from(is_shared(filter));
             let _ = self.count_route(filter, false);
         }
         Ok(removed)
     }
+}
+
+/// A `$share/{group}/` or `$queue/` subscription.
+fn is_shared(raw: &str) -> bool {
+    raw.starts_with("$share/") || raw.starts_with("$queue/")
 }
 
 /// The one place a router refusal becomes a SUBACK code.
