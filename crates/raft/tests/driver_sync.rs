@@ -221,10 +221,14 @@ fn a_pending_sync_leaves_the_driver_serving_and_holds_the_acknowledgement() {
             syncs,
             "the sync is still held"
         );
-        assert_eq!(
-            m.proposal_batches.load(Ordering::Relaxed) - batches,
-            2,
-            "the twenty queued proposals went into one raft proposal"
+        // One for the first proposal, and the twenty queued ones batched: one raft
+        // proposal when they all queued within the busy turn, a few when a loaded machine
+        // let the driver take a turn while they were still arriving (seen once in a full
+        // parallel `cargo test`), never one each.
+        let queued_batches = m.proposal_batches.load(Ordering::Relaxed) - batches - 1;
+        assert!(
+            (1..=4).contains(&queued_batches),
+            "the twenty queued proposals went into {queued_batches} raft proposals"
         );
 
         gates[(leader - 1) as usize].set_closed(false);
