@@ -48,7 +48,7 @@ use crate::settings::Shared;
 
 mod admin;
 mod control;
-use control::ShardCounts;
+use admin::ShardCounts;
 mod remote;
 mod stored;
 mod subscribe;

@@ -12,50 +12,7 @@ use crate::flow::Outcome;
 use crate::metrics::add;
 use crate::msg::{ClientMsg, Publisher, RouterMsg};
 
-/// What a shard adds to the node's state gauges (see `RouterActor::report_counts`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct ShardCounts {
-    subscriptions: usize,
-    shared: usize,
-    retained: usize,
-    delayed: usize,
-    topics: usize,
-}
-
-/// The signed change from `old` to `new`.
-fn delta(old: usize, new: usize) -> i64 {
-    // Counts of one shard fit an i64 many times over.
-    new as i64 - old as i64
-}
-
 impl RouterActor {
-    /// Moves the node's gauges by what changed here since the last report: once per burst,
-    /// so that a count costs the hot path nothing and no shard asks another.
-    pub(super) fn report_counts(&mut self) {
-        // A wildcard filter lives on every shard: shard 0 counts it, the others their
-        // exact filters only.
-        let wild = self.router.wildcard_filter_count();
-        let topics = self.router.filter_count() - if self.index == 0 { 0 } else { wild };
-        let now = ShardCounts {
-            subscriptions: self.owned,
-            shared: self.owned_shared,
-            retained: self.retained.len(),
-            delayed: self.delayed,
-            topics,
-        };
-        let old = std::mem::replace(&mut self.reported, now);
-        if old == now {
-            return;
-        }
-        let m = &self.shared.metrics;
-        m.subscriptions
-            .shift(delta(old.subscriptions, now.subscriptions));
-        m.subscriptions_shared.shift(delta(old.shared, now.shared));
-        m.retained.shift(delta(old.retained, now.retained));
-        m.delayed.shift(delta(old.delayed, now.delayed));
-        m.topics.shift(delta(old.topics, now.topics));
-    }
-
     /// Holds `from` back for `subscriber` (once per publisher and release epoch: see
     /// [`crate::flow`]); only the shard that sent the Hold sends its Release.
     pub(super) fn hold_for(&mut self, subscriber: &Arc<str>, from: &Publisher) {

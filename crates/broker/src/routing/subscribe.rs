@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use starling_codec::ReasonCode;
-use starling_router::{parse_subscription, RouterError};
+use starling_router::{parse_subscription, Extension, RouterError};
 use starling_rt::{time, WeakAddr};
 use starling_session::{DeliveryOptions, SubscribeRequest};
 use tracing::debug;
@@ -50,7 +50,7 @@ impl RouterActor {
                     let r = self.router.subscribe(client_id.clone(), &req.filter, opts);
                     let new = matches!(r, Ok(None));
                     self.owned += usize::from(new);
-                    self.owned_shared += usize::from(new && is_shared(&req.filter));
+                    self.owned_shared += usize::from(new && self.is_shared(&req.filter));
                     if new {
                         if let Some(wait) = self.count_route(&req.filter, true) {
                             res.route_waits.push(wait);
@@ -100,16 +100,17 @@ impl RouterActor {
         let removed = self.router.unsubscribe(client_id, filter)?.is_some();
         if removed && self.map.reach(filter, &self.shared.topic_limits).home() == self.index {
             self.owned -= 1;
-            self.owned_shared -= usize::from(is_shared(filter));
+            self.owned_shared -= usize::from(self.is_shared(filter));
             let _ = self.count_route(filter, false);
         }
         Ok(removed)
     }
-}
 
-/// A `$share/{group}/` or `$queue/` subscription.
-fn is_shared(raw: &str) -> bool {
-    raw.starts_with("$share/") || raw.starts_with("$queue/")
+    /// A `$share/{group}/` or `$queue/` subscription, as the router core parses it.
+    fn is_shared(&self, raw: &str) -> bool {
+        parse_subscription(raw, &self.shared.topic_limits)
+            .is_ok_and(|p| matches!(p.extension, Extension::Shared { .. }))
+    }
 }
 
 /// The one place a router refusal becomes a SUBACK code.
