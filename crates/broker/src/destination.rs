@@ -141,8 +141,13 @@ pub(crate) struct RemoteNode {
     pub pending: VecDeque<Pending1>,
     /// The number of the next batch sent.
     pub next_seq: u64,
-    /// Batches sent whose acknowledgement keys wait for the node's Ack, oldest first.
+    /// Batches sent and not yet acknowledged by the node, oldest first.
     pub unacked: VecDeque<Unacked>,
+    /// The messages of `unacked`: with `pending`, the window that holds publishers back
+    /// (`routing::link`).
+    pub unacked_messages: usize,
+    /// Publishers held back because the window is full.
+    pub holding: Vec<Holder>,
     /// Keys of messages that could not be sent at all, settled at the next check.
     pub lost: Vec<u64>,
 }
@@ -151,7 +156,10 @@ pub(crate) struct RemoteNode {
 pub(crate) struct Unacked {
     pub seq: u64,
     pub sent_at: starling_rt::time::Instant,
+    /// The publishers' acknowledgements that wait for it.
     pub keys: Vec<u64>,
+    /// How many messages it holds.
+    pub messages: usize,
 }
 
 impl RemoteNode {
@@ -162,6 +170,8 @@ impl RemoteNode {
             pending: VecDeque::new(),
             next_seq: 1,
             unacked: VecDeque::new(),
+            unacked_messages: 0,
+            holding: Vec::new(),
             lost: Vec::new(),
         }
     }
@@ -221,7 +231,7 @@ impl Destination {
     pub(crate) fn end(&mut self) -> Vec<Holder> {
         match self {
             Destination::Local(l) => l.backlog.end(),
-            Destination::Remote(_) => Vec::new(),
+            Destination::Remote(r) => std::mem::take(&mut r.holding),
         }
     }
 
@@ -264,13 +274,14 @@ impl Destination {
                             r.next_seq += 1;
                             let keys: Vec<u64> =
                                 r.pending.drain(..n).filter_map(|(_, k, _)| k).collect();
-                            if !keys.is_empty() {
-                                r.unacked.push_back(Unacked {
-                                    seq,
-                                    sent_at: now,
-                                    keys,
-                                });
-                            }
+                            // Every batch, keys or not: the window counts its messages.
+                            r.unacked.push_back(Unacked {
+                                seq,
+                                sent_at: now,
+                                keys,
+                                messages: n,
+                            });
+                            r.unacked_messages += n;
                         }
                         Err(starling_raft::DataSendError::Full(_)) => return Flushed::Blocked,
                         // Not a peer of this node (or it is stopping): nothing to deliver

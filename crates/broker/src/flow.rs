@@ -168,6 +168,11 @@ impl Backlog {
         self.saturated
     }
 
+    /// Whether it holds its publishers (and the links of other nodes) back now.
+    pub(crate) fn backlogged(&self) -> bool {
+        self.backlogged
+    }
+
     pub(crate) fn epoch(&self) -> u64 {
         self.epoch
     }

@@ -50,6 +50,7 @@ pub(crate) struct Metrics {
     pub cluster_forwarded: AtomicU64,
     pub cluster_received: AtomicU64,
     pub cluster_forward_timeouts: AtomicU64,
+    pub cluster_link_holds: AtomicU64,
     pub cluster_sessions_received: AtomicU64,
     pub cluster_handover_timeouts: AtomicU64,
     /// High-water marks of `clients_connected` and of the sessions the registry holds
@@ -197,6 +198,9 @@ pub struct MetricsSnapshot {
     pub cluster_forwarded: u64,
     pub cluster_received: u64,
     pub cluster_forward_timeouts: u64,
+    /// Times a subscriber here that fell behind held another node's link back (its
+    /// batches acknowledged only once it drained), counted per link and stretch.
+    pub cluster_link_holds: u64,
     /// Sessions other nodes handed over here, and CONNECTs that waited for one in vain.
     pub cluster_sessions_received: u64,
     pub cluster_handover_timeouts: u64,
@@ -239,6 +243,7 @@ impl Metrics {
             cluster_forwarded: get(&self.cluster_forwarded),
             cluster_received: get(&self.cluster_received),
             cluster_forward_timeouts: get(&self.cluster_forward_timeouts),
+            cluster_link_holds: get(&self.cluster_link_holds),
             cluster_sessions_received: get(&self.cluster_sessions_received),
             cluster_handover_timeouts: get(&self.cluster_handover_timeouts),
         }
@@ -255,7 +260,7 @@ pub enum MetricKind {
 impl MetricsSnapshot {
     /// Every figure with its name (the field's), what it counts and its kind: for
     /// expositions (the HTTP API's JSON and Prometheus text) that must list them all.
-    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 36] {
+    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 37] {
         use MetricKind::{Counter as C, Gauge as G};
         [
             (
@@ -413,6 +418,12 @@ impl MetricsSnapshot {
                 "Forwarded QoS 1/2 messages whose node did not acknowledge them in time",
                 C,
                 self.cluster_forward_timeouts,
+            ),
+            (
+                "cluster_link_holds",
+                "Times a backlogged subscriber held another node's forwarding link back",
+                C,
+                self.cluster_link_holds,
             ),
             (
                 "cluster_sessions_received",

@@ -379,8 +379,16 @@ pub(crate) enum RouterMsg {
     },
     /// A publish another node forwarded: for this node's subscribers only (never forwarded
     /// again, not retained here): its plain subscribers, or (`Some`) one member of the
-    /// shared group that node picked this node for.
-    Forwarded(Arc<Message>, Option<Box<SharedTo>>),
+    /// shared group that node picked this node for. The last field is the node it came
+    /// from: a backlogged subscriber holds that node's link back (`routing::link`).
+    Forwarded(Arc<Message>, Option<Box<SharedTo>>, u64),
+    /// Answered once no subscriber of this shard holds `node`'s link back: the node's
+    /// batches routed before it are acknowledged only then, so that the node holds its
+    /// publishers instead of flooding subscribers here that cannot keep up.
+    LinkBarrier {
+        node: u64,
+        done: tokio::sync::oneshot::Sender<()>,
+    },
     /// `node` took this shard's batches up to `seq`.
     ForwardAcked {
         node: u64,

@@ -49,6 +49,7 @@ use crate::settings::Shared;
 mod admin;
 mod control;
 use admin::ShardCounts;
+mod link;
 mod remote;
 mod stored;
 mod subscribe;
@@ -145,6 +146,12 @@ pub(crate) struct RouterActor {
     fwd_current: Option<remote::FwdRoute>,
     /// Armed while forwarded batches wait for their nodes.
     fwd_timer: Option<TimerId>,
+    /// The nodes this shard forwards to (each has a `Destination::Remote`).
+    remote_nodes: Vec<u64>,
+    /// Links of other nodes held back, by the subscriber holding each (see `link`), and
+    /// the barriers waiting for a link to be let go.
+    held_links: Vec<(u64, Arc<str>)>,
+    link_waiters: Vec<(u64, tokio::sync::oneshot::Sender<()>)>,
 }
 
 /// `total` split over `n` shards, rounded up: each shard's part of a node-wide cap.
@@ -212,6 +219,9 @@ impl RouterActor {
             fwd_next: 1,
             fwd_current: None,
             fwd_timer: None,
+            remote_nodes: Vec::new(),
+            held_links: Vec::new(),
+            link_waiters: Vec::new(),
         }
     }
 
@@ -238,7 +248,7 @@ impl RouterActor {
         if ack.is_some() && self.cluster.is_some() && msg.qos != starling_codec::QoS::AtMostOnce {
             self.fwd_current = Some(remote::FwdRoute::new(self.fwd_next));
         }
-        self.publish(msg, from, true, ctx);
+        self.publish(msg, from, None, ctx);
         let forwarded = self.fwd_current.take().filter(remote::FwdRoute::any);
         let Some(to) = ack else { return };
         let stores = self.to_store.len() > before;
@@ -278,15 +288,16 @@ impl RouterActor {
         }
     }
 
-    /// Routes a publish; `local`: it was published on this node (a forwarded one is
-    /// delivered to this node's subscribers only, and its retained copy is not kept here).
+    /// Routes a publish published on this node, or (`forwarded_by`) one another node
+    /// forwarded: delivered to this node's subscribers only, its retained copy not kept.
     fn publish(
         &mut self,
         msg: Arc<Message>,
         from: Option<Publisher>,
-        local: bool,
+        forwarded_by: Option<u64>,
         ctx: &mut Ctx<Self>,
     ) {
+        let local = forwarded_by.is_none();
         if local && msg.topic.starts_with(DELAYED_PREFIX) {
             self.schedule(&msg, ctx);
             return;
@@ -323,14 +334,12 @@ impl RouterActor {
         );
         let mut qos0 = Qos0Tally::default();
         for d in merged.drain(..) {
-            let source = if local {
-                Source::Local(from.as_ref(), Some(&d.kind))
-            } else if matches!(d.kind, DeliveryKind::Shared { .. }) {
+            let source = match forwarded_by {
+                None => Source::Local(from.as_ref(), Some(&d.kind)),
                 // The publish's node picked the members of shared groups cluster-wide:
                 // this node's plain subscribers only (see `publish_forwarded`).
-                continue;
-            } else {
-                Source::Forwarded
+                Some(_) if matches!(d.kind, DeliveryKind::Shared { .. }) => continue,
+                Some(node) => Source::Forwarded(node),
             };
             self.offer(&msg, d.subscriber, d.options.0, source, &mut qos0, ctx);
         }
@@ -352,9 +361,9 @@ impl RouterActor {
         qos0: &mut Qos0Tally,
         ctx: &mut Ctx<Self>,
     ) {
-        let (from, local, kind) = match source {
-            Source::Local(from, kind) => (from, true, kind),
-            Source::Forwarded => (None, false, None),
+        let (from, local, kind, link) = match source {
+            Source::Local(from, kind) => (from, true, kind, None),
+            Source::Forwarded(node) => (None, false, None, Some(node)),
         };
         // One lookup per delivery: what must be sent or scheduled is carried out after.
         let client = match self.destinations.get_mut(&subscriber) {
@@ -385,6 +394,10 @@ impl RouterActor {
                     if offered == remote::Offered::First {
                         self.dirty.push(subscriber);
                     }
+                    if let Some(from) = from.filter(|_| !is_qos0(msg, &opts)) {
+                        let node = node.node;
+                        self.hold_for_window(node, from);
+                    }
                 }
                 return;
             }
@@ -400,7 +413,9 @@ impl RouterActor {
         // fan-out into stop-and-go, at three quarters of the throughput.
         let qos0_may_hold =
             may_hold && is_qos0(msg, &opts) && self.shared.config.mqtt.backpressure_qos0;
-        if may_hold && !is_qos0(msg, &opts) {
+        // A forwarded one holds back the link it came by, the same way (`link`).
+        let link_may_hold = link.is_some() && client.online;
+        if (may_hold || link_may_hold) && !is_qos0(msg, &opts) {
             // What waits here and in its mailbox counts: its own queue shows a flood only
             // after its next turn, too late for what is routed meanwhile.
             let (holds, o) = client
@@ -483,6 +498,9 @@ impl RouterActor {
             if let Some(from) = from {
                 self.hold_for(&subscriber, from);
             }
+            if let Some(node) = link {
+                self.hold_link(node, &subscriber);
+            }
         }
         if let Some(o) = outcome {
             self.apply(&subscriber, o, ctx);
@@ -497,12 +515,14 @@ impl RouterActor {
     fn flush(&mut self, ctx: &mut Ctx<Self>) -> usize {
         self.routed = 0;
         let mut blocked = 0;
+        let mut forwarded = false;
         let mut i = 0;
         while i < self.dirty.len() {
             let Some(dest) = self.destinations.get_mut(&self.dirty[i]) else {
                 self.dirty.swap_remove(i);
                 continue;
             };
+            forwarded |= matches!(dest, Destination::Remote(_));
             match dest.flush(self.index as u16) {
                 Flushed::Blocked => {
                     blocked += 1;
@@ -519,6 +539,10 @@ impl RouterActor {
             }
         }
         self.send_outbox();
+        // Sent batches wait for their acknowledgements, keyed or not (the window).
+        if forwarded && self.fwd_timer.is_none() {
+            self.fwd_timer = Some(ctx.after(remote::FORWARD_CHECK, RouterMsg::ForwardCheck));
+        }
         if (blocked > 0 || !self.outbox.is_empty()) && self.retry.is_none() {
             self.retry = Some(ctx.after(RETRY_BLOCKED, RouterMsg::RetryBlocked));
         }
@@ -532,8 +556,8 @@ enum Source<'a> {
     /// Published on this node, by this publisher when it may be held back; with the shared
     /// group the delivery is for, if it is (a node picked as its member is told).
     Local(Option<&'a Publisher>, Option<&'a DeliveryKind>),
-    /// Forwarded by another node: for local subscribers only.
-    Forwarded,
+    /// Forwarded by this node: for local subscribers only.
+    Forwarded(u64),
 }
 
 impl Actor for RouterActor {
@@ -547,10 +571,13 @@ impl Actor for RouterActor {
                 if let Some(DelayedKey { id, due }) = key {
                     self.to_store.push(Op::DropDelayed { id, due });
                 }
-                self.publish(m, None, true, ctx);
+                self.publish(m, None, None, ctx);
             }
-            RouterMsg::Forwarded(m, None) => self.publish(m, None, false, ctx),
-            RouterMsg::Forwarded(m, Some(group)) => self.publish_to_group(&m, &group, ctx),
+            RouterMsg::Forwarded(m, None, node) => self.publish(m, None, Some(node), ctx),
+            RouterMsg::Forwarded(m, Some(group), node) => {
+                self.publish_to_group(&m, &group, node, ctx);
+            }
+            RouterMsg::LinkBarrier { node, done } => self.link_barrier(node, done),
             RouterMsg::ForwardAcked { node, seq } => self.forward_acked(node, seq),
             RouterMsg::ForwardStored { key, outcome } => self.forward_stored(key, outcome),
             RouterMsg::ForwardCheck => self.forward_check(ctx),
@@ -751,6 +778,9 @@ impl Actor for RouterActor {
         let burst_end = self.routed >= FLUSH_EVERY_PUBLISHES || ctx.queued() == 0;
         if burst_end {
             self.report_counts();
+            if !self.held_links.is_empty() || !self.link_waiters.is_empty() {
+                self.check_links();
+            }
         }
         if !self.routed_acks.is_empty() && burst_end {
             self.send_routed_acks();

@@ -42,8 +42,9 @@ fn repo_file(rel: &str) -> PathBuf {
         .join(rel)
 }
 
-/// The example files with this run's ports, and the certificates they name.
-fn configs(dir: &Path) -> (Vec<PathBuf>, Vec<Ports>) {
+/// The example files with this run's ports and `extra` appended, and the certificates
+/// they name.
+fn configs(dir: &Path, extra: &str) -> (Vec<PathBuf>, Vec<Ports>) {
     let ports: Vec<Ports> = (0..3)
         .map(|_| Ports {
             mqtt: free_port(),
@@ -78,6 +79,7 @@ fn configs(dir: &Path) -> (Vec<PathBuf>, Vec<Ports>) {
                 "node{i}.toml took its ports"
             );
         }
+        text.push_str(extra);
         let path = dir.join(format!("node{i}.toml"));
         std::fs::write(&path, text).expect("write config");
         files.push(path);
@@ -209,7 +211,7 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
         return;
     }
     let dir = temp_dir("cluster");
-    let (files, ports) = configs(&dir);
+    let (files, ports) = configs(&dir, "");
     let mut nodes: Vec<Option<Daemon>> = files.iter().map(|f| Some(Daemon::start(f))).collect();
     for n in nodes.iter_mut().flatten() {
         n.expect("cluster endpoint up");
@@ -503,4 +505,105 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
         let _ = w.kill();
         let _ = w.wait();
     }
+}
+
+/// Node `config`'s counters (`starling ctl stats`: its `/stats`, then its `/metrics`).
+fn metrics(config: &Path) -> serde_json::Value {
+    let out = starling()
+        .arg("--config")
+        .arg(config)
+        .args(["ctl", "stats"])
+        .output()
+        .expect("starling ctl stats runs");
+    assert!(out.status.success(), "starling ctl stats: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().nth(1).expect("the /metrics answer");
+    let v: serde_json::Value = serde_json::from_str(line).expect("JSON");
+    v[0]["metrics"].clone()
+}
+
+fn counter(m: &serde_json::Value, name: &str) -> u64 {
+    m[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {name} in {m}"))
+}
+
+/// Back-pressure crosses the node boundary: a QoS 1/2 flood published on node 1 for a
+/// subscriber on node 2 that reads slowly (and allows 4 messages in flight) with a session
+/// queue of 40 messages goes at the subscriber's pace, and nothing is dropped: node 2's
+/// subscriber holds node 1's link back (node 2 acknowledges node 1's batches late) and node
+/// 1 holds its publisher while its window to node 2 is full. Before, node 2 acknowledged at
+/// once and dropped what did not fit in the subscriber's queue: most of the flood.
+#[test]
+fn a_slow_subscriber_on_another_node_holds_the_publisher_back_and_loses_nothing() {
+    if !have(
+        "python3",
+        &["-c", "import paho.mqtt"],
+        "pip install paho-mqtt",
+    ) {
+        return;
+    }
+    let dir = temp_dir("cluster-bp");
+    let (files, ports) = configs(&dir, "\n[mqtt]\nmax_mqueue_len = 40\n");
+    let mut nodes: Vec<Daemon> = files.iter().map(|f| Daemon::start(f)).collect();
+    for n in &mut nodes {
+        n.expect("cluster endpoint up");
+    }
+    wait_status(
+        &files[1],
+        Duration::from_secs(30),
+        "a leader hearing all",
+        |st| st["leader"].as_u64().is_some() && (1..=3).all(|id| health(st, id) == Some(true)),
+    );
+
+    let slow = ["--delay-ms", "2", "--receive-max", "4"];
+    let (mut w, rx) = common::watcher_with(ports[1].mqtt, "slow-on-2", "bp/#", &slow);
+    common::next_line(&rx, "subscribed");
+    let before = metrics(&files[1]);
+
+    let mut p = publisher(ports[0].mqtt, "bp/data", 1000);
+    let acked: BTreeSet<(String, String)> = acked_lines(&mut p, |_| {})
+        .into_iter()
+        .map(|p| ("bp/data".to_owned(), p))
+        .collect();
+    assert_eq!(acked.len(), 2000, "node 1 acknowledged every message");
+    let mut seen = BTreeSet::new();
+    gather(&rx, &mut seen, &acked, Duration::from_secs(60));
+    let after = metrics(&files[1]);
+    let publisher_node = metrics(&files[0]);
+    let _ = w.kill();
+    let _ = w.wait();
+    println!(
+        "node 2: link holds {}, dropped (queue full) {}; node 1: publisher holds {}",
+        after["cluster.link.holds"],
+        after["dropped.queue.full"],
+        publisher_node["backpressure.holds"]
+    );
+    assert_eq!(
+        missing(&acked, &seen),
+        0,
+        "acknowledged messages missing at the slow subscriber on node 2 (of {}; {} arrived)",
+        acked.len(),
+        seen.len()
+    );
+    for name in [
+        "dropped.queue.full",
+        "dropped.mailbox.full",
+        "dropped.expired",
+        "dropped.other",
+    ] {
+        assert_eq!(
+            counter(&after, name),
+            counter(&before, name),
+            "node 2 dropped messages ({name})"
+        );
+    }
+    assert!(
+        counter(&after, "cluster.link.holds") > counter(&before, "cluster.link.holds"),
+        "node 2 never held node 1's link back"
+    );
+    assert!(
+        counter(&publisher_node, "backpressure.holds") > 0,
+        "node 1 never held its publisher back"
+    );
 }

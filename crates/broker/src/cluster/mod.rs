@@ -176,10 +176,21 @@ fn member(config: &Config) -> Member {
     }
 }
 
+/// Batches routed here and waiting for the shards' link barriers before their sender hears
+/// they were taken: a bound on what one peer's acknowledgements may owe (each of its shards
+/// stops at its window long before, `routing::link`).
+const ACKS_OWED: usize = 4096;
+
+/// One routed batch whose acknowledgement waits: its sending shard, its number, and the
+/// barriers of the shards its messages went to.
+type OwedAck = (u16, u64, Vec<tokio::sync::oneshot::Receiver<()>>);
+
 /// Routes what other nodes forward, frame by frame, in order per sender, and acknowledges
-/// each batch once its messages are in this node's shards; hands acknowledgements of this
-/// node's batches to the shard that sent them. Waiting on a shard stops this task reading,
-/// and so the peers' streams (QUIC flow control).
+/// each batch once its messages are in this node's shards and no subscriber there holds
+/// the sender's link back (each peer's acknowledgements go in order from a task of its
+/// own, so a held link delays no other peer); hands acknowledgements of this node's
+/// batches to the shard that sent them. Waiting on a shard stops this task reading, and so
+/// the peers' streams (QUIC flow control).
 async fn inbound(
     mut rx: tokio::sync::mpsc::Receiver<(u64, Vec<u8>)>,
     shards: Shards,
@@ -188,6 +199,8 @@ async fn inbound(
     shared: Arc<Shared>,
 ) {
     let node_id = shared.config.node.id;
+    let mut owed: BTreeMap<u64, tokio::sync::mpsc::Sender<OwedAck>> = BTreeMap::new();
+    let mut touched = vec![false; shards.all().len()];
     while let Some((from, frame)) = rx.recv().await {
         let frame = match forward::decode(&frame) {
             Ok(f) => f,
@@ -206,18 +219,39 @@ async fn inbound(
             } => {
                 let messages = forward::messages(messages, groups, time::now(), time::wall());
                 add(&shared.metrics.cluster_received, messages.len() as u64);
+                touched.fill(false);
                 for (m, group) in messages {
                     let m = Arc::new(m);
-                    let to = shards.for_publish(&m.topic);
-                    if to
-                        .send(RouterMsg::Forwarded(m, group.map(Box::new)))
+                    let i = shards.index_for_publish(&m.topic);
+                    touched[i] = true;
+                    if shards.all()[i]
+                        .send(RouterMsg::Forwarded(m, group.map(Box::new), from))
                         .await
                         .is_err()
                     {
                         return;
                     }
                 }
-                ack(&links, from, shard, seq).await;
+                let mut barriers = Vec::new();
+                for (i, to) in shards.all().iter().enumerate() {
+                    if !touched[i] {
+                        continue;
+                    }
+                    let (done, wait) = tokio::sync::oneshot::channel();
+                    let barrier = RouterMsg::LinkBarrier { node: from, done };
+                    if to.send(barrier).await.is_err() {
+                        return;
+                    }
+                    barriers.push(wait);
+                }
+                let acks = owed.entry(from).or_insert_with(|| {
+                    let (tx, rx) = tokio::sync::mpsc::channel(ACKS_OWED);
+                    starling_rt::spawn(acknowledge(rx, links.clone(), from));
+                    tx
+                });
+                if acks.send((shard, seq, barriers)).await.is_err() {
+                    return;
+                }
             }
             Frame::Session {
                 client_id,
@@ -246,6 +280,17 @@ async fn inbound(
                 }
             }
         }
+    }
+}
+
+/// Acknowledges `to`'s batches in the order they were routed, each once its barriers are
+/// answered (a shard that stops answers none: it is stopping, and so is this node).
+async fn acknowledge(mut rx: tokio::sync::mpsc::Receiver<OwedAck>, links: DataLinks, to: u64) {
+    while let Some((shard, seq, barriers)) = rx.recv().await {
+        for b in barriers {
+            let _ = b.await;
+        }
+        ack(&links, to, shard, seq).await;
     }
 }
 

@@ -28,10 +28,11 @@ use crate::destination::{remote_key, Destination, RemoteNode, SharedTo};
 use crate::metrics::add;
 use crate::msg::{AckTo, ClientMsg, ClusterMsg, RouterMsg, ShardCluster, Stored};
 
-/// How long a forwarded batch waits for its node's acknowledgement.
+/// How long a forwarded batch waits for its node's acknowledgement, at least: longer when
+/// a subscriber there may hold the link back longer (see `RouterActor::forward_timeout`).
 pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often waiting batches are checked.
-const FORWARD_CHECK: Duration = Duration::from_secs(1);
+pub(super) const FORWARD_CHECK: Duration = Duration::from_secs(1);
 
 /// A publish being routed whose publisher waits: the nodes it was offered to.
 pub(crate) struct FwdRoute {
@@ -114,6 +115,9 @@ impl RouterActor {
                 return;
             }
             let links = c.links.clone();
+            if !self.remote_nodes.contains(&node) {
+                self.remote_nodes.push(node);
+            }
             self.destinations
                 .entry(key)
                 .or_insert_with(|| Destination::Remote(RemoteNode::new(node, links)));
@@ -190,6 +194,7 @@ impl RouterActor {
         &mut self,
         msg: &Arc<Message>,
         to: &SharedTo,
+        node: u64,
         ctx: &mut Ctx<Self>,
     ) {
         let pctx = starling_router::PublishContext {
@@ -216,7 +221,7 @@ impl RouterActor {
             msg,
             subscriber,
             opts.0,
-            super::Source::Forwarded,
+            super::Source::Forwarded(node),
             &mut qos0,
             ctx,
         );
@@ -400,12 +405,14 @@ impl RouterActor {
         let mut done = Vec::new();
         while r.unacked.front().is_some_and(|u| u.seq <= seq) {
             if let Some(u) = r.unacked.pop_front() {
+                r.unacked_messages -= u.messages;
                 done.extend(u.keys);
             }
         }
         for key in done {
             self.forward_settled(key, None);
         }
+        self.window_moved(node);
     }
 
     /// Settles what waited too long, or could not be sent; re-arms while anything waits.
@@ -413,13 +420,16 @@ impl RouterActor {
         self.fwd_timer = None;
         let now = starling_rt::time::now();
         let mut late = Vec::new();
-        for d in self.destinations.values_mut() {
-            let Destination::Remote(r) = d else { continue };
+        let timeout = self.forward_timeout();
+        for node in &self.remote_nodes {
+            let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(*node)) else {
+                continue;
+            };
             late.append(&mut r.lost);
             while r
                 .unacked
                 .front()
-                .is_some_and(|u| now.saturating_duration_since(u.sent_at) >= FORWARD_TIMEOUT)
+                .is_some_and(|u| now.saturating_duration_since(u.sent_at) >= timeout)
             {
                 if let Some(u) = r.unacked.pop_front() {
                     debug!(
@@ -427,9 +437,14 @@ impl RouterActor {
                         seq = u.seq,
                         "forwarded batch not acknowledged in time"
                     );
+                    r.unacked_messages -= u.messages;
                     late.extend(u.keys);
                 }
             }
+        }
+        // Timed out, or lost with a closed link: either lets a full window go.
+        for node in self.remote_nodes.clone() {
+            self.window_moved(node);
         }
         if !late.is_empty() {
             add(
@@ -440,7 +455,7 @@ impl RouterActor {
         for key in late {
             self.forward_settled(key, Some(Stored::Unconfirmed));
         }
-        if !self.fwd_acks.is_empty() {
+        if !self.fwd_acks.is_empty() || self.windows_open() {
             self.fwd_timer = Some(ctx.after(FORWARD_CHECK, RouterMsg::ForwardCheck));
         }
     }

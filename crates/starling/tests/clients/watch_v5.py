@@ -4,11 +4,13 @@
 when the broker ends the connection, after which it exits.
 
     python3 watch_v5.py --port 1883 --id watcher --topic 'api/#' [--expiry 3600]
+        [--delay-ms 1 --receive-max 4]
 """
 
 import argparse
 import sys
 import threading
+import time
 
 import paho.mqtt.client as mqtt
 
@@ -24,6 +26,18 @@ def main():
         type=int,
         default=0,
         help="session expiry interval; above 0 the session is resumed (clean start 0)",
+    )
+    ap.add_argument(
+        "--delay-ms",
+        type=float,
+        default=0,
+        help="time taken over each message, in paho's network thread: a slow reader",
+    )
+    ap.add_argument(
+        "--receive-max",
+        type=int,
+        default=0,
+        help="MQTT 5 Receive Maximum: QoS 1/2 messages the broker may have unacknowledged",
     )
     args = ap.parse_args()
 
@@ -49,6 +63,8 @@ def main():
 
     def on_message(c, userdata, msg):
         say(f"msg {msg.topic} {msg.payload.decode('utf-8', 'replace')}")
+        if args.delay_ms > 0:
+            time.sleep(args.delay_ms / 1000)
 
     def on_disconnect(c, userdata, flags, reason_code, properties):
         say(f"disconnected {reason_code.value}")
@@ -59,12 +75,15 @@ def main():
     client.on_message = on_message
     client.on_disconnect = on_disconnect
     props = None
-    if args.expiry > 0:
+    if args.expiry > 0 or args.receive_max > 0:
         from paho.mqtt.packettypes import PacketTypes
         from paho.mqtt.properties import Properties
 
         props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = args.expiry
+        if args.expiry > 0:
+            props.SessionExpiryInterval = args.expiry
+        if args.receive_max > 0:
+            props.ReceiveMaximum = args.receive_max
     client.connect(
         args.host,
         args.port,
