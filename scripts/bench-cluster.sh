@@ -9,8 +9,8 @@
 #              on nodes 2 and 3 (a publish is PUBACKed once both nodes acknowledged it)
 #   fanout-q1-rate  the same at a fixed FANOUT_RATE publishes/s (× CLIENTS deliveries/s),
 #              which both should carry without loss: the CPU per delivery at equal load
-#              (back-pressure does not cross nodes, so at an unlimited rate a cluster's
-#              remote subscriber queues fill and drop, while one node holds its publisher)
+#              (before b97abf5 back-pressure did not cross nodes, and at an unlimited
+#              rate the cluster's remote subscriber queues filled and dropped)
 #   conn       CONNECTs of new client ids: one starling-bench / three in parallel, one
 #              per node, each with a third of the clients (the cluster figure is the sum
 #              of their rates)
