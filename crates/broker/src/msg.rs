@@ -245,6 +245,20 @@ pub(crate) struct SubscribeResult {
     /// subscription's filter (the SUBACK waits for them, up to a bound), so that a publish
     /// on another node after the SUBACK reaches the subscriber.
     pub route_waits: Vec<tokio::sync::oneshot::Receiver<()>>,
+    /// In a cluster: new `$exclusive/` and `$limit/N/` subscriptions, whose grant is the
+    /// cluster's (see [`HoldWait`]).
+    pub holds: Vec<HoldWait>,
+}
+
+/// A `$exclusive/` or `$limit/N/` subscription installed by its home shard whose grant
+/// waits for the cluster's count (`ClusterMsg::Hold`): its request's index, the verdict
+/// (`Some(granted)`, `None` when the count could not be taken), and its retained messages,
+/// delivered only if granted.
+#[derive(Debug)]
+pub(crate) struct HoldWait {
+    pub at: usize,
+    pub verdict: tokio::sync::oneshot::Receiver<Option<bool>>,
+    pub retained: Vec<(Arc<Message>, DeliveryOptions)>,
 }
 
 /// Counts for `$SYS`.
@@ -470,6 +484,21 @@ pub(crate) enum ClusterMsg {
         filter: String,
         done: tokio::sync::oneshot::Sender<()>,
     },
+    /// A home shard installed a new `$exclusive/{filter}` (`limit` `None`) or
+    /// `$limit/{limit}/{filter}` subscription of `client_id`: count it cluster-wide
+    /// (batched), answering `done` with the grant (`None`: not counted, no quorum).
+    Hold {
+        filter: String,
+        client_id: Arc<str>,
+        limit: Option<u32>,
+        done: tokio::sync::oneshot::Sender<Option<bool>>,
+    },
+    /// The home shard removed such a subscription: count it off.
+    Unhold {
+        filter: String,
+        client_id: Arc<str>,
+        exclusive: bool,
+    },
     /// A CONNECT here for a client id this node does not own: claim it (batched with the
     /// other claims waiting), answering with the claim's epoch.
     Claim {
@@ -539,6 +568,8 @@ pub(crate) enum Proposal {
     Owners,
     /// A batch of retained sets and deletes.
     Retained,
+    /// A batch of `$exclusive/` and `$limit/N/` holds and releases.
+    Holds,
 }
 
 /// A node's view of the cluster (`starling cluster status`, `GET /api/v1/cluster`).

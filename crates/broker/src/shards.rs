@@ -19,7 +19,7 @@ use starling_rt::{ActorId, Addr, WeakAddr};
 use starling_session::{DeliveryOptions, SubscribeRequest};
 
 use crate::msg::{
-    Admission, ClientMsg, RouterMsg, RouterStats, StoreMsg, SubscribeMsg, SubscribeResult,
+    Admission, ClientMsg, HoldWait, RouterMsg, RouterStats, StoreMsg, SubscribeMsg, SubscribeResult,
 };
 
 /// Longest a SUBACK waits for the cluster's routes to hold a new subscription's filter.
@@ -221,10 +221,18 @@ impl Shards {
             new: vec![false; n],
             retained: Vec::new(),
             route_waits: Vec::new(),
+            holds: Vec::new(),
         };
         let mut route_waits = Vec::new();
+        let mut holds = Vec::new();
         for (at, mut r) in join_all(asks).await {
             route_waits.append(&mut r.route_waits);
+            for mut h in r.holds.drain(..) {
+                if let Some(&i) = at.get(h.at) {
+                    h.at = i;
+                    holds.push(h);
+                }
+            }
             // A shard that stopped answers nothing: its filters stay refused.
             for (k, i) in at.into_iter().enumerate() {
                 if let (Some(res), Some(new)) = (r.results.get(k), r.new.get(k)) {
@@ -234,6 +242,10 @@ impl Shards {
             }
             out.retained.extend(r.retained);
         }
+        // In a cluster, `$exclusive/` and `$limit/N/` are granted by the cluster's count:
+        // what it refused (or could not count) is taken back before any other shard
+        // installs it, and its retained messages are not delivered.
+        let refused = self.settle_holds(holds, &filters, &mut out).await;
         // Then every other shard installs what its home granted.
         let granted = filters
             .into_iter()
@@ -268,6 +280,9 @@ impl Shards {
         for r in join_all(asks).await {
             out.retained.extend(r.retained);
         }
+        if !refused.is_empty() {
+            let _ = self.unsubscribe(client_id.clone(), refused).await;
+        }
         if !route_waits.is_empty() {
             // Bounded: without a raft quorum the subscription still works on this node.
             let all = join_all(route_waits);
@@ -276,6 +291,48 @@ impl Shards {
             }
         }
         out
+    }
+
+    /// Waits (up to [`ROUTE_WAIT`] in all) for the cluster's verdict on each hold: granted,
+    /// its retained messages join `out`'s; refused, its result becomes 0x97 Quota exceeded;
+    /// not counted in time (no quorum), 0x80 Unspecified error, since exclusivity cannot be
+    /// promised. Returns the filters refused, to be taken back.
+    async fn settle_holds(
+        &self,
+        holds: Vec<HoldWait>,
+        filters: &[SubscribeRequest],
+        out: &mut SubscribeResult,
+    ) -> Vec<String> {
+        if holds.is_empty() {
+            return Vec::new();
+        }
+        let deadline = starling_rt::time::now() + ROUTE_WAIT;
+        let mut refused = Vec::new();
+        for h in holds {
+            let left = deadline.saturating_duration_since(starling_rt::time::now());
+            let verdict = starling_rt::time::timeout(left, h.verdict)
+                .await
+                .and_then(Result::ok)
+                .flatten();
+            if verdict == Some(true) {
+                out.retained.extend(h.retained);
+                continue;
+            }
+            let code = match verdict {
+                Some(_) => ReasonCode::QuotaExceeded,
+                None => ReasonCode::UnspecifiedError,
+            };
+            if let (Some(r), Some(new), Some(f)) = (
+                out.results.get_mut(h.at),
+                out.new.get_mut(h.at),
+                filters.get(h.at),
+            ) {
+                *r = Err(code);
+                *new = false;
+                refused.push(f.filter.clone());
+            }
+        }
+        refused
     }
 
     /// Unsubscribes from every shard the filters reach; the codes are the deciding shards'.

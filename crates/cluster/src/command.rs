@@ -72,6 +72,27 @@ pub enum Command {
     },
     /// Several commands in one log entry, applied in order (one commit, one fsync).
     Batch(Vec<Command>),
+    /// `client_id` on `node` subscribes `$exclusive/{filter}` (`limit` `None`) or
+    /// `$limit/{limit}/{filter}`: granted when no other client holds the exclusive one, or
+    /// fewer than `limit` clients hold the limited one (a client that holds it already is
+    /// granted again, from whatever node: its session moved). Answered `Held`.
+    Hold {
+        filter: String,
+        client_id: String,
+        node: NodeId,
+        limit: Option<u32>,
+    },
+    /// `client_id` on `node` no longer holds the exclusive (`exclusive`) or limited
+    /// subscription to `filter`; a release from a node the client has left changes nothing.
+    Unhold {
+        filter: String,
+        client_id: String,
+        node: NodeId,
+        exclusive: bool,
+    },
+    /// `node` restarted: the holds of its clients from before are gone (those whose
+    /// sessions it restored hold again as they subscribe).
+    DropHolds { node: NodeId },
 }
 
 /// What applying a command gave.
@@ -90,6 +111,8 @@ pub enum Output {
         version: u64,
     },
     Batch(Vec<Output>),
+    /// Whether a [`Command::Hold`] was granted.
+    Held(bool),
     /// Not applied, and why (an unknown node, an undecodable entry).
     Refused(String),
 }

@@ -41,6 +41,31 @@ pub struct ClusterState {
     /// The last retained version handed out.
     retained_version: u64,
     applied: u64,
+    /// Who holds each filter's `$exclusive/` and `$limit/N/` subscriptions, cluster-wide.
+    holds: BTreeMap<String, Holds>,
+}
+
+/// A client holding a `$exclusive/` or `$limit/N/` subscription, and its node.
+pub type Holder<'a> = (&'a str, NodeId);
+
+/// The holders of one filter: client id → its node. No empty entries.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Holds {
+    exclusive: Option<(String, NodeId)>,
+    limited: BTreeMap<String, NodeId>,
+}
+
+impl Holds {
+    fn is_empty(&self) -> bool {
+        self.exclusive.is_none() && self.limited.is_empty()
+    }
+
+    fn drop_node(&mut self, node: NodeId) {
+        if self.exclusive.as_ref().is_some_and(|(_, n)| *n == node) {
+            self.exclusive = None;
+        }
+        self.limited.retain(|_, n| *n != node);
+    }
 }
 
 impl ClusterState {
@@ -91,6 +116,63 @@ impl ClusterState {
                         owner: None,
                     });
                 }
+                self.drop_holds(node);
+                Output::Done
+            }
+            Command::Hold {
+                filter,
+                client_id,
+                node,
+                limit,
+            } => {
+                if !self.members.contains_key(&node) {
+                    return Output::Refused(format!("node {node} is not a member"));
+                }
+                let h = self.holds.entry(filter.clone()).or_default();
+                let granted = match limit {
+                    None => match &h.exclusive {
+                        Some((c, _)) if *c != client_id => false,
+                        _ => {
+                            h.exclusive = Some((client_id, node));
+                            true
+                        }
+                    },
+                    Some(max) => {
+                        if h.limited.contains_key(&client_id) || h.limited.len() < max as usize {
+                            h.limited.insert(client_id, node);
+                            true
+                        } else {
+                            false
+                        }
+                    }
+                };
+                if h.is_empty() {
+                    self.holds.remove(&filter);
+                }
+                Output::Held(granted)
+            }
+            Command::Unhold {
+                filter,
+                client_id,
+                node,
+                exclusive,
+            } => {
+                if let Some(h) = self.holds.get_mut(&filter) {
+                    if exclusive {
+                        if h.exclusive.as_ref() == Some(&(client_id, node)) {
+                            h.exclusive = None;
+                        }
+                    } else if h.limited.get(&client_id) == Some(&node) {
+                        h.limited.remove(&client_id);
+                    }
+                    if h.is_empty() {
+                        self.holds.remove(&filter);
+                    }
+                }
+                Output::Done
+            }
+            Command::DropHolds { node } => {
+                self.drop_holds(node);
                 Output::Done
             }
             Command::Claim { client_id, node } => {
@@ -215,7 +297,30 @@ impl ClusterState {
         }
     }
 
+    fn drop_holds(&mut self, node: NodeId) {
+        for h in self.holds.values_mut() {
+            h.drop_node(node);
+        }
+        self.holds.retain(|_, h| !h.is_empty());
+    }
+
+    /// The clients holding `filter`'s exclusive subscription (at most one) and its limited
+    /// ones, each with its node.
+    pub fn holders(&self, filter: &str) -> (Option<Holder<'_>>, Vec<Holder<'_>>) {
+        match self.holds.get(filter) {
+            None => (None, Vec::new()),
+            Some(h) => (
+                h.exclusive.as_ref().map(|(c, n)| (c.as_str(), *n)),
+                h.limited.iter().map(|(c, n)| (c.as_str(), *n)).collect(),
+            ),
+        }
+    }
+
     fn check(&self) {
+        debug_assert!(
+            self.holds.values().all(|h| !h.is_empty()),
+            "an empty hold entry"
+        );
         debug_assert!(
             self.routes.values().all(|n| !n.is_empty()),
             "empty route set"

@@ -68,6 +68,21 @@ fn command() -> impl Strategy<Value = Command> {
             topic: ["x", "x/y", "z"][t].to_owned(),
             message: m.map(msg),
         }),
+        (0usize..2, 0u8..4, 1u64..4, proptest::option::of(1u32..3)).prop_map(|(f, c, n, l)| {
+            Command::Hold {
+                filter: FILTERS[f].to_owned(),
+                client_id: format!("c{c}"),
+                node: n,
+                limit: l,
+            }
+        }),
+        (0usize..2, 0u8..4, 1u64..4, any::<bool>()).prop_map(|(f, c, n, e)| Command::Unhold {
+            filter: FILTERS[f].to_owned(),
+            client_id: format!("c{c}"),
+            node: n,
+            exclusive: e,
+        }),
+        (1u64..4).prop_map(|n| Command::DropHolds { node: n }),
     ]
 }
 

@@ -607,3 +607,82 @@ fn a_slow_subscriber_on_another_node_holds_the_publisher_back_and_loses_nothing(
         "node 1 never held its publisher back"
     );
 }
+
+/// `$exclusive/` and `$limit/N/` count cluster-wide: one holder of an exclusive filter and
+/// N of a limited one among the clients of all three nodes (MQTT 5 SUBACK 0x97 for the
+/// next), and the exclusive filter is free again once its holder's session ends.
+#[test]
+fn exclusive_and_limited_subscriptions_are_counted_across_the_nodes() {
+    if !have(
+        "python3",
+        &["-c", "import paho.mqtt"],
+        "pip install paho-mqtt",
+    ) {
+        return;
+    }
+    let dir = temp_dir("cluster-ex");
+    let (files, ports) = configs(&dir, "");
+    let mut nodes: Vec<Daemon> = files.iter().map(|f| Daemon::start(f)).collect();
+    for n in &mut nodes {
+        n.expect("cluster endpoint up");
+    }
+    wait_status(
+        &files[1],
+        Duration::from_secs(30),
+        "a leader hearing all",
+        |st| st["leader"].as_u64().is_some() && (1..=3).all(|id| health(st, id) == Some(true)),
+    );
+    let codes = ["--codes"];
+    let sub = |node: usize, id: &str, filter: &str| {
+        let (w, rx) = common::watcher_with(ports[node].mqtt, id, filter, &codes);
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("{id}: no SUBACK"));
+        (w, line)
+    };
+    let mut clients = Vec::new();
+    let (w, first) = sub(1, "ex-on-2", "$exclusive/ex/a");
+    clients.push(w);
+    assert_eq!(
+        first, "subscribed 1",
+        "the first exclusive subscriber is granted"
+    );
+    let (mut w, second) = sub(2, "ex-on-3", "$exclusive/ex/a");
+    assert_eq!(
+        second, "subscribed 151",
+        "a second exclusive subscriber on another node is refused (0x97)"
+    );
+    let _ = w.kill();
+    let _ = w.wait();
+    for (node, id, want) in [
+        (0, "lim-on-1", "subscribed 1"),
+        (1, "lim-on-2", "subscribed 1"),
+        (2, "lim-on-3", "subscribed 151"),
+    ] {
+        let (w, line) = sub(node, id, "$limit/2/lim/a");
+        assert_eq!(line, want, "{id} on $limit/2/lim/a");
+        clients.push(w);
+    }
+    // The exclusive holder goes: its session ends, and the filter is free cluster-wide.
+    let _ = clients[0].kill();
+    let _ = clients[0].wait();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (mut w, line) = sub(2, "ex-on-3-again", "$exclusive/ex/a");
+        if line == "subscribed 1" {
+            clients.push(w);
+            break;
+        }
+        let _ = w.kill();
+        let _ = w.wait();
+        assert!(
+            Instant::now() < deadline,
+            "the exclusive filter stayed held after its holder left: {line}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    for w in &mut clients {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+}

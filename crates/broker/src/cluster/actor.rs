@@ -18,6 +18,9 @@ use starling_raft::{Consistency, RaftHandle, RequestId, Role};
 use starling_rt::{time, Actor, Addr, Ctx, Reply, WeakAddr};
 
 use super::retained::from_cluster;
+use holds::HoldOp;
+
+mod holds;
 use crate::msg::{
     Claim, ClaimError, ClusterMsg, ClusterStatus, MemberStatus, Proposal, RegistryMsg, RouterMsg,
     Stored,
@@ -68,6 +71,11 @@ pub(crate) struct ClusterActor {
     retain_settled: u64,
     /// The data streams, for sessions handed over.
     links: Option<starling_raft::DataLinks>,
+    /// `$exclusive/` and `$limit/N/` holds and releases waiting for the next batch, and the
+    /// batch in flight (`holds`).
+    hold_queue: Vec<HoldOp>,
+    hold_in_flight: Option<Vec<HoldOp>>,
+    hold_client: u64,
 }
 
 /// A SUBSCRIBE's read barrier: answered by a read that started once the retained changes
@@ -103,7 +111,7 @@ enum OwnerOp {
 const OWNER_BATCH_MAX: usize = 1024;
 
 impl ClusterActor {
-    pub(crate) fn new(node: u64, me: Member, shards: Shards, clients: [u64; 4]) -> Self {
+    pub(crate) fn new(node: u64, me: Member, shards: Shards, clients: [u64; 5]) -> Self {
         ClusterActor {
             node,
             me,
@@ -131,6 +139,9 @@ impl ClusterActor {
             retain_taken: 0,
             retain_settled: 0,
             links: None,
+            hold_queue: vec![HoldOp::DropMine],
+            hold_in_flight: None,
+            hold_client: clients[4],
         }
     }
 
@@ -145,6 +156,7 @@ impl ClusterActor {
                 Proposal::Routes => self.route_client,
                 Proposal::Owners => self.owner_client,
                 Proposal::Retained => self.retain_client,
+                Proposal::Holds => self.hold_client,
             },
             seq: self.seq,
         };
@@ -178,6 +190,7 @@ impl ClusterActor {
         }
         self.propose_owners(ctx);
         self.propose_retained(ctx);
+        self.propose_holds(ctx);
     }
 
     /// Proposes the retained changes waiting, in order, as one batch, if none is in flight.
@@ -626,6 +639,32 @@ impl Actor for ClusterActor {
                 self.owner_queue.push(OwnerOp::Claim(client_id, reply));
                 self.propose_owners(ctx);
             }
+            ClusterMsg::Hold {
+                filter,
+                client_id,
+                limit,
+                done,
+            } => {
+                self.hold_queue.push(HoldOp::Hold {
+                    filter,
+                    client_id,
+                    limit,
+                    done,
+                });
+                self.propose_holds(ctx);
+            }
+            ClusterMsg::Unhold {
+                filter,
+                client_id,
+                exclusive,
+            } => {
+                self.hold_queue.push(HoldOp::Unhold {
+                    filter,
+                    client_id,
+                    exclusive,
+                });
+                self.propose_holds(ctx);
+            }
             ClusterMsg::Release { client_id, epoch } => {
                 self.owner_queue.push(OwnerOp::Release(client_id, epoch));
                 self.propose_owners(ctx);
@@ -692,6 +731,13 @@ impl Actor for ClusterActor {
                 self.retained_done(&result).await;
                 self.propose_retained(ctx);
                 self.start_barrier(ctx);
+            }
+            ClusterMsg::Proposed {
+                kind: Proposal::Holds,
+                result,
+            } => {
+                self.holds_done(result);
+                self.propose_holds(ctx);
             }
             ClusterMsg::Proposed {
                 kind: Proposal::Owners,

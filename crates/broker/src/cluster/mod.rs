@@ -4,9 +4,10 @@
 //! shards.
 //!
 //! What is replicated and acted on: members, routes (a publish is forwarded once to each
-//! node with subscribers for it), client-id ownership (a claim elsewhere takes a session
-//! over) and retained messages (kept on every node from the log, read after a barrier).
-//! Sessions themselves do not move yet (docs/clustering.md).
+//! node with subscribers for it), client-id ownership (a claim elsewhere takes the session
+//! over, and it is handed to the claiming node), retained messages (kept on every node from
+//! the log, read after a barrier) and the holders of `$exclusive/` and `$limit/N/`
+//! subscriptions (docs/clustering.md).
 
 mod actor;
 mod replica;
@@ -101,6 +102,7 @@ impl ClusterNode {
                 me,
                 shards.clone(),
                 [
+                    rng.next_u64(),
                     rng.next_u64(),
                     rng.next_u64(),
                     rng.next_u64(),

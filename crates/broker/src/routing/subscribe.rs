@@ -13,7 +13,7 @@ use tracing::debug;
 use super::{RouterActor, SubOpts};
 use crate::destination::Destination;
 use crate::flow::Backlog;
-use crate::msg::{Admission, ClientMsg, SubscribeResult};
+use crate::msg::{Admission, ClientMsg, ClusterMsg, HoldWait, SubscribeResult};
 
 impl RouterActor {
     pub(super) fn subscribe(
@@ -41,6 +41,7 @@ impl RouterActor {
         }
         let mut res = SubscribeResult::default();
         for (i, req) in filters.into_iter().enumerate() {
+            let mut hold = None;
             let opts = SubOpts(DeliveryOptions::subscription(
                 &req.options,
                 req.subscription_id,
@@ -55,6 +56,10 @@ impl RouterActor {
                         if let Some(wait) = self.count_route(&req.filter, true) {
                             res.route_waits.push(wait);
                         }
+                        hold = self.count_hold(&client_id, &req.filter, true).map(|mut h| {
+                            h.at = i;
+                            h
+                        });
                     }
                     (r, new)
                 }
@@ -74,12 +79,18 @@ impl RouterActor {
                             .map(|s| s.filter)
                             .unwrap_or(&req.filter);
                         let options = DeliveryOptions::retained(&req.options, req.subscription_id);
+                        // One whose grant is the cluster's gets them only if granted.
+                        let to = match hold.as_mut() {
+                            Some(h) => &mut h.retained,
+                            None => &mut res.retained,
+                        };
                         if let Ok(found) = self.retained.matching(plain) {
                             for (_, m) in found {
-                                res.retained.push((m.clone(), options.clone()));
+                                to.push((m.clone(), options.clone()));
                             }
                         }
                     }
+                    res.holds.extend(hold);
                 }
                 Err(e) => {
                     debug!(client_id = %client_id, filter = %req.filter, error = %e, "subscribe refused");
@@ -102,8 +113,44 @@ impl RouterActor {
             self.owned -= 1;
             self.owned_shared -= usize::from(self.is_shared(filter));
             let _ = self.count_route(filter, false);
+            let _ = self.count_hold(client_id, filter, false);
         }
         Ok(removed)
+    }
+
+    /// In a cluster, a `$exclusive/` or `$limit/N/` subscription this shard is home to
+    /// started (`up`: its grant waits for the cluster's count, returned) or ended (counted
+    /// off), reported in order with the routes.
+    fn count_hold(&mut self, client_id: &Arc<str>, raw: &str, up: bool) -> Option<HoldWait> {
+        self.cluster.as_ref()?;
+        let parsed = parse_subscription(raw, &self.shared.topic_limits).ok()?;
+        let limit = match parsed.extension {
+            Extension::Exclusive => None,
+            Extension::Limit { max } => Some(max),
+            _ => return None,
+        };
+        let filter = parsed.filter.to_owned();
+        let client_id = client_id.clone();
+        if !up {
+            self.route_outbox.push_back(ClusterMsg::Unhold {
+                filter,
+                client_id,
+                exclusive: limit.is_none(),
+            });
+            return None;
+        }
+        let (done, verdict) = tokio::sync::oneshot::channel();
+        self.route_outbox.push_back(ClusterMsg::Hold {
+            filter,
+            client_id,
+            limit,
+            done,
+        });
+        Some(HoldWait {
+            at: 0,
+            verdict,
+            retained: Vec::new(),
+        })
     }
 
     /// A `$share/{group}/` or `$queue/` subscription, as the router core parses it.

@@ -39,6 +39,11 @@ def main():
         default=0,
         help="MQTT 5 Receive Maximum: QoS 1/2 messages the broker may have unacknowledged",
     )
+    ap.add_argument(
+        "--codes",
+        action="store_true",
+        help="print the SUBACK's reason code on its line: `subscribed 1`, `subscribed 151`",
+    )
     args = ap.parse_args()
 
     if not hasattr(mqtt, "CallbackAPIVersion"):
@@ -59,7 +64,10 @@ def main():
         c.subscribe(args.topic, qos=1)
 
     def on_subscribe(c, userdata, mid, reason_codes, properties):
-        say("subscribed")
+        if args.codes:
+            say("subscribed " + " ".join(str(rc.value) for rc in reason_codes))
+        else:
+            say("subscribed")
 
     def on_message(c, userdata, msg):
         say(f"msg {msg.topic} {msg.payload.decode('utf-8', 'replace')}")
