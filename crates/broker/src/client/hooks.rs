@@ -213,8 +213,10 @@ impl Client {
         }
     }
 
-    /// Feeds one packet to the session; `false` if it broke the protocol.
-    pub(super) fn feed(&mut self, p: Packet) -> bool {
+    /// Feeds one packet to the session; `false` if it broke the protocol. A PUBACK or
+    /// PUBCOMP that acknowledges a delivery in flight adds one to `acks`, which the caller
+    /// counts once per input batch (one shared add per batch, not per acknowledgement).
+    pub(super) fn feed(&mut self, p: Packet, acks: &mut u32) -> bool {
         let r = &self.shared.metrics.rmqtt;
         let mut acked = false;
         match &p {
@@ -248,7 +250,7 @@ impl Client {
         self.gate.fed();
         // A PUBCOMP for a message not yet released is a protocol error, not an ack.
         if acked && result.is_ok() {
-            add(&self.shared.metrics.rmqtt.messages_acked, 1);
+            *acks += 1;
         }
         match result {
             Ok(()) => true,

@@ -575,6 +575,7 @@ impl Client {
                     }
                 }
                 let mut packets = packets.into_iter();
+                let mut acks = 0;
                 while self.session.is_attached() {
                     // Held back (a Hold came in since these were read): the rest waits, in
                     // order, and only what passes a hold goes on.
@@ -590,13 +591,16 @@ impl Client {
                         continue;
                     }
                     // No packet is bound across the await below (see `run_effects`).
-                    let Some(ok) = packets.next().map(|p| self.feed(p)) else {
+                    let Some(ok) = packets.next().map(|p| self.feed(p, &mut acks)) else {
                         break;
                     };
                     self.run_effects(ctx).await;
                     if !ok {
                         break;
                     }
+                }
+                if acks > 0 {
+                    add(&self.shared.metrics.rmqtt.messages_acked, u64::from(acks));
                 }
                 if let Some(e) = error {
                     if self.session.is_attached() {
