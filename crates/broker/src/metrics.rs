@@ -273,8 +273,8 @@ impl MetricsSnapshot {
         all
     }
 
-    /// Every figure of Starling's own with its name (the field's), what it counts and its kind: for
-    /// expositions (the HTTP API's JSON and Prometheus text) that must list them all.
+    /// Every figure of Starling's own with its name (the field's), what it counts and its
+    /// kind ([`MetricsSnapshot::every`] adds RMQTT's, for expositions that list them all).
     pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 36] {
         use MetricKind::{Counter as C, Gauge as G};
         [
