@@ -14,7 +14,7 @@ use starling_session::{Expiry, Message};
 use thiserror::Error;
 
 use crate::gate::is_reserved;
-use crate::metrics::MetricsSnapshot;
+use crate::metrics::{add, MetricsSnapshot};
 use crate::msg::{
     ClientInfo, ClientMsg, ClientSubscriptions, ClusterMsg, ClusterStatus, NotConnected,
     RegistryMsg, RouterMsg,
@@ -404,6 +404,8 @@ impl Admin {
             .for_publish(&msg.topic)
             .send(RouterMsg::Publish(msg, None, None))
             .await
-            .map_err(|_| AdminError::Stopping)
+            .map_err(|_| AdminError::Stopping)?;
+        add(&self.shared.metrics.rmqtt.messages_publish_admin, 1);
+        Ok(())
     }
 }

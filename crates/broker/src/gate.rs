@@ -320,11 +320,18 @@ impl Gate for AuthGate {
             return false;
         }
         let action = Action::Publish { qos, retain };
-        self.decide_now(AuthzKind::Publish, topic, action)
-            && target.is_none_or(|t| self.decide_now(AuthzKind::Publish, t, action))
+        let ok = self.decide_now(AuthzKind::Publish, topic, action)
+            && target.is_none_or(|t| self.decide_now(AuthzKind::Publish, t, action));
+        // Only the denial is counted: the checks are those allowed (each routed, counted
+        // there) plus these (`client.publish.check.acl`, metrics/rmqtt.rs).
+        if !ok {
+            add(&self.shared.metrics.rmqtt.client_publish_auth_error, 1);
+        }
+        ok
     }
 
     fn allow_subscribe(&mut self, filter: &str, qos: QoS) -> bool {
+        add(&self.shared.metrics.rmqtt.client_subscribe_check_acl, 1);
         let plain = plain_filter(&self.shared, filter);
         self.decide_now(AuthzKind::Subscribe, plain, Action::Subscribe { qos })
     }

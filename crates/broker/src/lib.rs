@@ -75,7 +75,7 @@ use starling_store::{Limits as StoreLimits, Location, Recovered, Store};
 pub use admin::{Admin, AdminError, AdminPublish, BrokerStats};
 pub use conn::Io;
 pub use error::{BrokerError, StoreOpenError};
-pub use metrics::{MetricKind, MetricsSnapshot};
+pub use metrics::{MetricKind, MetricsSnapshot, RmqttSnapshot};
 pub use msg::{ClientInfo, ClientSubscriptions, ClusterStatus, MemberStatus};
 /// The hook seam, for embedders: providers to start the broker with
 /// ([`Broker::start_with`]).

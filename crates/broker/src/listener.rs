@@ -228,6 +228,7 @@ pub(crate) async fn serve(
             match &e {
                 ConnectError::Timeout(_) => {
                     lctx.counters.record_connect_timeout();
+                    add(&shared.metrics.rmqtt.client_handshaking_timeout, 1);
                     debug!(error = %e, "connection closed before session");
                 }
                 ConnectError::Closed => debug!(error = %e, "connection closed before session"),
@@ -253,7 +254,19 @@ pub(crate) async fn serve(
     };
     connect_event(&lctx, &connect, &info, None);
     let password = connect.password.take();
-    let verdict = if lctx.cn_as_username && info.tls_client_cn.is_some() {
+    let by_certificate = lctx.cn_as_username && info.tls_client_cn.is_some();
+    // RMQTT's anonymous login: a CONNECT with no username (here, nor one its certificate
+    // gives), counted at CONNECT whatever the verdict.
+    let anonymous = connect.username.is_none() && !by_certificate;
+    {
+        let r = &shared.metrics.rmqtt;
+        add(&r.client_connect, 1);
+        add(&r.client_authenticate, 1);
+        if anonymous {
+            add(&r.client_auth_anonymous, 1);
+        }
+    }
+    let verdict = if by_certificate {
         // The verified certificate is the credential, and its CN the username.
         Ok(Identity::new(info.tls_client_cn.clone()))
     } else {
@@ -266,6 +279,7 @@ pub(crate) async fn serve(
         Ok(id) => id.username,
         Err(code) => {
             add(&shared.metrics.connections_refused, 1);
+            shared.metrics.rmqtt.connack(code, anonymous);
             debug!(?code, "CONNECT refused by authentication");
             connect_event(&lctx, &connect, &info, Some(code));
             refuse(&mut io, connect.protocol, code).await;
@@ -277,6 +291,7 @@ pub(crate) async fn serve(
         Ok(ClientIdentity::MustAssign) => Arc::from(assign_client_id()),
         Err(code) => {
             add(&shared.metrics.connections_refused, 1);
+            shared.metrics.rmqtt.connack(code, anonymous);
             debug!(?code, "CONNECT refused");
             connect_event(&lctx, &connect, &info, Some(code));
             refuse(&mut io, connect.protocol, code).await;

@@ -6,9 +6,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+mod rmqtt;
+pub use rmqtt::RmqttSnapshot;
+
 /// The live counters.
 #[derive(Debug, Default)]
 pub(crate) struct Metrics {
+    /// RMQTT's own metric names (metrics/rmqtt.rs).
+    pub rmqtt: rmqtt::RmqttCounters,
     pub clients_connected: AtomicU64,
     pub connections_refused: AtomicU64,
     pub messages_received: AtomicU64,
@@ -127,6 +132,8 @@ fn get(c: &AtomicU64) -> u64 {
 /// A copy of the counters at one moment (each read on its own).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MetricsSnapshot {
+    /// RMQTT's own metrics (`client.connect`, `messages.publish`, ...).
+    pub rmqtt: RmqttSnapshot,
     /// Clients with an attached connection.
     pub clients_connected: u64,
     /// Connections refused at accept (max_connections) or at CONNECT (auth, bad CONNECT).
@@ -208,7 +215,8 @@ pub struct MetricsSnapshot {
 
 impl Metrics {
     pub(crate) fn snapshot(&self) -> MetricsSnapshot {
-        MetricsSnapshot {
+        let mut s = MetricsSnapshot {
+            rmqtt: self.rmqtt.read(),
             clients_connected: get(&self.clients_connected),
             connections_refused: get(&self.connections_refused),
             messages_received: get(&self.messages_received),
@@ -246,7 +254,10 @@ impl Metrics {
             cluster_link_holds: get(&self.cluster_link_holds),
             cluster_sessions_received: get(&self.cluster_sessions_received),
             cluster_handover_timeouts: get(&self.cluster_handover_timeouts),
-        }
+        };
+        // Its sums and aliases are made of the figures above.
+        s.rmqtt = s.rmqtt.computed(&s);
+        s
     }
 }
 
@@ -258,8 +269,17 @@ pub enum MetricKind {
 }
 
 impl MetricsSnapshot {
-    /// Every figure with its name (the field's), what it counts and its kind: for
-    /// expositions (the HTTP API's JSON and Prometheus text) that must list them all.
+    /// Starling's own figures ([`MetricsSnapshot::named`]), then RMQTT's (counters all):
+    /// what an exposition lists.
+    pub fn every(&self) -> Vec<(&'static str, &'static str, MetricKind, u64)> {
+        let mut all = self.named().to_vec();
+        let rmqtt = self.rmqtt.named().into_iter();
+        all.extend(rmqtt.map(|(name, help, v)| (name, help, MetricKind::Counter, v)));
+        all
+    }
+
+    /// Every figure of Starling's own with its name (the field's), what it counts and its
+    /// kind ([`MetricsSnapshot::every`] adds RMQTT's, for expositions that list them all).
     pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 37] {
         use MetricKind::{Counter as C, Gauge as G};
         [
@@ -497,15 +517,17 @@ mod tests {
     }
 
     #[test]
-    fn named_lists_every_field_once() {
+    fn every_lists_every_field_once() {
+        // Less one for the `rmqtt` field, whose own fields are listed.
         let fields = format!("{:?}", MetricsSnapshot::default())
             .matches(": ")
-            .count();
-        let named = MetricsSnapshot::default().named();
+            .count()
+            - 1;
+        let named = MetricsSnapshot::default().every();
         assert_eq!(
             named.len(),
             fields,
-            "a field is missing from MetricsSnapshot::named"
+            "a field is missing from MetricsSnapshot::every"
         );
         let mut names: Vec<&str> = named.iter().map(|n| n.0).collect();
         names.sort_unstable();

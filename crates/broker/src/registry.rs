@@ -294,6 +294,7 @@ impl Registry {
             username,
             ..
         } = *conn;
+        self.shared.metrics.rmqtt.connack(code, username.is_none());
         if self.chain.wants(EventKind::ClientConnack) {
             self.chain.emit(&Event {
                 who: Subject {

@@ -332,6 +332,10 @@ impl RouterActor {
             &mut merged,
             |a, b| Arc::ptr_eq(a, b) || a == b,
         );
+        if local && merged.is_empty() {
+            // No subscriber here nor on another node: the publish's node counts it, once.
+            add(&self.shared.metrics.rmqtt.messages_nonsubscribed, 1);
+        }
         let mut qos0 = Qos0Tally::default();
         for d in merged.drain(..) {
             let source = match forwarded_by {

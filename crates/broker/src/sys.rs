@@ -12,6 +12,7 @@ use starling_hooks::{Event, EventKind, EventMask, EventProvider, What};
 use starling_net::ListenerCounters;
 use starling_rt::{time, Actor, Ctx, TrySendError};
 
+use crate::metrics::add;
 use crate::msg::{sys_message, ClusterMsg, ClusterStatus, RouterMsg};
 use crate::settings::Shared;
 use crate::shards::Shards;
@@ -83,6 +84,7 @@ impl SysActor {
     async fn publish(&self, name: &str, value: String) {
         let topic = format!("{}/{}", self.shared.sys_prefix, name);
         let msg = sys_message(topic, value, true);
+        add(&self.shared.metrics.rmqtt.messages_publish_system, 1);
         let _ = self
             .shards
             .for_publish(&msg.topic)
@@ -102,15 +104,7 @@ impl SysActor {
             ("messages/sent", m.messages_sent.to_string()),
             ("bytes/received", m.bytes_received.to_string()),
             ("bytes/sent", m.bytes_sent.to_string()),
-            (
-                "messages/dropped",
-                (m.dropped_queue_full
-                    + m.dropped_mailbox_full
-                    + m.dropped_expired
-                    + m.dropped_other
-                    + m.dropped_acl)
-                    .to_string(),
-            ),
+            ("messages/dropped", m.rmqtt.messages_dropped.to_string()),
             ("backpressure/holds", m.backpressure_holds.to_string()),
             ("backpressure/stalls", m.backpressure_stalls.to_string()),
             ("subscriptions/count", stats.subscriptions.to_string()),
@@ -159,7 +153,7 @@ impl SysActor {
         stats_json.push('}');
         self.publish("stats", stats_json).await;
         let fields: Vec<String> = m
-            .named()
+            .every()
             .iter()
             .map(|(name, _, _, v)| format!("\"{}\":{v}", name.replace('_', ".")))
             .collect();
@@ -257,6 +251,7 @@ impl EventProvider for SysEvents {
         }
         payload.push('}');
         let msg = sys_message(topic, payload, false);
+        add(&self.shared.metrics.rmqtt.messages_publish_system, 1);
         // An event provider must not block: a full shard mailbox gets the event from a task
         // of its own (rare: connects and disconnects, not messages).
         let shard = self.shards.for_publish(&msg.topic);

@@ -82,7 +82,7 @@ async fn stats_sum(s: State) -> HttpResponse {
 /// The counters under dotted names (`messages.received`, as RMQTT spells its own).
 fn metrics_json(m: &MetricsSnapshot) -> Value {
     let mut out = Map::new();
-    for (name, _, _, v) in m.named() {
+    for (name, _, _, v) in m.every() {
         out.insert(name.replace('_', "."), json!(v));
     }
     Value::Object(out)
@@ -133,7 +133,7 @@ pub(crate) fn exposition(
             let _ = writeln!(out, "{name}{{node=\"{node}\"}} {value}");
         }
     };
-    for (name, help, kind, v) in m.named() {
+    for (name, help, kind, v) in m.every() {
         family(name, help, kind, v);
     }
     let g = MetricKind::Gauge;
@@ -236,7 +236,7 @@ mod tests {
                 samples += 1;
             }
         }
-        let named = MetricsSnapshot::default().named().len();
+        let named = MetricsSnapshot::default().every().len();
         assert_eq!(samples, 2 * (named + 13));
         assert!(text.contains("starling_messages_received_total{node=\"1\"} 0"));
         assert!(text.contains("# TYPE starling_clients_connected gauge"));

@@ -36,6 +36,21 @@ fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
 }
 
+/// Prometheus's own checker accepts the exposition, lint included.
+fn promtool_accepts(text: &str) {
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool runs");
+    std::io::Write::write_all(&mut check.stdin.take().expect("piped"), text.as_bytes())
+        .expect("write to promtool");
+    let out = check.wait_with_output().expect("promtool ends");
+    assert!(out.status.success(), "promtool check metrics: {out:?}");
+}
+
 #[test]
 fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
     if !have("curl", &["--version"], "apt-get install curl")
@@ -204,18 +219,7 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
         text.contains("starling_subscriptions{node=\"all\"} 1"),
         "{text}"
     );
-    // Prometheus's own checker accepts the exposition, lint included.
-    let mut check = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool runs");
-    std::io::Write::write_all(&mut check.stdin.take().expect("piped"), text.as_bytes())
-        .expect("write to promtool");
-    let out = check.wait_with_output().expect("promtool ends");
-    assert!(out.status.success(), "promtool check metrics: {out:?}");
+    promtool_accepts(&text);
     for path in [
         "",
         "/brokers",
@@ -483,4 +487,211 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
     std::thread::sleep(Duration::from_millis(100));
     let (_, body) = curl(port, "GET", "/stats", None, true);
     assert_eq!(json(&body)[0]["stats"]["sessions.count"], 0, "{body}");
+}
+
+fn refs(a: &[String]) -> Vec<&str> {
+    a.iter().map(String::as_str).collect()
+}
+
+/// `mosquitto_pub` sending each line of `lines` as one message, over one connection.
+fn publish_lines(args: &[&str], lines: &str) -> std::process::Output {
+    let mut child = Command::new("mosquitto_pub")
+        .args(args)
+        .arg("-l")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mosquitto_pub runs");
+    std::io::Write::write_all(&mut child.stdin.take().expect("piped"), lines.as_bytes())
+        .expect("write to mosquitto_pub");
+    child.wait_with_output().expect("mosquitto_pub ends")
+}
+
+/// RMQTT's metric names, read from `/metrics/sum`, count what real clients did: a refused
+/// login, a subscriber, a denied subscribe, five publishes of which two match nothing, and
+/// every client gone. Differences from before the clients, so that the `$SYS` actor's
+/// publications at start do not count.
+#[test]
+fn rmqtt_metric_names_count_what_real_clients_did() {
+    if !have("curl", &["--version"], "apt-get install curl")
+        || !have("promtool", &["--version"], "apt-get install prometheus")
+        || !have(
+            "python3",
+            &["-c", "import paho.mqtt.client as m; m.CallbackAPIVersion"],
+            "pip install paho-mqtt",
+        )
+    {
+        return;
+    }
+    let dir = temp_dir("http-api-rmqtt");
+    let mqtt = free_port();
+    let passwd = dir.join("passwd");
+    starling_auth::add_or_update(&passwd, "alice", b"alice-pw").expect("password file");
+    let acl = dir.join("acl.toml");
+    std::fs::write(
+        &acl,
+        "[[rules]]\npermission = \"deny\"\naction = \"subscribe\"\ntopics = [\"secret/#\"]\n",
+    )
+    .expect("write acl");
+    // `$SYS` once, at start: its next round would count within the test.
+    let config = common::api_config(
+        &dir,
+        mqtt,
+        TOKEN,
+        &format!(
+            "[mqtt]\nsys_interval_secs = 86400\n[auth]\npassword_file = {:?}\nacl_file = {:?}\n",
+            passwd.display().to_string(),
+            acl.display().to_string()
+        ),
+    );
+    let mut d = Daemon::start(&config);
+    let port = common::logged_addr(&mut d, "HTTP API serving", "http_addr=").port();
+    let sum = || {
+        let (code, body) = curl(port, "GET", "/metrics/sum", None, true);
+        assert_eq!(code, 200, "{body}");
+        json(&body)
+    };
+    let n = |m: &serde_json::Value, k: &str| {
+        m[k].as_u64()
+            .unwrap_or_else(|| panic!("{k} is not counted: {m}"))
+    };
+    // At start only `$SYS` has published, to no subscriber. Its round at start ends with
+    // the listener's counters: once the last is retained, the round is all counted.
+    let last = "/retains?topic_filter=%24SYS/brokers/%2B/listeners/%2B/%2B/connect_timed_out";
+    let mut round_done = false;
+    for _ in 0..100 {
+        let (code, body) = curl(port, "GET", last, None, true);
+        assert_eq!(code, 200, "{body}");
+        round_done = !json(&body)["items"].as_array().expect("items").is_empty();
+        if round_done {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(round_done, "{last} is not retained");
+    let mut before = sum();
+    for _ in 0..100 {
+        if n(&before, "messages.publish.system") > 0
+            && n(&before, "messages.nonsubscribed") == n(&before, "messages.publish.system")
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        before = sum();
+    }
+    assert!(n(&before, "messages.publish.system") > 0, "{before}");
+    assert_eq!(
+        n(&before, "messages.nonsubscribed"),
+        n(&before, "messages.publish.system"),
+        "{before}"
+    );
+
+    let (mut watcher, lines) = watcher(mqtt, "watcher", "api/#");
+    next_line(&lines, "subscribed");
+    let alice = ["-h", "127.0.0.1", "-p", &mqtt.to_string(), "-u", "alice"].map(String::from);
+    let with = |pw: &str, more: &[&str]| {
+        let mut a: Vec<String> = alice.to_vec();
+        a.extend(["-P", pw].iter().chain(more).map(|s| s.to_string()));
+        a
+    };
+    // A wrong password: refused, nothing published.
+    let Some(out) = common::mosquitto(
+        "mosquitto_pub",
+        &refs(&with("wrong", &["-t", "api/x", "-m", "x"])),
+    ) else {
+        return;
+    };
+    assert!(!out.status.success(), "{out:?}");
+    // A subscriber whose one filter the ACL denies: it exits at its SUBACK.
+    let out = common::mosquitto(
+        "mosquitto_sub",
+        &refs(&with("alice-pw", &["-V", "5", "-t", "secret/x", "-E"])),
+    )
+    .expect("installed");
+    assert!(out.status.success(), "{out:?}");
+    // Three QoS 1 messages the watcher gets, two that match nothing.
+    for (topic, body) in [("api/n", "a\nb\nc\n"), ("nobody/n", "d\ne\n")] {
+        let out = publish_lines(&refs(&with("alice-pw", &["-q", "1", "-t", topic])), body);
+        assert!(out.status.success(), "{out:?}");
+    }
+    for p in ["a", "b", "c"] {
+        next_line(&lines, &format!("msg api/n {p}"));
+    }
+    // The watcher goes away without a DISCONNECT.
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+
+    // Each of the four clients that connected made two `$SYS` events (connected and
+    // disconnected), which match nothing. The watcher's acknowledgements and its
+    // disconnection are counted after what the test saw: wait for them.
+    let want: &[(&str, u64)] = &[
+        ("client.connect", 5),
+        ("client.authenticate", 5),
+        ("client.auth.anonymous", 1),
+        ("client.auth.anonymous.error", 0),
+        ("client.connack", 5),
+        ("client.connack.error", 1),
+        ("client.connack.auth.error", 1),
+        ("client.connected", 4),
+        ("client.disconnected", 4),
+        ("client.handshaking.timeout", 0),
+        ("client.subscribe", 2),
+        ("client.subscribe.check.acl", 2),
+        ("client.subscribe.auth.error", 1),
+        ("client.subscribe.error", 0),
+        ("client.unsubscribe", 0),
+        ("client.publish.check.acl", 5),
+        ("client.publish.auth.error", 0),
+        ("client.publish.error", 0),
+        ("session.created", 4),
+        ("session.resumed", 0),
+        ("session.subscribed", 1),
+        ("session.unsubscribed", 0),
+        ("session.terminated", 4),
+        ("messages.publish", 5 + 8),
+        ("messages.publish.custom", 5),
+        ("messages.publish.admin", 0),
+        ("messages.publish.lastwill", 0),
+        ("messages.publish.system", 8),
+        ("messages.delivered", 3),
+        ("messages.acked", 3),
+        ("messages.dropped", 0),
+        ("messages.nonsubscribed", 2 + 8),
+    ];
+    let grew = |now: &serde_json::Value| -> Vec<(String, u64)> {
+        want.iter()
+            .map(|(k, _)| ((*k).to_owned(), n(now, k) - n(&before, k)))
+            .collect()
+    };
+    let expected: Vec<(String, u64)> = want.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
+    let mut got = grew(&sum());
+    for _ in 0..100 {
+        if got == expected {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        got = grew(&sum());
+    }
+    assert_eq!(got, expected);
+
+    // Prometheus text has them as counters, and its checker still accepts it.
+    let (code, text) = curl(port, "GET", "/metrics/prometheus/sum", None, true);
+    assert_eq!(code, 200);
+    for family in [
+        "starling_client_connack_auth_error_total",
+        "starling_messages_nonsubscribed_total",
+        "starling_session_created_total",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {family} counter")),
+            "{family}: {text}"
+        );
+    }
+    let line = format!(
+        "starling_messages_nonsubscribed_total{{node=\"all\"}} {}",
+        n(&before, "messages.nonsubscribed") + 2 + 8
+    );
+    assert!(text.contains(&line), "{line}: {text}");
+    promtool_accepts(&text);
 }

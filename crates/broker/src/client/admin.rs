@@ -9,6 +9,7 @@ use starling_rt::{time, Ctx};
 use starling_session::DetachReason;
 
 use super::Client;
+use crate::metrics::add;
 use crate::msg::{ClientInfo, ClientSubscriptions, HandOff, NotConnected};
 
 impl Client {
@@ -113,6 +114,10 @@ impl Client {
         if !self.session.is_attached() {
             return Err(NotConnected);
         }
+        add(
+            &self.shared.metrics.rmqtt.client_subscribe,
+            filters.len() as u64,
+        );
         // A verdict that comes later is waited for here, under its deadline: the client's
         // own SUBSCRIBE waits apart because its later packets must keep their order behind
         // it, while an operator's request has nothing behind it and is rare.
@@ -143,7 +148,7 @@ impl Client {
             self.run_effects(ctx).await;
             granted = r.results.into_iter();
         }
-        Ok(checked
+        let answers: Vec<_> = checked
             .into_iter()
             .map(|c| match c {
                 Ok(req) => match granted.next() {
@@ -153,7 +158,10 @@ impl Client {
                 },
                 Err(code) => Err(code),
             })
-            .collect())
+            .collect();
+        let refused = answers.iter().filter_map(|a| a.as_ref().err().copied());
+        self.shared.metrics.rmqtt.subscribe_refusals(refused);
+        Ok(answers)
     }
 
     /// Unsubscribes the connected client from `filters`, with no UNSUBACK: the router's
@@ -165,6 +173,10 @@ impl Client {
         if !self.session.is_attached() {
             return Err(NotConnected);
         }
+        add(
+            &self.shared.metrics.rmqtt.client_unsubscribe,
+            filters.len() as u64,
+        );
         let codes = self.route_unsubscribe(filters.clone()).await;
         self.session.operator_unsubscribed(&filters, &codes);
         self.meta_changed(true);

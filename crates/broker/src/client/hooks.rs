@@ -55,6 +55,17 @@ impl Client {
 
     /// connack, session created or resumed, connected: the session took the connection.
     pub(super) fn attached_events(&self, connect: &Connect, peer: SocketAddr, a: Attached) {
+        let r = &self.shared.metrics.rmqtt;
+        r.connack(ReasonCode::Success, connect.username.is_none());
+        add(&r.client_connected, 1);
+        add(
+            if a.session_present {
+                &r.session_resumed
+            } else {
+                &r.session_created
+            },
+            1,
+        );
         self.emit(EventKind::ClientConnack, || What::ClientConnack {
             peer,
             code: ReasonCode::Success,
@@ -119,8 +130,12 @@ impl Client {
     /// by a task of its own once allowed (the session may be ending, and nothing of this
     /// client comes after its will).
     pub(super) fn will(&mut self, m: Arc<Message>) -> Option<Arc<Message>> {
+        let lastwill = &self.shared.metrics.rmqtt.messages_publish_lastwill;
         match self.gate.will(&m) {
-            Verdict::Now(ok) => ok.then_some(m),
+            Verdict::Now(ok) => ok.then(|| {
+                add(lastwill, 1);
+                m
+            }),
             Verdict::Later(v) => {
                 let deadline = self.verdict_timeout();
                 let on_timeout = self.shared.config.auth.timeout_verdict
@@ -136,6 +151,7 @@ impl Client {
                         }
                     };
                     if ok {
+                        add(&shared.metrics.rmqtt.messages_publish_lastwill, 1);
                         let _ = shard.send(RouterMsg::Publish(m, None, None)).await;
                     }
                 };
@@ -197,19 +213,26 @@ impl Client {
         }
     }
 
-    /// Feeds one packet to the session; `false` if it broke the protocol.
-    pub(super) fn feed(&mut self, p: Packet) -> bool {
+    /// Feeds one packet to the session; `false` if it broke the protocol. A PUBACK or
+    /// PUBCOMP that acknowledges a delivery in flight adds one to `acks`, which the caller
+    /// counts once per input batch (one shared add per batch, not per acknowledgement).
+    pub(super) fn feed(&mut self, p: Packet, acks: &mut u32) -> bool {
+        let r = &self.shared.metrics.rmqtt;
+        let mut acked = false;
         match &p {
             Packet::Disconnect(d) => {
                 self.closing = Some(DisconnectReason::Client(d.reason_code));
             }
-            Packet::Puback(a) | Packet::Pubcomp(a) if self.wanted(EventKind::MessageAcked) => {
+            Packet::Puback(a) | Packet::Pubcomp(a) => {
                 let want = match p {
                     Packet::Puback(_) => QoS::AtLeastOnce,
                     _ => QoS::ExactlyOnce,
                 };
+                // Only what acknowledges a delivery in flight counts (a stray
+                // acknowledgement is ignored by the session): one lookup per ack.
                 if let Some((m, qos)) = self.session.inflight_message(a.packet_id) {
-                    if qos == want {
+                    acked = qos == want;
+                    if acked && self.wanted(EventKind::MessageAcked) {
                         let what = What::MessageAcked {
                             topic: m.topic.clone(),
                             qos,
@@ -219,11 +242,17 @@ impl Client {
                     }
                 }
             }
+            Packet::Subscribe(s) => add(&r.client_subscribe, s.filters.len() as u64),
+            Packet::Unsubscribe(u) => add(&r.client_unsubscribe, u.filters.len() as u64),
             _ => {}
         }
-        let r = self.session.handle_packet(time::now(), p, &mut self.gate);
+        let result = self.session.handle_packet(time::now(), p, &mut self.gate);
         self.gate.fed();
-        match r {
+        // A PUBCOMP for a message not yet released is a protocol error, not an ack.
+        if acked && result.is_ok() {
+            *acks += 1;
+        }
+        match result {
             Ok(()) => true,
             Err(e) => {
                 self.closing = Some(DisconnectReason::Server(e.reason_code()));

@@ -212,6 +212,10 @@ impl Client {
         while let Some(effect) = self.session.poll_effect() {
             match effect {
                 Effect::Send(p) => {
+                    if let Packet::Suback(a) = &p {
+                        let codes = a.reason_codes.iter().copied();
+                        self.shared.metrics.rmqtt.subscribe_refusals(codes);
+                    }
                     let p = match self.acks.as_mut() {
                         Some(a) => match a.pass(p) {
                             Some(p) => p,
@@ -294,6 +298,7 @@ impl Client {
                 }
                 Effect::SessionEnded { subscriptions } => {
                     self.session_dropped();
+                    add(&self.shared.metrics.rmqtt.session_terminated, 1);
                     self.emit(EventKind::SessionTerminated, || What::SessionTerminated);
                     return Some(Wait::Ended(subscriptions));
                 }
@@ -301,6 +306,14 @@ impl Client {
                 Effect::Dropped { reason, qos } => {
                     self.dropped_event(reason, qos);
                     let m = &self.shared.metrics;
+                    // The two reasons the session refuses a client's PUBLISH for (a
+                    // reserved topic is refused as not authorized).
+                    if matches!(
+                        reason,
+                        DropReason::NotAuthorized | DropReason::PayloadFormatInvalid
+                    ) {
+                        add(&m.rmqtt.client_publish_error, 1);
+                    }
                     add(
                         match reason {
                             DropReason::QueueFull => &m.dropped_queue_full,
@@ -429,6 +442,7 @@ impl Client {
             starling_rt::spawn(linger(c.io).instrument(tracing::Span::current()));
         }
         dec(&self.shared.metrics.clients_connected);
+        add(&self.shared.metrics.rmqtt.client_disconnected, 1);
         self.presence(false).await;
         let reason = self
             .closing
@@ -561,6 +575,7 @@ impl Client {
                     }
                 }
                 let mut packets = packets.into_iter();
+                let mut acks = 0;
                 while self.session.is_attached() {
                     // Held back (a Hold came in since these were read): the rest waits, in
                     // order, and only what passes a hold goes on.
@@ -576,13 +591,16 @@ impl Client {
                         continue;
                     }
                     // No packet is bound across the await below (see `run_effects`).
-                    let Some(ok) = packets.next().map(|p| self.feed(p)) else {
+                    let Some(ok) = packets.next().map(|p| self.feed(p, &mut acks)) else {
                         break;
                     };
                     self.run_effects(ctx).await;
                     if !ok {
                         break;
                     }
+                }
+                if acks > 0 {
+                    add(&self.shared.metrics.rmqtt.messages_acked, u64::from(acks));
                 }
                 if let Some(e) = error {
                     if self.session.is_attached() {

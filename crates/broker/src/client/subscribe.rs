@@ -10,6 +10,7 @@ use starling_session::SubscribeRequest;
 
 use super::Client;
 use crate::flow::{Reporter, StallRules};
+use crate::metrics::add;
 use crate::msg::SubscribeResult;
 
 impl Client {
@@ -41,6 +42,11 @@ impl Client {
                 .cluster_retained(&client_id, &filters, &mut r)
                 .await;
         }
+        let installed = r.results.iter().filter(|r| r.is_ok()).count();
+        add(
+            &self.shared.metrics.rmqtt.session_subscribed,
+            installed as u64,
+        );
         for ((filter, asked), r) in named.into_iter().flatten().zip(&r.results) {
             if let Ok(qos) = r {
                 let qos = (*qos).min(asked);
@@ -61,6 +67,12 @@ impl Client {
             f.map(|f| Arc::<str>::from(f.as_str())).collect::<Vec<_>>()
         });
         let codes = self.shards.unsubscribe(client_id, filters).await;
+        // RMQTT counts a subscription removed, not a filter that matched none.
+        let removed = codes.iter().filter(|&&c| c == ReasonCode::Success).count();
+        add(
+            &self.shared.metrics.rmqtt.session_unsubscribed,
+            removed as u64,
+        );
         for (filter, code) in named.into_iter().flatten().zip(&codes) {
             if !code.is_error() {
                 self.emit(EventKind::SessionUnsubscribed, || {
