@@ -102,7 +102,8 @@ pub(crate) enum ClientMsg {
     Kick(Reply<ClientInfo>),
     /// Another node took the client id over and continues the session: its state (none
     /// when it does not outlive its connection, and then it just ends) with the username
-    /// it belongs to; the session ends here without its will (MQTT 5: DISCONNECT 0x8E).
+    /// it belongs to; the session ends here (MQTT 5: DISCONNECT 0x8E), the connection's
+    /// will published if its delay is zero, as a takeover does.
     HandOver(Reply<Option<Box<HandOff>>>),
     /// An operator subscribes the connected client to `filters` (valid ones) at `qos`: as
     /// its own SUBSCRIBE would (quota, authorization, retained messages after), with no

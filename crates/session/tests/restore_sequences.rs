@@ -113,8 +113,10 @@ fn checkpoint(base: Instant, a: &mut Driver, b: &mut Driver, down: u16) {
     b.drain();
 }
 
-/// A session handed over to another node gives the state it would be saved with, and ends
-/// here with nothing published and nothing dropped: the will and the messages travel.
+/// A session handed over to another node gives the state it would be saved with, but for
+/// its will (a will waiting for its delay is deleted by the new connection, MQTT 5
+/// §3.1.2.5), and ends here with nothing published and nothing dropped: the messages
+/// travel.
 fn hand_over(
     now: Instant,
     w: SystemTime,
@@ -124,7 +126,10 @@ fn hand_over(
     let mut h = Session::restore(state.clone(), limits.clone(), now, w).expect("restores");
     drain(&mut h);
     let outlives = h.outlives_connection();
-    let saved = h.snapshot(now, w);
+    let mut saved = h.snapshot(now, w);
+    if let Some(d) = saved.detached.as_mut() {
+        d.will = None;
+    }
     let given = h.hand_over(now, w);
     let effects = drain(&mut h);
     assert!(h.is_ended(), "the session ends where it was handed over");
@@ -215,4 +220,62 @@ fn checkpoints_are_reached() {
     let data: Vec<u8> = (0..400u32).map(|i| (i * 37 % 251) as u8).collect();
     let checkpoints: BTreeMap<usize, u16> = (0..40).map(|i| (i * 3, (i % 4) as u16 * 20)).collect();
     assert!(run(&data, &checkpoints) >= 10);
+}
+
+/// A connected client's session handed over to another node: its will goes as a takeover
+/// on one node sends it, at once when its delay is zero, and not when it would wait (the
+/// new connection deletes it); no will travels in the state.
+#[test]
+fn a_handover_sends_the_connected_clients_will_as_a_takeover_does() {
+    use bytes::Bytes;
+    use starling_codec::{Connect, LastWill, Properties, Protocol, QoS};
+    for (delay, published) in [(0u32, true), (5, false)] {
+        let now = sequence::base_instant();
+        let mut s = Session::new(
+            std::sync::Arc::from("c"),
+            starling_session::SessionLimits::default(),
+        );
+        let connect = Connect {
+            protocol: Protocol::V5,
+            clean_start: true,
+            keep_alive: 60,
+            client_id: "c".to_owned(),
+            will: Some(LastWill {
+                topic: "w/c".to_owned(),
+                payload: Bytes::from_static(b"gone"),
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                properties: Properties {
+                    will_delay_interval: Some(delay),
+                    ..Properties::default()
+                },
+            }),
+            username: None,
+            password: None,
+            properties: Properties {
+                session_expiry_interval: Some(3600),
+                ..Properties::default()
+            },
+        };
+        s.attach(now, &connect).expect("attaches");
+        drain(&mut s);
+        let state = s
+            .hand_over(now, wall(now, now))
+            .expect("a persistent session");
+        let effects = drain(&mut s);
+        let wills = effects
+            .iter()
+            .filter(|e| matches!(e, Effect::Will(m) if &*m.topic == "w/c"))
+            .count();
+        assert_eq!(
+            wills,
+            usize::from(published),
+            "will delay {delay}: {effects:?}"
+        );
+        assert!(s.is_ended());
+        assert!(
+            state.detached.as_ref().is_some_and(|d| d.will.is_none()),
+            "no will travels"
+        );
+    }
 }

@@ -464,7 +464,12 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
         .map(|p| ("m/data".to_owned(), p))
         .collect();
     assert_eq!(queued.len(), 200, "node 1 acknowledged every message");
-    let (mut second, rx_second) = common::watcher_with(ports[2].mqtt, "mover", "m/#", &persistent);
+    // This time with a will: when the session moves on from node 3, node 3 publishes it, as
+    // a takeover on one node does (the connection it closes had a will with no delay).
+    let (mut wills, rx_wills) = watcher(ports[0].mqtt, "will-watcher", "will/#");
+    common::next_line(&rx_wills, "subscribed");
+    let with_will = ["--expiry", "3600", "--will-topic", "will/mover"];
+    let (mut second, rx_second) = common::watcher_with(ports[2].mqtt, "mover", "m/#", &with_will);
     let mut got = BTreeSet::new();
     gather(&rx_second, &mut got, &queued, Duration::from_secs(20));
     assert_eq!(
@@ -488,6 +493,22 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
             Err(_) => panic!("node 3 did not close the moved client's connection with 0x8E"),
         }
     }
+    let want_will: BTreeSet<(String, String)> =
+        [("will/mover".to_owned(), "gone mover".to_owned())]
+            .into_iter()
+            .collect();
+    let mut got_will = BTreeSet::new();
+    gather(
+        &rx_wills,
+        &mut got_will,
+        &want_will,
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        missing(&want_will, &got_will),
+        0,
+        "the will of the connection node 3 closed for the move was not published"
+    );
     let mut p = publisher(ports[0].mqtt, "m/after", 10);
     let after: BTreeSet<(String, String)> = acked_lines(&mut p, |_| {})
         .into_iter()
@@ -501,7 +522,14 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
         "the session back on node 2 gets new messages"
     );
 
-    for w in [&mut w2, &mut w3, &mut first, &mut second, &mut third] {
+    for w in [
+        &mut w2,
+        &mut w3,
+        &mut first,
+        &mut second,
+        &mut third,
+        &mut wills,
+    ] {
         let _ = w.kill();
         let _ = w.wait();
     }

@@ -231,11 +231,14 @@ impl Session {
     }
 
     /// Another node takes the session over and continues it (a cluster's handover): the
-    /// state it goes on from, will and deliveries included, and the session ends here
-    /// without publishing the will or counting its messages as dropped (they travel in the
-    /// state). A connected client is closed with 0x8E (MQTT 5). `None`, and an ordinary
-    /// end ([`Session::end_because`]), for a session that does not outlive its connection:
-    /// the takeover closes that connection, so the session ends with it (MQTT 5 §3.1.2.11.2).
+    /// state it goes on from, deliveries included, and the session ends here without
+    /// counting its messages as dropped (they travel in the state). A connected client is
+    /// closed with 0x8E (MQTT 5), and its will goes as a takeover on one node sends it
+    /// (detach, then the new connection's attach): at once when its delay is zero, while a
+    /// will waiting for its delay is deleted by the new connection (MQTT 5 §3.1.2.5), so
+    /// none travels. `None`, and an ordinary end ([`Session::end_because`]), for a session
+    /// that does not outlive its connection: the takeover closes that connection, so the
+    /// session ends with it (MQTT 5 §3.1.2.11.2).
     pub fn hand_over(
         &mut self,
         now: Instant,
@@ -245,6 +248,11 @@ impl Session {
             self.end_because(now, DetachReason::TakenOver);
             return None;
         }
+        if self.is_attached() && self.will.as_ref().is_some_and(|w| w.delay.is_zero()) {
+            self.publish_will(now);
+        }
+        self.will = None;
+        self.set_will_at(None);
         let state = self.snapshot(now, wall);
         self.will = None;
         self.set_will_at(None);

@@ -40,6 +40,11 @@ def main():
         help="MQTT 5 Receive Maximum: QoS 1/2 messages the broker may have unacknowledged",
     )
     ap.add_argument(
+        "--will-topic",
+        default="",
+        help="a will (QoS 1, payload `gone ID`, no delay) on this topic",
+    )
+    ap.add_argument(
         "--codes",
         action="store_true",
         help="print the SUBACK's reason code on its line: `subscribed 1`, `subscribed 151`",
@@ -92,6 +97,8 @@ def main():
             props.SessionExpiryInterval = args.expiry
         if args.receive_max > 0:
             props.ReceiveMaximum = args.receive_max
+    if args.will_topic:
+        client.will_set(args.will_topic, f"gone {args.id}", qos=1)
     client.connect(
         args.host,
         args.port,
