@@ -44,7 +44,15 @@ pub(crate) struct Registry {
     /// CONNECTs waiting for the session the previous owner node hands over, by client id,
     /// with the epoch of this node's claim.
     handovers: HashMap<Arc<str>, (u64, Box<NewConn>)>,
+    /// Sessions handed over for a claim of this node whose answer has not reached this
+    /// actor yet: the previous node may apply the claim, hand the session over and have it
+    /// arrive here before the claim's own answer does. Kept (at most [`EARLY_MAX`], for
+    /// [`HANDOVER_WAIT`]) until the claim's CONNECT takes it.
+    early: HashMap<Arc<str>, (u64, Box<HandOff>, time::Instant)>,
 }
+
+/// Sessions kept for claims not yet answered, at most (each is a session's whole state).
+const EARLY_MAX: usize = 256;
 
 /// How long a CONNECT that resumes a session another node held waits for that node to hand
 /// it over; past it the session starts afresh here (the other node is down or cut off).
@@ -69,6 +77,7 @@ impl Registry {
             cluster,
             claimed: HashMap::new(),
             handovers: HashMap::new(),
+            early: HashMap::new(),
         }
     }
 
@@ -126,6 +135,17 @@ impl Registry {
                     // The previous owner hands the session over once it applies this claim.
                     debug!(client_id = %client_id, epoch, from = ?previous, "waiting for the session from its previous node");
                     self.handovers.insert(client_id.clone(), (epoch, conn));
+                    if let Some((e, handoff, _)) = self.early.remove(&client_id) {
+                        if e == epoch {
+                            // It came before this answer did.
+                            if let Some((c, conn)) =
+                                self.handed_over(client_id, epoch, Some(handoff), ctx)
+                            {
+                                self.connect_here(c, conn, ctx).await;
+                            }
+                            return;
+                        }
+                    }
                     let msg = RegistryMsg::HandoverTimeout { client_id, epoch };
                     ctx.after(HANDOVER_WAIT, msg);
                     return;
@@ -155,6 +175,7 @@ impl Registry {
             return;
         };
         let entry = self.clients.remove(client_id);
+        self.sessions_mark();
         let client_id = client_id.clone();
         starling_rt::spawn(async move {
             let handoff = match entry {
@@ -189,8 +210,15 @@ impl Registry {
             .get(&client_id)
             .is_none_or(|(e, _)| *e != epoch)
         {
-            // Too late (the CONNECT went on afresh) or for another claim.
-            debug!(client_id = %client_id, epoch, "a handed-over session nobody waits for; dropped");
+            let answered = self.claimed.get(&client_id).is_some_and(|&c| c >= epoch);
+            match handoff {
+                // Before this node's claim was answered here: kept for its CONNECT.
+                Some(h) if !answered => self.keep_early(client_id, epoch, h),
+                // Too late (the CONNECT went on afresh), for another claim, or nothing.
+                _ => {
+                    debug!(client_id = %client_id, epoch, "a handed-over session nobody waits for; dropped");
+                }
+            }
             return None;
         }
         let (_, conn) = self.handovers.remove(&client_id)?;
@@ -365,12 +393,27 @@ impl Registry {
         addr
     }
 
-    /// Raises the sessions' high-water mark (`sessions.max`) to what the registry holds.
+    /// Keeps a session that arrived before its claim's answer, forgetting those kept longer
+    /// than a CONNECT would wait for them.
+    fn keep_early(&mut self, client_id: Arc<str>, epoch: u64, handoff: Box<HandOff>) {
+        let now = time::now();
+        self.early
+            .retain(|_, (_, _, at)| now.saturating_duration_since(*at) < HANDOVER_WAIT);
+        if self.early.len() >= EARLY_MAX {
+            debug!(client_id = %client_id, epoch, "a handed-over session came early and there is no room to keep it; dropped");
+            return;
+        }
+        debug!(client_id = %client_id, epoch, "a handed-over session came before its claim's answer; kept");
+        self.early.insert(client_id, (epoch, handoff, now));
+    }
+
+    /// Publishes how many sessions the registry holds (`sessions.count`), raising their
+    /// high-water mark (`sessions.max`): after every change to `clients`.
     fn sessions_mark(&self) {
         let n = self.clients.len() as u64;
-        self.shared
-            .metrics
-            .sessions_max
+        let m = &self.shared.metrics;
+        m.sessions.store(n, std::sync::atomic::Ordering::Relaxed);
+        m.sessions_max
             .fetch_max(n, std::sync::atomic::Ordering::Relaxed);
     }
 }
@@ -395,6 +438,7 @@ impl Actor for Registry {
                     if let Some(e) = self.clients.remove(&client_id) {
                         e.addr.stop();
                     }
+                    self.sessions_mark();
                     // The claim goes with the session (a later CONNECT claims again).
                     if let (Some(epoch), Some(c)) = (self.claimed.remove(&client_id), &self.cluster)
                     {
