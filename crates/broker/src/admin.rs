@@ -76,6 +76,10 @@ pub struct BrokerStats {
     pub subscriptions_shared: u64,
     /// Distinct topic filters subscribed on the node (prefixes stripped).
     pub topics: u64,
+    /// Messages held in the store for persistent sessions (queued or in flight), and the
+    /// most held at once (RMQTT's `message_storages`).
+    pub message_storages: u64,
+    pub message_storages_max: u64,
     /// High-water marks since start: clients connected at once, sessions held at once,
     /// and the highest values of the router's counts.
     pub connections_max: u64,
@@ -153,17 +157,11 @@ impl Admin {
     /// (no shard is asked), so they may trail a change by that burst.
     pub async fn stats(&self) -> BrokerStats {
         let m = &self.shared.metrics;
-        let sessions = self
-            .registry
-            .ask(|reply| RegistryMsg::Clients {
-                limit: usize::MAX,
-                reply,
-            })
-            .await
-            .map_or(0, |all| all.len());
         BrokerStats {
             connections: self.metrics().clients_connected,
-            sessions: sessions as u64,
+            sessions: m.sessions.load(Relaxed),
+            message_storages: m.store_messages.load(Relaxed),
+            message_storages_max: m.store_messages_max.load(Relaxed),
             subscriptions: m.subscriptions.count(),
             retained: m.retained.count(),
             delayed: m.delayed.count(),

@@ -62,6 +62,10 @@ pub(crate) struct Metrics {
     /// (RMQTT's `connections.max`, `sessions.max`): raised where the count rises.
     pub clients_connected_max: AtomicU64,
     pub sessions_max: AtomicU64,
+    /// The sessions the registry holds (set where it changes), so that a count asks no
+    /// actor; and the high-water mark of `store_messages` (RMQTT's `message_storages`).
+    pub sessions: AtomicU64,
+    pub store_messages_max: AtomicU64,
     /// The router's state counts with their high-water marks (RMQTT's `subscriptions`,
     /// `subscriptions_shared`, `retaineds`, `delayed_publishs`, `topics`), moved by each
     /// shard at the end of a burst by what changed in it since its last report.

@@ -262,14 +262,6 @@ pub(crate) struct HoldWait {
     pub retained: Vec<(Arc<Message>, DeliveryOptions)>,
 }
 
-/// Counts for `$SYS`.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct RouterStats {
-    pub subscriptions: usize,
-    pub retained: usize,
-    pub delayed: usize,
-}
-
 /// How a shard takes a subscription (see the `shards` module).
 #[derive(Debug)]
 pub(crate) enum Admission {
@@ -360,17 +352,13 @@ pub(crate) enum RouterMsg {
         report: FlowReport,
     },
     /// A check of a backlogged subscriber's progress, for its stretch `epoch`.
-    FlowCheck {
-        client_id: Arc<str>,
-        epoch: u64,
-    },
+    FlowCheck { client_id: Arc<str>, epoch: u64 },
     /// A `$delayed/` message is due; with its key in the store when it was stored.
     DelayedDue(Arc<Message>, Option<DelayedKey>),
     /// The store's retained and delayed messages of this shard, at start.
     Restore(Box<Restore>),
     /// The store refused this retained message (full): it goes, unless another replaced it.
     RetainedRefused(Arc<Message>),
-    Stats(Reply<RouterStats>),
     /// This shard's retained messages whose topics match `filter`, at most `limit`, in
     /// topic order (an operator's list).
     Retained {
@@ -405,23 +393,14 @@ pub(crate) enum RouterMsg {
         done: tokio::sync::oneshot::Sender<()>,
     },
     /// `node` took this shard's batches up to `seq`.
-    ForwardAcked {
-        node: u64,
-        seq: u64,
-    },
+    ForwardAcked { node: u64, seq: u64 },
     /// The commit of a forwarded publish's writes is done (see [`WaiterTo::Shard`]).
-    ForwardStored {
-        key: u64,
-        outcome: Stored,
-    },
+    ForwardStored { key: u64, outcome: Stored },
     /// Settle forwarded batches that waited too long for their node.
     ForwardCheck,
     /// The cluster committed (`None`) or did not commit (`Some`) the retained change a
     /// waiting publish of this shard proposed (its key, as a forwarded copy's).
-    RetainSettled {
-        key: u64,
-        failed: Option<Stored>,
-    },
+    RetainSettled { key: u64, failed: Option<Stored> },
     /// The replicated retained message of a topic of this shard was set or deleted.
     ClusterRetained {
         topic: Arc<str>,

@@ -41,8 +41,8 @@ use crate::destination::{is_qos0, Destination, Flushed, SharedTo};
 use crate::flow::{Qos0Tally, StallRules};
 use crate::metrics::add;
 use crate::msg::{
-    AckTo, ClientMsg, DelayedKey, HeldDelivery, Publisher, Restore, RouterMsg, RouterStats,
-    StoreMsg, Stored, SubscribeMsg, Waiter, WaiterTo, BATCH_MAX,
+    AckTo, ClientMsg, DelayedKey, HeldDelivery, Publisher, Restore, RouterMsg, StoreMsg, Stored,
+    SubscribeMsg, Waiter, WaiterTo, BATCH_MAX,
 };
 use crate::settings::Shared;
 
@@ -717,13 +717,6 @@ impl Actor for RouterActor {
                 reply,
             } => {
                 let _ = reply.send(self.retained_list(&filter, limit));
-            }
-            RouterMsg::Stats(reply) => {
-                let _ = reply.send(RouterStats {
-                    subscriptions: self.owned,
-                    retained: self.retained.len(),
-                    delayed: self.delayed,
-                });
             }
         }
         // Held deliveries go even without ops of their own: they wait behind earlier ones.

@@ -19,7 +19,7 @@ use starling_rt::{ActorId, Addr, WeakAddr};
 use starling_session::{DeliveryOptions, SubscribeRequest};
 
 use crate::msg::{
-    Admission, ClientMsg, HoldWait, RouterMsg, RouterStats, StoreMsg, SubscribeMsg, SubscribeResult,
+    Admission, ClientMsg, HoldWait, RouterMsg, StoreMsg, SubscribeMsg, SubscribeResult,
 };
 
 /// Longest a SUBACK waits for the cluster's routes to hold a new subscription's filter.
@@ -446,18 +446,6 @@ impl Shards {
     /// Shard `i`.
     pub(crate) fn get(&self, i: usize) -> &Addr<RouterMsg> {
         &self.0.addrs[i]
-    }
-
-    /// Every shard's counts, summed (each subscription counted by its home shard alone).
-    pub(crate) async fn stats(&self) -> RouterStats {
-        let all = join_all(self.0.addrs.iter().map(|a| a.ask(RouterMsg::Stats))).await;
-        all.into_iter()
-            .flatten()
-            .fold(RouterStats::default(), |a, s| RouterStats {
-                subscriptions: a.subscriptions + s.subscriptions,
-                retained: a.retained + s.retained,
-                delayed: a.delayed + s.delayed,
-            })
     }
 }
 

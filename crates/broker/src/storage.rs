@@ -354,6 +354,8 @@ fn set_usage(shared: &Shared, store: &Store) {
     set(&m.store_bytes, u.bytes);
     set(&m.store_sessions, u.sessions);
     set(&m.store_messages, u.deliveries);
+    m.store_messages_max
+        .fetch_max(u.deliveries, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// A shard and the deliveries a commit made durable for it.

@@ -450,6 +450,10 @@ fn sys_stats_and_metrics_as_json_are_there_from_the_start() {
         for key in [
             "connections.count",
             "connections.max",
+            "sessions.count",
+            "sessions.max",
+            "message_storages.count",
+            "message_storages.max",
             "subscriptions.count",
             "subscriptions.max",
             "subscriptions_shared.max",

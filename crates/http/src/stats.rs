@@ -28,8 +28,8 @@ pub(crate) fn routes(cfg: &mut web::ServiceConfig) {
 
 /// RMQTT's stats keys that the broker counts, each with its `.max` companion (the
 /// high-water mark since start). RMQTT's `handshakings`, `routes`, `message_queues`,
-/// `out_inflights`, `in_inflights`, `forwards` and `message_storages` are not tracked yet
-/// and are left out rather than made up.
+/// `out_inflights`, `in_inflights` and `forwards` are not tracked yet and are left out
+/// rather than made up.
 fn stats_json(s: &BrokerStats) -> Value {
     json!({
         "connections.count": s.connections,
@@ -46,6 +46,8 @@ fn stats_json(s: &BrokerStats) -> Value {
         "delayed_publishs.max": s.delayed_max,
         "topics.count": s.topics,
         "topics.max": s.topics_max,
+        "message_storages.count": s.message_storages,
+        "message_storages.max": s.message_storages_max,
     })
 }
 
@@ -144,8 +146,13 @@ pub(crate) fn exposition(
 }
 
 /// The state counts as Prometheus gauges, each with its high-water mark since start.
-fn stats_gauges(st: &BrokerStats) -> [(&'static str, &'static str, u64); 13] {
+fn stats_gauges(st: &BrokerStats) -> [(&'static str, &'static str, u64); 14] {
     [
+        (
+            "message_storages_max",
+            "Most messages held in the store for persistent sessions at once",
+            st.message_storages_max,
+        ),
         ("sessions", "Sessions, connected or not", st.sessions),
         (
             "sessions_max",

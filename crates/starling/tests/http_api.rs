@@ -189,6 +189,9 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
     let stats = &json(&body)[0]["stats"];
     assert_eq!(stats["connections.count"], 1, "{body}");
     assert_eq!(stats["subscriptions.count"], 1, "{body}");
+    assert_eq!(stats["sessions.count"], 1, "{body}");
+    // No persistent session here: the store holds no message for one.
+    assert_eq!(stats["message_storages.count"], 0, "{body}");
     // High-water marks: at least what is there now.
     let at_least = |max: &str, now: &str| {
         let (m, n) = (stats[max].as_u64(), stats[now].as_u64());
