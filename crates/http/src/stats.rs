@@ -244,7 +244,7 @@ mod tests {
             }
         }
         let named = MetricsSnapshot::default().every().len();
-        assert_eq!(samples, 2 * (named + 13));
+        assert_eq!(samples, 2 * (named + stats_gauges(&BrokerStats::default()).len()));
         assert!(text.contains("starling_messages_received_total{node=\"1\"} 0"));
         assert!(text.contains("# TYPE starling_clients_connected gauge"));
         assert!(text.contains("starling_store_commit_seconds_total{node=\"all\"} 0"));
