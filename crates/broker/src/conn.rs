@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use futures::FutureExt;
 use starling_codec::{Packet, Protocol};
+use starling_net::ListenerKind;
 use starling_rt::time;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
@@ -26,6 +27,10 @@ pub(crate) const READ_BUF_INITIAL: usize = 256;
 const READ_SCRATCH: usize = 4096;
 /// Pending output past this is written at once rather than at the end of the burst.
 pub(crate) const WRITE_BATCH_MAX: usize = 64 * 1024;
+/// Timed writes (see [`Timed`]) pending on one connection past which the output is
+/// written at once: bounds their list (32 B each) the way `WRITE_BATCH_MAX` bounds the
+/// bytes. While the output waits for the store, writes past it go untimed.
+pub(crate) const TIMED_MAX: usize = 1024;
 /// A write that makes no progress for this long means the peer is gone or stuck.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -58,6 +63,35 @@ pub(crate) struct Conn {
     pub(crate) peer_port: u16,
     pub(crate) clean_start: bool,
     pub(crate) _permit: Option<OwnedSemaphorePermit>,
+    /// The output's writes whose latency is recorded once they reach the socket. Boxed and
+    /// made at the first, dropped at the end of the burst: an idle connection holds none.
+    pub(crate) timed: Option<Box<Timed>>,
+}
+
+/// Writes in the output buffer whose latency ends when they reach the socket: a CONNACK
+/// (the handshake's) and first PUBLISHes of routed messages (the delivery's). Each is the
+/// end of its bytes in the output and when its latency started; they are recorded together
+/// when the write that carries them is done, with one read of the clock for the batch and
+/// the deliveries added to the histogram at once (see `metrics::Local`).
+#[derive(Default)]
+pub(crate) struct Timed {
+    marks: Vec<Mark>,
+}
+
+struct Mark {
+    /// Offset in the output just past its bytes.
+    end: usize,
+    since: time::Instant,
+    what: Timing,
+}
+
+/// What a timed write ends.
+#[derive(Clone, Copy)]
+pub(crate) enum Timing {
+    /// The handshake of a connection of this kind of listener (its CONNACK).
+    Connack(ListenerKind),
+    /// A delivery (a first PUBLISH of a message to this client).
+    Delivery,
 }
 
 pub(crate) async fn write_out(c: &mut Conn) -> bool {
@@ -88,6 +122,52 @@ pub(crate) async fn write_out(c: &mut Conn) -> bool {
 }
 
 impl Conn {
+    /// Times the output written so far (up to its current end) from `since`.
+    pub(crate) fn time_output(&mut self, since: time::Instant, what: Timing) {
+        let t = self.timed.get_or_insert_with(Box::default);
+        if t.marks.len() < TIMED_MAX {
+            let end = self.out.len();
+            debug_assert!(t.marks.last().is_none_or(|m| m.end <= end));
+            t.marks.push(Mark { end, since, what });
+        }
+    }
+
+    /// Whether the timed writes reached [`TIMED_MAX`]: the output should go out now.
+    pub(crate) fn timed_full(&self) -> bool {
+        self.timed
+            .as_ref()
+            .is_some_and(|t| t.marks.len() >= TIMED_MAX)
+    }
+
+    /// The first `n` bytes of output reached the socket: records the timed writes among
+    /// them, and moves the offsets of the rest back.
+    pub(crate) fn output_written(&mut self, n: usize, metrics: &crate::metrics::Metrics) {
+        let Some(t) = &mut self.timed else { return };
+        let done = t.marks.partition_point(|m| m.end <= n);
+        if done > 0 {
+            let now = time::now();
+            let mut deliveries = crate::metrics::Local::default();
+            for m in t.marks.drain(..done) {
+                let took = now.saturating_duration_since(m.since);
+                match m.what {
+                    Timing::Delivery => deliveries.observe(took),
+                    Timing::Connack(kind) => metrics.handshake(kind).observe(took),
+                }
+            }
+            metrics.delivery.add(&deliveries);
+        }
+        for m in &mut t.marks {
+            m.end -= n;
+        }
+    }
+
+    /// The end of a burst: timed writes all written, their list goes.
+    pub(crate) fn release_timed(&mut self) {
+        if self.timed.as_ref().is_some_and(|t| t.marks.is_empty()) {
+            self.timed = None;
+        }
+    }
+
     /// Reads once into the input buffer: `Ready(0)` at EOF or on an error.
     pub(crate) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<usize> {
         if self.input.capacity() == 0 {
