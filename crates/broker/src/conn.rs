@@ -73,7 +73,6 @@ pub(crate) struct Conn {
 /// end of its bytes in the output and when its latency started; they are recorded together
 /// when the write that carries them is done, with one read of the clock for the batch and
 /// the deliveries added to the histogram at once (see `metrics::Local`).
-#[derive(Default)]
 pub(crate) struct Timed {
     marks: Vec<Mark>,
 }
@@ -124,7 +123,12 @@ pub(crate) async fn write_out(c: &mut Conn) -> bool {
 impl Conn {
     /// Times the output written so far (up to its current end) from `since`.
     pub(crate) fn time_output(&mut self, since: time::Instant, what: Timing) {
-        let t = self.timed.get_or_insert_with(Box::default);
+        // Room for a typical burst at once rather than growing from 4.
+        let t = self.timed.get_or_insert_with(|| {
+            Box::new(Timed {
+                marks: Vec::with_capacity(16),
+            })
+        });
         if t.marks.len() < TIMED_MAX {
             let end = self.out.len();
             debug_assert!(t.marks.last().is_none_or(|m| m.end <= end));
