@@ -27,8 +27,8 @@ pub(crate) const READ_BUF_INITIAL: usize = 256;
 const READ_SCRATCH: usize = 4096;
 /// Pending output past this is written at once rather than at the end of the burst.
 pub(crate) const WRITE_BATCH_MAX: usize = 64 * 1024;
-/// Timed writes (see [`Timed`]) pending on one connection past which the output is
-/// written at once: bounds their list (32 B each) the way `WRITE_BATCH_MAX` bounds the
+/// Timed deliveries (see [`Timed`]) pending on one connection past which the output is
+/// written at once: bounds their list (24 B each) the way `WRITE_BATCH_MAX` bounds the
 /// bytes. While the output waits for the store, writes past it go untimed.
 pub(crate) const TIMED_MAX: usize = 1024;
 /// A write that makes no progress for this long means the peer is gone or stuck.
@@ -74,23 +74,11 @@ pub(crate) struct Conn {
 /// when the write that carries them is done, with one read of the clock for the batch and
 /// the deliveries added to the histogram at once (see `metrics::Local`).
 pub(crate) struct Timed {
-    marks: Vec<Mark>,
-}
-
-struct Mark {
-    /// Offset in the output just past its bytes.
-    end: usize,
-    since: time::Instant,
-    what: Timing,
-}
-
-/// What a timed write ends.
-#[derive(Clone, Copy)]
-pub(crate) enum Timing {
-    /// The handshake of a connection of this kind of listener (its CONNACK).
-    Connack(ListenerKind),
-    /// A delivery (a first PUBLISH of a message to this client).
-    Delivery,
+    /// The CONNACK apart: every connection's first timed write, and an idle one's only,
+    /// so that it costs no list (56 B for the box, made and dropped in its first turn).
+    connack: Option<(usize, time::Instant, ListenerKind)>,
+    /// Deliveries, by the offset just past their bytes, in output order.
+    deliveries: Vec<(usize, time::Instant)>,
 }
 
 pub(crate) async fn write_out(c: &mut Conn) -> bool {
@@ -121,53 +109,74 @@ pub(crate) async fn write_out(c: &mut Conn) -> bool {
 }
 
 impl Conn {
-    /// Times the output written so far (up to its current end) from `since`.
-    pub(crate) fn time_output(&mut self, since: time::Instant, what: Timing) {
-        // Room for a typical burst at once rather than growing from 4.
-        let t = self.timed.get_or_insert_with(|| {
+    fn timed(&mut self) -> &mut Timed {
+        self.timed.get_or_insert_with(|| {
             Box::new(Timed {
-                marks: Vec::with_capacity(16),
+                connack: None,
+                deliveries: Vec::new(),
             })
-        });
-        if t.marks.len() < TIMED_MAX {
-            let end = self.out.len();
-            debug_assert!(t.marks.last().is_none_or(|m| m.end <= end));
-            t.marks.push(Mark { end, since, what });
+        })
+    }
+
+    /// The handshake of a connection of a `kind` listener accepted at `since` ends when
+    /// the output written so far (the CONNACK first in it) is.
+    pub(crate) fn time_connack(&mut self, since: time::Instant, kind: ListenerKind) {
+        let end = self.out.len();
+        self.timed().connack = Some((end, since, kind));
+    }
+
+    /// The delivery whose PUBLISH was just put in the output started at `since`.
+    pub(crate) fn time_delivery(&mut self, since: time::Instant) {
+        let end = self.out.len();
+        let d = &mut self.timed().deliveries;
+        if d.len() < TIMED_MAX {
+            debug_assert!(d.last().is_none_or(|&(e, _)| e <= end));
+            if d.capacity() == 0 {
+                // Room for a typical burst at once rather than growing from 4.
+                d.reserve_exact(16);
+            }
+            d.push((end, since));
         }
     }
 
-    /// Whether the timed writes reached [`TIMED_MAX`]: the output should go out now.
+    /// Whether the timed deliveries reached [`TIMED_MAX`]: the output should go out now.
     pub(crate) fn timed_full(&self) -> bool {
         self.timed
             .as_ref()
-            .is_some_and(|t| t.marks.len() >= TIMED_MAX)
+            .is_some_and(|t| t.deliveries.len() >= TIMED_MAX)
     }
 
     /// The first `n` bytes of output reached the socket: records the timed writes among
     /// them, and moves the offsets of the rest back.
     pub(crate) fn output_written(&mut self, n: usize, metrics: &crate::metrics::Metrics) {
         let Some(t) = &mut self.timed else { return };
-        let done = t.marks.partition_point(|m| m.end <= n);
-        if done > 0 {
+        let done = t.deliveries.partition_point(|&(end, _)| end <= n);
+        let connack = t.connack.filter(|&(end, ..)| end <= n);
+        if done > 0 || connack.is_some() {
+            // One clock read for the whole write.
             let now = time::now();
-            let mut deliveries = crate::metrics::Local::default();
-            for m in t.marks.drain(..done) {
-                let took = now.saturating_duration_since(m.since);
-                match m.what {
-                    Timing::Delivery => deliveries.observe(took),
-                    Timing::Connack(kind) => metrics.handshake(kind).observe(took),
-                }
+            if let Some((_, since, kind)) = connack {
+                t.connack = None;
+                metrics
+                    .handshake(kind)
+                    .observe(now.saturating_duration_since(since));
             }
-            metrics.delivery.add(&deliveries);
+            let mut local = crate::metrics::Local::default();
+            for (_, since) in t.deliveries.drain(..done) {
+                local.observe(now.saturating_duration_since(since));
+            }
+            metrics.delivery.add(&local);
         }
-        for m in &mut t.marks {
-            m.end -= n;
+        if let Some((end, ..)) = &mut t.connack {
+            *end -= n;
         }
+        t.deliveries.iter_mut().for_each(|(end, _)| *end -= n);
     }
 
-    /// The end of a burst: timed writes all written, their list goes.
+    /// The end of a burst: once every timed write is written, the list goes.
     pub(crate) fn release_timed(&mut self) {
-        if self.timed.as_ref().is_some_and(|t| t.marks.is_empty()) {
+        let done = |t: &Timed| t.connack.is_none() && t.deliveries.is_empty();
+        if self.timed.as_deref().is_some_and(done) {
             self.timed = None;
         }
     }

@@ -8,7 +8,7 @@ use starling_session::DetachReason;
 use tracing::{debug, Instrument};
 
 use super::Client;
-use crate::conn::{linger, Conn, Timing};
+use crate::conn::{linger, Conn};
 use crate::gate::AuthGate;
 
 use crate::msg::NewConn;
@@ -90,7 +90,7 @@ impl Client {
         // The CONNACK is first in the output: the handshake ends when what is there now is
         // written (after the session's store write, when it waits for one).
         if let Some(c) = &mut self.conn {
-            c.time_output(accepted, Timing::Connack(listener));
+            c.time_connack(accepted, listener);
         }
     }
 }

@@ -18,7 +18,7 @@ use starling_rt::{time, Ctx, TrySendError, WeakAddr};
 use starling_session::{DetachReason, DropReason, Effect, Message, Session};
 use tracing::{debug, Instrument};
 
-use crate::conn::{linger, write_out, Conn, Timing, WRITE_BATCH_MAX};
+use crate::conn::{linger, write_out, Conn, WRITE_BATCH_MAX};
 use crate::flow::{Holds, Reporter};
 use crate::gate::AuthGate;
 use crate::metrics::{add, dec};
@@ -231,7 +231,7 @@ impl Client {
                         c.out.extend_from_slice(&op.msg.payload);
                         add(&self.shared.metrics.messages_sent, 1);
                         if let Some(since) = op.latency_from {
-                            c.time_output(since, Timing::Delivery);
+                            c.time_delivery(since);
                         }
                     }
                     self.emit(EventKind::MessageDelivered, || What::MessageDelivered {
