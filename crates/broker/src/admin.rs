@@ -153,6 +153,11 @@ impl Admin {
         self.shared.metrics.snapshot()
     }
 
+    /// The handshake and delivery latency histograms.
+    pub fn latencies(&self) -> crate::Latencies {
+        self.shared.metrics.latencies()
+    }
+
     /// The router's counts come from the gauges its shards move at the end of each burst
     /// (no shard is asked), so they may trail a change by that burst.
     pub async fn stats(&self) -> BrokerStats {
@@ -397,6 +402,7 @@ impl Admin {
             expires_at,
             publisher: None,
             shared_headers: Default::default(),
+            received_at: Some(time::now()),
         });
         self.shards
             .for_publish(&msg.topic)

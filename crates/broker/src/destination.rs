@@ -316,6 +316,7 @@ mod tests {
             expires_at: None,
             publisher: None,
             shared_headers: Default::default(),
+            received_at: None,
         };
         let o = DeliveryOptions {
             qos: QoS::ExactlyOnce,

@@ -70,7 +70,12 @@ pub(crate) fn messages(
                 group: Arc::from(group),
                 filter: Arc::from(filter),
             });
-            (Message::from_state(s, now, wall), g)
+            // Timed from its arrival here: the publisher's node read it on another clock.
+            let m = Message {
+                received_at: Some(now),
+                ..Message::from_state(s, now, wall)
+            };
+            (m, g)
         })
         .collect()
 }
@@ -151,6 +156,7 @@ mod tests {
                     .then(|| starling_session::Expiry::announced(now + Duration::from_secs(30))),
                 publisher: Some(Arc::from("pub")),
                 shared_headers: Default::default(),
+                received_at: None,
             })
         };
         let batch = [

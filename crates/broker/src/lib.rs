@@ -75,7 +75,9 @@ use starling_store::{Limits as StoreLimits, Location, Recovered, Store};
 pub use admin::{Admin, AdminError, AdminPublish, BrokerStats};
 pub use conn::Io;
 pub use error::{BrokerError, StoreOpenError};
-pub use metrics::{MetricKind, MetricsSnapshot, RmqttSnapshot};
+pub use metrics::{
+    HistogramSnapshot, Latencies, MetricKind, MetricsSnapshot, RmqttSnapshot, BOUNDS_US,
+};
 pub use msg::{ClientInfo, ClientSubscriptions, ClusterStatus, MemberStatus};
 /// The hook seam, for embedders: providers to start the broker with
 /// ([`Broker::start_with`]).
@@ -384,6 +386,11 @@ impl Broker {
         self.shared.metrics.snapshot()
     }
 
+    /// The handshake and delivery latency histograms.
+    pub fn latencies(&self) -> crate::Latencies {
+        self.shared.metrics.latencies()
+    }
+
     /// Hands an already accepted stream (any transport) to the broker, as a listener would:
     /// the CONNECT handshake runs in the caller's task.
     pub async fn serve_stream(
@@ -400,7 +407,7 @@ impl Broker {
             Arc::new(ListenerCounters::default()),
             self.chain.clone(),
         ));
-        let deadline = starling_rt::time::now() + lctx.connect_timeout;
+        let accepted = starling_rt::time::now();
         let info = starling_net::ConnInfo {
             peer,
             transport_peer: peer,
@@ -408,7 +415,7 @@ impl Broker {
             kind,
             tls_client_cn: None,
         };
-        listener::serve(io, info, None, None, lctx, deadline).await;
+        listener::serve(io, info, None, None, lctx, accepted).await;
     }
 
     /// Stops accepting, closes every connection (MQTT 5: DISCONNECT 0x8B) and stops the

@@ -149,9 +149,8 @@ impl Actor for ListenerActor {
                     return;
                 };
                 let lctx = self.ctx.clone();
-                // `handshake_timeout_secs` runs from here to a complete CONNECT, across the
-                // transport handshake and the CONNECT read.
-                let deadline = time::now() + lctx.connect_timeout;
+                // `handshake_timeout_secs` and the handshake latency run from here.
+                let accepted = time::now();
                 let span = tracing::debug_span!("conn", %peer);
                 starling_rt::spawn(
                     async move {
@@ -164,7 +163,7 @@ impl Actor for ListenerActor {
                             Ok((stream, info)) => {
                                 let cap = stream.cap_release();
                                 let io = Box::new(stream);
-                                Box::pin(serve(io, info, Some(permit), cap, lctx, deadline)).await
+                                Box::pin(serve(io, info, Some(permit), cap, lctx, accepted)).await
                             }
                             Err(e) => {
                                 if let Some(suppressed) = lctx.log_refused.admit() {
@@ -201,19 +200,23 @@ pub(crate) enum ConnectError {
     Codec(#[from] CodecError),
 }
 
-/// Runs the CONNECT handshake on an accepted stream and hands the connection to the
-/// registry: reads the CONNECT (by `deadline`, within the listener's CONNECT size and read
-/// budget), authenticates, checks it against the session limits, assigns a client id if
-/// needed. Refusals get their CONNACK.
+/// Runs the CONNECT handshake on a stream accepted at `accepted` and hands the connection
+/// to the registry: reads the CONNECT (within `handshake_timeout_secs` of `accepted`, the
+/// listener's CONNECT size and read budget), authenticates, checks it against the session
+/// limits, assigns a client id if needed. Refusals get their CONNACK.
 pub(crate) async fn serve(
     mut io: Box<dyn Io>,
     info: ConnInfo,
     permit: Option<OwnedSemaphorePermit>,
     cap: Option<CapRelease>,
     lctx: Arc<ListenerCtx>,
-    deadline: time::Instant,
+    accepted: time::Instant,
 ) {
     let shared = &lctx.shared;
+    // `handshake_timeout_secs` runs across the transport handshake and the CONNECT read.
+    let deadline = accepted + lctx.connect_timeout;
+    // A refusal's CONNACK written: the handshake latency, as for an accepted connection.
+    let timed = || shared.metrics.connack_written(info.kind, accepted);
     let mut buf = BytesMut::with_capacity(FIRST_READ);
     let left = deadline.saturating_duration_since(time::now());
     let read = time::timeout(left, read_connect(&mut io, &mut buf, &lctx)).await;
@@ -247,7 +250,7 @@ pub(crate) async fn serve(
                 }
             }
             if let ConnectError::Codec(ce) = &e {
-                refuse_malformed(&mut io, &mut buf, ce, left).await;
+                refuse_malformed(&mut io, &mut buf, ce, left, timed).await;
             }
             return;
         }
@@ -282,7 +285,7 @@ pub(crate) async fn serve(
             shared.metrics.rmqtt.connack(code, anonymous);
             debug!(?code, "CONNECT refused by authentication");
             connect_event(&lctx, &connect, &info, Some(code));
-            refuse(&mut io, connect.protocol, code).await;
+            refuse(&mut io, connect.protocol, code, timed).await;
             return;
         }
     };
@@ -294,7 +297,7 @@ pub(crate) async fn serve(
             shared.metrics.rmqtt.connack(code, anonymous);
             debug!(?code, "CONNECT refused");
             connect_event(&lctx, &connect, &info, Some(code));
-            refuse(&mut io, connect.protocol, code).await;
+            refuse(&mut io, connect.protocol, code, timed).await;
             return;
         }
     };
@@ -312,6 +315,8 @@ pub(crate) async fn serve(
         peer: info.peer,
         username,
         permit,
+        accepted,
+        listener: info.kind,
     });
     let _ = lctx
         .registry
@@ -422,6 +427,7 @@ async fn refuse_malformed(
     buf: &mut BytesMut,
     error: &CodecError,
     left: Duration,
+    written: impl FnOnce(),
 ) {
     let code = error.reason_code();
     if code == ReasonCode::PacketTooLarge {
@@ -445,9 +451,9 @@ async fn refuse_malformed(
         _ => None,
     };
     match protocol {
-        Some(Protocol::V5) => refuse(io, Protocol::V5, code).await,
+        Some(Protocol::V5) => refuse(io, Protocol::V5, code, written).await,
         Some(_) if code == ReasonCode::PacketTooLarge => {}
-        Some(p) => refuse(io, p, code).await,
+        Some(p) => refuse(io, p, code, written).await,
         None => {}
     }
 }

@@ -6,8 +6,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+mod histogram;
 mod rmqtt;
+pub(crate) use histogram::{Histogram, Local};
+pub use histogram::{HistogramSnapshot, BOUNDS_US};
 pub use rmqtt::RmqttSnapshot;
+use starling_net::ListenerKind;
+use starling_rt::time;
 
 /// The live counters.
 #[derive(Debug, Default)]
@@ -74,6 +79,76 @@ pub(crate) struct Metrics {
     pub retained: Gauge,
     pub delayed: Gauge,
     pub topics: Gauge,
+    /// Accept to CONNACK written, per kind of listener ([`LISTENER_KINDS`] order).
+    pub handshake: [Histogram; 5],
+    /// A PUBLISH read (its message made) to a PUBLISH of it written to a subscriber.
+    pub delivery: Histogram,
+}
+
+/// The kinds of listener the handshake histogram is labelled with, in its order.
+pub(crate) const LISTENER_KINDS: [ListenerKind; 5] = [
+    ListenerKind::Tcp,
+    ListenerKind::Tls,
+    ListenerKind::Ws,
+    ListenerKind::Wss,
+    ListenerKind::Quic,
+];
+
+impl Metrics {
+    /// The handshake histogram of a listener kind.
+    pub(crate) fn handshake(&self, kind: ListenerKind) -> &Histogram {
+        let i = LISTENER_KINDS.iter().position(|&k| k == kind);
+        // Every kind is in the table (its test says so).
+        &self.handshake[i.unwrap_or(0)]
+    }
+
+    /// A CONNACK went out on a connection of a `kind` listener accepted at `accepted`.
+    pub(crate) fn connack_written(&self, kind: ListenerKind, accepted: time::Instant) {
+        let took = time::now().saturating_duration_since(accepted);
+        self.handshake(kind).observe(took);
+    }
+
+    pub(crate) fn latencies(&self) -> Latencies {
+        Latencies {
+            handshake: std::array::from_fn(|i| {
+                (kind_label(LISTENER_KINDS[i]), self.handshake[i].read())
+            }),
+            delivery: self.delivery.read(),
+        }
+    }
+}
+
+/// The `listener` label of a kind (its `Display`, as a `&'static str` for the snapshot).
+fn kind_label(kind: ListenerKind) -> &'static str {
+    match kind {
+        ListenerKind::Tcp => "tcp",
+        ListenerKind::Tls => "tls",
+        ListenerKind::Ws => "ws",
+        ListenerKind::Wss => "wss",
+        ListenerKind::Quic => "quic",
+    }
+}
+
+/// The latency histograms at one moment (each bucket read on its own).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Latencies {
+    /// From a connection's accept to its CONNACK written (accepted or refused), per kind
+    /// of listener (`tcp`, `tls`, `ws`, `wss`, `quic`). Connections that end before any
+    /// CONNACK (a failed transport handshake, no CONNECT in time) are not in it.
+    pub handshake: [(&'static str, HistogramSnapshot); 5],
+    /// From the broker making a message (reading its PUBLISH, publishing a will, an API
+    /// publish, a forwarded message's arrival) to the first write of a PUBLISH of it to a
+    /// subscriber's socket: one per delivery, every QoS. Not in it: retained messages sent
+    /// at SUBSCRIBE, resends (DUP), messages read back from the store, the broker's own
+    /// `$SYS` messages.
+    pub delivery: HistogramSnapshot,
+}
+
+impl Latencies {
+    /// Handshakes over every kind of listener.
+    pub fn handshakes(&self) -> u64 {
+        self.handshake.iter().map(|(_, h)| h.count()).sum()
+    }
 }
 
 /// A count that goes up and down, with the highest value it reached.
@@ -505,7 +580,23 @@ impl MetricsSnapshot {
 
 #[cfg(test)]
 mod tests {
-    use super::{Gauge, MetricsSnapshot};
+    use super::{kind_label, Gauge, Metrics, MetricsSnapshot, LISTENER_KINDS};
+
+    #[test]
+    fn each_listener_kind_has_its_own_handshake_histogram() {
+        let m = Metrics::default();
+        for (i, &k) in LISTENER_KINDS.iter().enumerate() {
+            assert_eq!(kind_label(k), k.to_string());
+            m.handshake(k)
+                .observe(std::time::Duration::from_micros(10 * (i as u64 + 1)));
+        }
+        let l = m.latencies();
+        assert_eq!(l.handshakes(), 5);
+        for (i, (label, h)) in l.handshake.iter().enumerate() {
+            assert_eq!((*label, h.count()), (kind_label(LISTENER_KINDS[i]), 1));
+            assert_eq!(h.sum_us, 10 * (i as u64 + 1));
+        }
+    }
 
     #[test]
     fn a_gauge_keeps_its_highest_value_and_never_goes_below_zero() {

@@ -33,6 +33,10 @@ pub(crate) struct NewConn {
     pub username: Option<String>,
     /// Held while the connection lives: the listener's max_connections.
     pub permit: Option<OwnedSemaphorePermit>,
+    /// When it was accepted, and on what kind of listener: the handshake latency runs
+    /// from here to its CONNACK written.
+    pub accepted: starling_rt::time::Instant,
+    pub listener: starling_net::ListenerKind,
 }
 
 pub(crate) enum ClientMsg {
@@ -706,6 +710,7 @@ pub(crate) fn sys_message(topic: String, payload: String, retain: bool) -> Arc<M
         expires_at: None,
         publisher: None,
         shared_headers: Default::default(),
+        received_at: None,
     })
 }
 

@@ -320,6 +320,8 @@ impl Registry {
             permit,
             peer,
             username,
+            accepted,
+            listener,
             ..
         } = *conn;
         self.shared.metrics.rmqtt.connack(code, username.is_none());
@@ -333,8 +335,10 @@ impl Registry {
                 what: What::ClientConnack { peer, code },
             });
         }
+        let shared = self.shared.clone();
         starling_rt::spawn(async move {
-            refuse(&mut io, connect.protocol, code).await;
+            let timed = || shared.metrics.connack_written(listener, accepted);
+            refuse(&mut io, connect.protocol, code, timed).await;
             drop(permit);
         });
     }

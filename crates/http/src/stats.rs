@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use actix_web::{web, HttpResponse};
 use serde_json::{json, Map, Value};
-use starling_broker::{BrokerStats, MetricKind, MetricsSnapshot};
+use starling_broker::{BrokerStats, HistogramSnapshot, Latencies, MetricKind, MetricsSnapshot};
 
 use crate::reply::{other_node, resource};
 use crate::ApiState;
@@ -81,11 +81,26 @@ async fn stats_sum(s: State) -> HttpResponse {
     HttpResponse::Ok().json(json!({"nodes": nodes, "stats": stats_json(&st)}))
 }
 
-/// The counters under dotted names (`messages.received`, as RMQTT spells its own).
-fn metrics_json(m: &MetricsSnapshot) -> Value {
+/// The counters under dotted names (`messages.received`, as RMQTT spells its own), and
+/// each latency histogram's count and sum of microseconds (`delivery.latency.count`,
+/// `delivery.latency.us`: their quotient is the mean; the buckets are Prometheus').
+fn metrics_json(m: &MetricsSnapshot, lat: &Latencies) -> Value {
     let mut out = Map::new();
     for (name, _, _, v) in m.every() {
         out.insert(name.replace('_', "."), json!(v));
+    }
+    let handshake = lat
+        .handshake
+        .iter()
+        .fold(HistogramSnapshot::default(), |a, (_, h)| {
+            HistogramSnapshot {
+                buckets: std::array::from_fn(|i| a.buckets[i] + h.buckets[i]),
+                sum_us: a.sum_us + h.sum_us,
+            }
+        });
+    for (name, h) in [("handshake", handshake), ("delivery", lat.delivery)] {
+        out.insert(format!("{name}.latency.count"), json!(h.count()));
+        out.insert(format!("{name}.latency.us"), json!(h.sum_us));
     }
     Value::Object(out)
 }
@@ -94,7 +109,7 @@ async fn metrics(s: State) -> HttpResponse {
     let m = s.admin.metrics();
     HttpResponse::Ok().json([json!({
         "node": {"id": s.admin.node_id(), "name": s.admin.node_name()},
-        "metrics": metrics_json(&m),
+        "metrics": metrics_json(&m, &s.admin.latencies()),
     })])
 }
 
@@ -102,20 +117,22 @@ async fn metrics_one(s: State, id: web::Path<String>) -> HttpResponse {
     other_node(&s, &id).unwrap_or_else(|| {
         HttpResponse::Ok().json(json!({
             "node": {"id": s.admin.node_id(), "name": s.admin.node_name()},
-            "metrics": metrics_json(&s.admin.metrics()),
+            "metrics": metrics_json(&s.admin.metrics(), &s.admin.latencies()),
         }))
     })
 }
 
 async fn metrics_sum(s: State) -> HttpResponse {
-    HttpResponse::Ok().json(metrics_json(&s.admin.metrics()))
+    HttpResponse::Ok().json(metrics_json(&s.admin.metrics(), &s.admin.latencies()))
 }
 
 /// Prometheus text format 0.0.4: one family per figure, `starling_<name>` (counters end
-/// in `_total`), labelled with the node; `node="all"` is the sum over the nodes.
+/// in `_total`), labelled with the node; `node="all"` is the sum over the nodes. The
+/// latency histograms follow ([`histograms`]).
 pub(crate) fn exposition(
     m: &MetricsSnapshot,
     st: &BrokerStats,
+    lat: &Latencies,
     nodes: &[(String, bool)],
 ) -> String {
     let mut out = String::new();
@@ -142,7 +159,47 @@ pub(crate) fn exposition(
     for (name, help, v) in stats_gauges(st) {
         family(name, help, g, v);
     }
+    histograms(&mut out, lat, nodes);
     out
+}
+
+/// The latency histograms as Prometheus histogram families: cumulative `_bucket` samples
+/// with their `le` bound in seconds, `+Inf` last (equal to `_count`), and `_sum` in
+/// seconds. The handshake's carry a `listener` label (`tcp`, `tls`, `ws`, `wss`, `quic`).
+fn histograms(out: &mut String, lat: &Latencies, nodes: &[(String, bool)]) {
+    // Each family's series: their `listener` label, if they have one, and their figures.
+    type Series<'a> = Vec<(Option<&'a str>, HistogramSnapshot)>;
+    let families: [(&str, &str, Series); 2] = [
+        (
+            "starling_handshake_seconds",
+            "Seconds from a connection's accept to its CONNACK written",
+            lat.handshake.iter().map(|(k, h)| (Some(*k), *h)).collect(),
+        ),
+        (
+            "starling_delivery_seconds",
+            "Seconds from a PUBLISH read to a PUBLISH of it written to a subscriber",
+            vec![(None, lat.delivery)],
+        ),
+    ];
+    for (name, help, series) in families {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        for (node, _) in nodes {
+            for (listener, h) in &series {
+                let labels = match listener {
+                    Some(l) => format!("node=\"{node}\",listener=\"{l}\""),
+                    None => format!("node=\"{node}\""),
+                };
+                for (le, n) in h.cumulative() {
+                    let le = le.map_or_else(|| "+Inf".to_owned(), |b| b.to_string());
+                    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {n}");
+                }
+                let sum = h.sum_us as f64 / 1e6;
+                let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
+                let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count());
+            }
+        }
+    }
 }
 
 /// The state counts as Prometheus gauges, each with its high-water mark since start.
@@ -203,6 +260,7 @@ fn stats_gauges(st: &BrokerStats) -> [(&'static str, &'static str, u64); 14] {
 
 async fn prometheus_with(s: &ApiState, per_node: bool) -> HttpResponse {
     let m = s.admin.metrics();
+    let lat = s.admin.latencies();
     let st = s.admin.stats().await;
     let mut nodes = Vec::new();
     if per_node {
@@ -211,7 +269,7 @@ async fn prometheus_with(s: &ApiState, per_node: bool) -> HttpResponse {
     nodes.push(("all".to_owned(), true));
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
-        .body(exposition(&m, &st, &nodes))
+        .body(exposition(&m, &st, &lat, &nodes))
 }
 
 async fn prometheus(s: State) -> HttpResponse {
@@ -225,28 +283,78 @@ async fn prometheus_sum(s: State) -> HttpResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use starling_broker::BOUNDS_US;
 
     #[test]
     fn every_sample_follows_its_family_header() {
         let text = exposition(
             &MetricsSnapshot::default(),
             &BrokerStats::default(),
+            &Latencies::default(),
             &[("1".into(), true), ("all".into(), true)],
         );
         let mut family = String::new();
-        let mut samples = 0;
+        let mut histogram = false;
+        let (mut samples, mut histogram_samples) = (0, 0);
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
-                family = rest.split(' ').next().unwrap().to_owned();
-            } else if !line.starts_with('#') {
+                let mut words = rest.split(' ');
+                family = words.next().unwrap().to_owned();
+                histogram = words.next() == Some("histogram");
+            } else if line.starts_with('#') {
+                continue;
+            } else if histogram {
+                let ok = ["_bucket{node=", "_sum{node=", "_count{node="]
+                    .iter()
+                    .any(|s| line.starts_with(&format!("{family}{s}")));
+                assert!(ok, "{line}");
+                histogram_samples += 1;
+            } else {
                 assert!(line.starts_with(&format!("{family}{{node=")), "{line}");
                 samples += 1;
             }
         }
         let named = MetricsSnapshot::default().every().len();
         assert_eq!(samples, 2 * (named + stats_gauges(&BrokerStats::default()).len()));
+        // Per series: every bound, +Inf, sum and count; 5 listener kinds and 1 delivery
+        // series, for each of the 2 nodes.
+        assert_eq!(histogram_samples, 2 * 6 * (BOUNDS_US.len() + 3));
         assert!(text.contains("starling_messages_received_total{node=\"1\"} 0"));
         assert!(text.contains("# TYPE starling_clients_connected gauge"));
         assert!(text.contains("starling_store_commit_seconds_total{node=\"all\"} 0"));
+    }
+
+    #[test]
+    fn a_histogram_is_exposed_cumulative_in_seconds() {
+        let mut lat = Latencies::default();
+        // 2 deliveries at or under 50 µs, 1 under 1 ms, 1 past 10 s.
+        lat.delivery.buckets[0] = 2;
+        lat.delivery.buckets[4] = 1;
+        lat.delivery.buckets[BOUNDS_US.len()] = 1;
+        lat.delivery.sum_us = 12_000_500;
+        lat.handshake[0] = ("tcp", lat.delivery);
+        let text = exposition(
+            &MetricsSnapshot::default(),
+            &BrokerStats::default(),
+            &lat,
+            &[("all".into(), true)],
+        );
+        let d = "starling_delivery_seconds";
+        for want in [
+            format!("{d}_bucket{{node=\"all\",le=\"0.00005\"}} 2"),
+            format!("{d}_bucket{{node=\"all\",le=\"0.0005\"}} 2"),
+            format!("{d}_bucket{{node=\"all\",le=\"0.001\"}} 3"),
+            format!("{d}_bucket{{node=\"all\",le=\"10\"}} 3"),
+            format!("{d}_bucket{{node=\"all\",le=\"+Inf\"}} 4"),
+            format!("{d}_sum{{node=\"all\"}} 12.0005"),
+            format!("{d}_count{{node=\"all\"}} 4"),
+            "starling_handshake_seconds_count{node=\"all\",listener=\"tcp\"} 4".to_owned(),
+        ] {
+            assert!(text.contains(&want), "{want} missing");
+        }
+        let json = metrics_json(&MetricsSnapshot::default(), &lat);
+        assert_eq!(json["delivery.latency.count"], 4);
+        assert_eq!(json["delivery.latency.us"], 12_000_500);
+        assert_eq!(json["handshake.latency.count"], 4);
     }
 }

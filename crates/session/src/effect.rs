@@ -185,6 +185,12 @@ pub struct OutgoingPublish {
     pub dup: bool,
     /// The RETAIN flag sent.
     pub retain: bool,
+    /// When this delivery's latency started, for the broker's histogram: the message's
+    /// [`received_at`](Message::received_at) on the first send of a routed message.
+    /// `None` for a resend (DUP: its latency was its first send's), a retained message
+    /// sent because of a SUBSCRIBE (its age says nothing of the broker's latency) and a
+    /// message with no receive time.
+    pub latency_from: Option<crate::Instant>,
 }
 
 impl OutgoingPublish {

@@ -36,6 +36,11 @@ pub struct Message {
     /// PUBLISH headers encoded once and shared by subscribers (start with
     /// `SharedHeaders::default()`).
     pub shared_headers: SharedHeaders,
+    /// When this node made it (read its PUBLISH, published a will, took it from the HTTP
+    /// API or from another node), for the broker's delivery latency. `None` where that
+    /// moment means nothing on this node's clock: a message read back from the store or
+    /// from a session state, or one the broker publishes itself.
+    pub received_at: Option<Instant>,
 }
 
 /// When a message expires, and whether its subscribers are told.

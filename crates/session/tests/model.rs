@@ -323,6 +323,7 @@ impl World {
                     expires_at: None,
                     publisher: None,
                     shared_headers: Default::default(),
+                    received_at: None,
                 });
                 let opts = DeliveryOptions {
                     qos,

@@ -208,6 +208,16 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
         json(&body)["messages.sent"].as_u64().unwrap() >= 3,
         "{body}"
     );
+    // The latency histograms' count and sum (the exact counts are crates/broker's
+    // tests/latency.rs; here, that they are served): at least the watcher's handshake and
+    // the three API publishes it received.
+    let sums = json(&body);
+    assert!(
+        sums["handshake.latency.count"].as_u64() >= Some(1),
+        "{body}"
+    );
+    assert!(sums["delivery.latency.count"].as_u64() >= Some(3), "{body}");
+    assert!(sums["delivery.latency.us"].as_u64() > Some(0), "{body}");
     let (code, text) = curl(port, "GET", "/metrics/prometheus", None, true);
     assert_eq!(code, 200);
     assert!(
@@ -220,6 +230,31 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
     );
     assert!(
         text.contains("starling_subscriptions{node=\"all\"} 1"),
+        "{text}"
+    );
+    // Both histogram families, with what the JSON counts above (promtool checks their
+    // shape: cumulative buckets, +Inf equal to _count).
+    let sample = |series: &str| -> u64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+            .unwrap_or_else(|| panic!("no {series}: {text}"));
+        line[series.len() + 1..].parse().expect("an integer count")
+    };
+    for family in ["starling_handshake_seconds", "starling_delivery_seconds"] {
+        assert!(
+            text.contains(&format!("# TYPE {family} histogram")),
+            "{text}"
+        );
+    }
+    let handshakes = "starling_handshake_seconds_count{node=\"1\",listener=\"tcp\"}";
+    assert!(sample(handshakes) >= 1, "{text}");
+    assert_eq!(
+        sample("starling_handshake_seconds_bucket{node=\"1\",listener=\"tcp\",le=\"+Inf\"}"),
+        sample(handshakes)
+    );
+    assert!(
+        sample("starling_delivery_seconds_count{node=\"all\"}") >= 3,
         "{text}"
     );
     promtool_accepts(&text);

@@ -32,6 +32,7 @@ fn message(topic: &str, qos: QoS) -> Arc<Message> {
         expires_at: None,
         publisher: Some(Arc::from("publisher")),
         shared_headers: Default::default(),
+        received_at: None,
     })
 }
 

@@ -35,6 +35,8 @@ impl Client {
             peer,
             username,
             permit,
+            accepted,
+            listener,
         } = *nc;
         let chain = self.gate.chain().clone();
         self.gate = AuthGate::new(
@@ -62,6 +64,7 @@ impl Client {
             peer_port: peer.port(),
             clean_start: connect.clean_start,
             _permit: permit,
+            timed: None,
         });
         match self.session.attach(time::now(), &connect) {
             Ok(a) => {
@@ -84,5 +87,10 @@ impl Client {
             }
         }
         self.run_effects(ctx).await;
+        // The CONNACK is first in the output: the handshake ends when what is there now is
+        // written (after the session's store write, when it waits for one).
+        if let Some(c) = &mut self.conn {
+            c.time_connack(accepted, listener);
+        }
     }
 }

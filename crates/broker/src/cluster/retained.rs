@@ -86,6 +86,7 @@ mod tests {
             )),
             publisher: Some(Arc::from("dev")),
             shared_headers: Default::default(),
+            received_at: None,
         };
         let c = to_cluster(&m, now, wall).expect("a message to keep");
         assert_eq!((c.payload.as_slice(), c.qos), (&b"on"[..], 1));

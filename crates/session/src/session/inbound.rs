@@ -266,6 +266,7 @@ impl Session {
                 expires_at,
                 publisher: Some(Arc::clone(&self.client_id)),
                 shared_headers: Default::default(),
+                received_at: Some(now),
             };
             if let (QoS::ExactlyOnce, Some(id)) = (p.qos, packet_id) {
                 // Stored with the routing, so that a resend after a crash is not routed again.

@@ -366,6 +366,7 @@ impl Session {
             expires_at,
             publisher: Some(Arc::clone(&self.client_id)),
             shared_headers: Default::default(),
+            received_at: Some(now),
         };
         debug!(client_id = %self.client_id, topic = %msg.topic, "will published");
         self.effects.push_back(Effect::Will(Arc::new(msg)));

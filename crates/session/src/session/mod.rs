@@ -181,6 +181,9 @@ struct Pending {
     sub_ids: Vec<u32>,
     /// Its store key, when the broker stored it (see [`DeliveryOptions::stored`]).
     stored: Option<u64>,
+    /// Sent because of a SUBSCRIBE, not routed from a publish (in the padding after
+    /// `retain`: no larger).
+    from_retained: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

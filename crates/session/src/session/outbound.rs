@@ -58,6 +58,7 @@ impl Session {
             retain,
             sub_ids: options.subscription_ids.clone(),
             stored,
+            from_retained: options.from_retained,
         };
         match &self.phase {
             Phase::Attached(conn) => {
@@ -451,6 +452,7 @@ impl Session {
     }
 
     fn emit_publish(&mut self, header: Bytes, p: Pending, packet_id: Option<PacketId>, dup: bool) {
+        let latency_from = p.msg.received_at.filter(|_| !dup && !p.from_retained);
         self.effects.push_back(Effect::SendPublish(OutgoingPublish {
             header,
             msg: p.msg,
@@ -458,6 +460,7 @@ impl Session {
             qos: p.qos,
             dup,
             retain: p.retain,
+            latency_from,
         }));
     }
 

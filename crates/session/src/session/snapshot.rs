@@ -419,6 +419,7 @@ fn message_of(m: MessageState, clock: &Clock) -> Message {
         }),
         publisher: m.publisher.map(Arc::from),
         shared_headers: Default::default(),
+        received_at: None,
     }
 }
 
@@ -445,6 +446,8 @@ fn pending(d: DeliveryState, clock: &Clock) -> Result<Pending, RestoreError> {
         retain: d.retain,
         sub_ids: d.subscription_ids,
         stored: None,
+        // Its receive time did not survive (`received_at` is `None`): untimed either way.
+        from_retained: false,
     })
 }
 

@@ -58,6 +58,7 @@ fn msg(topic: &str, qos: QoS, payload: &'static [u8]) -> Arc<Message> {
         expires_at: None,
         publisher: Some(Arc::from("publisher")),
         shared_headers: Default::default(),
+        received_at: None,
     })
 }
 

@@ -480,3 +480,35 @@ fn message_expiry_capped_by_broker_maximum() {
         })
     );
 }
+
+#[test]
+fn only_a_first_send_of_a_routed_message_carries_its_latency_start() {
+    let mut h = H::attached(SessionLimits::default(), &v5_persistent("c1"));
+    let at = h.now;
+    let timed = |qos| {
+        Arc::new(Message {
+            received_at: Some(at),
+            ..Message::clone(&msg("t", qos, b"a"))
+        })
+    };
+    h.s.deliver(h.now, &timed(QoS::AtLeastOnce), &sub(QoS::AtLeastOnce));
+    h.s.deliver(h.now, &timed(QoS::AtMostOnce), &sub(QoS::AtMostOnce));
+    let retained = DeliveryOptions::retained(&SubscriptionOptions::default(), None);
+    h.s.deliver(h.now, &timed(QoS::AtMostOnce), &retained);
+    h.s.deliver(
+        h.now,
+        &msg("t", QoS::AtMostOnce, b"b"),
+        &sub(QoS::AtMostOnce),
+    );
+    let e = h.drain();
+    let starts: Vec<_> = published(&e).iter().map(|p| p.latency_from).collect();
+    assert_eq!(starts, [Some(at), Some(at), None, None]);
+    // The QoS 1 one is resent on the next connection, with DUP: untimed.
+    h.s.detach(h.now, DetachReason::ConnectionLost);
+    h.drain();
+    h.s.attach(h.now, &v5_persistent("c1")).unwrap();
+    let e = h.drain();
+    let again = published(&e);
+    assert_eq!(again.len(), 1);
+    assert!(again[0].dup && again[0].latency_from.is_none());
+}

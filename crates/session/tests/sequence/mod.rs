@@ -457,6 +457,7 @@ impl Driver {
             expires_at,
             publisher: Some(Arc::from(if o & 8 != 0 { "c" } else { "other" })),
             shared_headers: Default::default(),
+            received_at: None,
         });
         let options = DeliveryOptions {
             qos: qos(o >> 4),
