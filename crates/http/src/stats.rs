@@ -315,7 +315,10 @@ mod tests {
             }
         }
         let named = MetricsSnapshot::default().every().len();
-        assert_eq!(samples, 2 * (named + stats_gauges(&BrokerStats::default()).len()));
+        assert_eq!(
+            samples,
+            2 * (named + stats_gauges(&BrokerStats::default()).len())
+        );
         // Per series: every bound, +Inf, sum and count; 5 listener kinds and 1 delivery
         // series, for each of the 2 nodes.
         assert_eq!(histogram_samples, 2 * 6 * (BOUNDS_US.len() + 3));
