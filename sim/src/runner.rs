@@ -125,30 +125,45 @@ fn message_of(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Runs `scenario` once under `seed` and reports how it ended.
+///
+/// Each seed runs on a thread of its own: what a dependency keeps per thread (an RNG seeded
+/// at its first use, such as quinn-proto's connection ids from `rand::rng()`, tokio's
+/// `select!` counter, std's hash keys) would otherwise carry over from the seed before,
+/// and a seed run inside a `MADSIM_TEST_NUM` loop would not replay alone (the QUIC suites
+/// did not, before).
 pub fn run_seed<F>(cfg: &RunConfig, seed: u64, scenario: fn() -> F) -> Result<(), Failure>
 where
     F: Future<Output = ()> + 'static,
 {
     install_panic_hook();
-    PANIC_AT.with(|c| c.set(None));
-    TRIPPED.with(|t| *t.borrow_mut() = None);
-    WATCHER.with(|w| *w.borrow_mut() = None);
     let check = std::env::var("MADSIM_TEST_CHECK_DETERMINISM").is_ok();
     let limit = cfg.time_limit;
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        if check {
-            // Runs the seed twice and fails on the first divergent random draw.
-            Runtime::check_determinism(seed, madsim::Config::default(), scenario)
-        } else {
-            let mut rt = Runtime::with_seed_and_config(seed, madsim::Config::default());
-            rt.set_time_limit(limit);
-            rt.block_on(scenario())
-        }
-    }));
-    result.map_err(|p| Failure {
+    let outcome = std::thread::Builder::new()
+        .name(format!("{}-seed-{seed}", cfg.test))
+        .spawn(move || {
+            PANIC_AT.with(|c| c.set(None));
+            TRIPPED.with(|t| *t.borrow_mut() = None);
+            WATCHER.with(|w| *w.borrow_mut() = None);
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                if check {
+                    // Runs the seed twice and fails on the first divergent random draw.
+                    Runtime::check_determinism(seed, madsim::Config::default(), scenario)
+                } else {
+                    let mut rt = Runtime::with_seed_and_config(seed, madsim::Config::default());
+                    rt.set_time_limit(limit);
+                    rt.block_on(scenario())
+                }
+            }));
+            result.map_err(|p| (PANIC_AT.with(|c| c.get()), message_of(&*p)))
+        })
+        .expect("a thread for the seed")
+        .join()
+        // The closure catches every panic of the run; one escaping it is the harness's.
+        .expect("the seed's thread reports how the run ended");
+    outcome.map_err(|(at, message)| Failure {
         seed,
-        at: PANIC_AT.with(|c| c.get()),
-        message: message_of(&*p),
+        at,
+        message,
         replay: cfg.replay_command(seed),
     })
 }
