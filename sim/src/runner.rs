@@ -23,6 +23,8 @@ pub struct RunConfig {
     pub default_seeds: u64,
     /// Virtual-time limit of one run: a hung scenario fails instead of spinning.
     pub time_limit: Duration,
+    /// The test is `#[ignore]`d: its replay command passes `--ignored`.
+    pub ignored: bool,
 }
 
 impl RunConfig {
@@ -32,6 +34,7 @@ impl RunConfig {
             test,
             default_seeds: 100,
             time_limit: Duration::from_secs(600),
+            ignored: false,
         }
     }
 
@@ -40,11 +43,19 @@ impl RunConfig {
         self
     }
 
+    /// For a test marked `#[ignore]`: replays say `--ignored`, or they would run nothing.
+    pub const fn ignored(mut self) -> Self {
+        self.ignored = true;
+        self
+    }
+
     /// The command that replays `seed` of this test.
     pub fn replay_command(&self, seed: u64) -> String {
         format!(
-            "cd sim && MADSIM_TEST_SEED={seed} cargo test --features sim --test {} -- {} --exact --nocapture",
-            self.suite, self.test
+            "cd sim && MADSIM_TEST_SEED={seed} cargo test --features sim --test {} -- {} --exact --nocapture{}",
+            self.suite,
+            self.test,
+            if self.ignored { " --ignored" } else { "" }
         )
     }
 }

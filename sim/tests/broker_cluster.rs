@@ -36,7 +36,10 @@
 //! Messages name nodes by raft id (node1 ..= node3); the harness's fault schedule counts
 //! machines from 0 (its `node0` is raft id 1).
 //!
-//! A companion test runs a deliberately lossy configuration (a subscriber queue of two with
+//! The main test is ignored while the bugs it found are open; a second test runs the same
+//! scenario on the same seeds with what those bugs cause counted rather than failed, so
+//! that everything else is checked in the default run. A third runs a deliberately lossy
+//! configuration (a subscriber queue of two with
 //! back-pressure off, slow subscribers) and asserts that check 1 catches it.
 //!
 //! Run: `cd sim && cargo test --features sim --test broker_cluster -- --ignored`: the main
@@ -73,15 +76,19 @@ const TOPICS: u64 = 3;
 const WINDOW: usize = 8;
 /// Publishes per publisher at most, whatever the chaos phase's length.
 const PUBLISH_MAX: u64 = 400;
+/// Publishes per publisher at least: one whose window waited out the whole chaos phase (a
+/// node cut off from its first publish on is given up on only after the forward timeout,
+/// 15 s) goes on after the heal up to this many.
+const PUBLISH_MIN: u64 = 50;
 /// Index of the publishers' node; the subscribers are on every other node.
 const PUBLISHER_NODE: usize = 0;
 /// The publishers: one per QoS level, on `PUBLISHER_NODE`.
 const PUBLISHER_QOS: [QoS; 2] = [QoS::AtLeastOnce, QoS::ExactlyOnce];
 /// The mover's client id.
 const MOVER: &str = "mover";
-/// Seeds of the default run: each costs about half a second of wall time (three brokers
-/// and six QUIC connections for 40 to 70 simulated seconds), several times a single-broker
-/// seed, so fewer than the 200-seed suites (raft_chaos picks fewer for QUIC the same way).
+/// Seeds of the default run: each costs about a quarter of a second of wall time (three
+/// brokers and six QUIC connections for 40 to 70 simulated seconds; 200 seeds took 42-50 s
+/// on this 2-core machine), several times a single-broker seed.
 const SEEDS: u64 = 200;
 /// Seeds the lossy companion may take to be caught (it is caught by the first, so far).
 const LOSSY_SEEDS: u64 = 5;
@@ -106,6 +113,10 @@ struct Variant {
     mqtt: &'static str,
     /// How long a subscriber waits before acknowledging each delivery.
     ack_delay: Duration,
+    /// Every check fails the run. Otherwise what the open broker bugs cause (acknowledged
+    /// messages missing, a session that did not move or was taken over by a stale node) is
+    /// counted and printed, and the rest is checked as ever.
+    strict: bool,
 }
 
 /// The broker as it should be: queues deep enough for the whole run.
@@ -113,6 +124,14 @@ const SOUND: Variant = Variant {
     name: "sound",
     mqtt: "max_mqueue_len = 100000\n",
     ack_delay: Duration::ZERO,
+    strict: true,
+};
+
+/// `SOUND`, with the failures of the open bugs (docs/simulation.md) tolerated.
+const TODAY: Variant = Variant {
+    name: "today",
+    strict: false,
+    ..SOUND
 };
 
 /// A broker that loses acknowledged messages: a subscriber's queue holds two, back-pressure
@@ -124,6 +143,7 @@ const LOSSY: Variant = Variant {
     name: "lossy",
     mqtt: "max_mqueue_len = 2\nmax_inflight = 1\nbackpressure = false\nmqueue_drop_policy = \"drop_new\"\n",
     ack_delay: Duration::from_millis(100),
+    strict: true,
 };
 
 /// This suite's knobs beyond the harness's (`Knobs`: chaos length, latency, mean time
@@ -270,6 +290,20 @@ struct Oracle {
     publishers_done: usize,
     mover_done: bool,
     subscriber_reconnects: u64,
+    /// A copy of `Variant::strict`.
+    strict: bool,
+    /// What a lenient run did not fail on.
+    tolerated: Vec<String>,
+}
+
+impl Oracle {
+    /// Fails the run with `what`, or (lenient) records it.
+    fn violated(&mut self, what: String) {
+        if self.strict {
+            check!(false, "{what}");
+        }
+        self.tolerated.push(what);
+    }
 }
 
 type Shared = Arc<Mutex<Oracle>>;
@@ -563,7 +597,8 @@ fn publish_packet(k: usize, id: u16, qos: QoS, p: &Pending, dup: bool) -> Packet
 }
 
 /// Publisher `k` on `node`: up to `WINDOW` publishes in flight, one every `pace`, on
-/// random topics, until told to stop; then it settles what is in flight and ends. Each
+/// random topics, until told to stop (and `PUBLISH_MIN` are sent); then it settles what is
+/// in flight and ends. Each
 /// publish is sent once (resent with DUP only after a reconnect, as MQTT asks): one whose
 /// acknowledgement is a failure is not tried again.
 async fn publisher(k: usize, node: usize, pace: Duration, oracle: Shared) {
@@ -601,7 +636,7 @@ async fn publisher(k: usize, node: usize, pace: Duration, oracle: Shared) {
         }
         let mut next_at = Instant::now();
         loop {
-            let stop = lock(&oracle).stop;
+            let stop = lock(&oracle).stop && seq >= PUBLISH_MIN;
             if stop && pending.is_empty() {
                 lock(&oracle).publishers_done += 1;
                 c.disconnect().await;
@@ -724,10 +759,11 @@ async fn watch_mover(idx: usize, mut c: MqttClient, oracle: Shared) {
         how == "closed" || how == "DISCONNECT SessionTakenOver",
         "mover connection {idx} ended with {how}"
     );
-    check!(
-        superseded.is_some(),
-        "mover connection {idx} ended ({how}) before any other connection took its session"
-    );
+    if superseded.is_none() {
+        g.violated(format!(
+            "mover connection {idx} ended ({how}) before any other connection took its session"
+        ));
+    }
     g.ended.insert(idx, (elapsed(), how));
 }
 
@@ -784,22 +820,25 @@ async fn mover(setup: Arc<Setup>, faults: Faults, oracle: Shared, nodes: [usize;
             _ => None,
         };
         let faults_so_far = || lock(&faults).log.join("\n");
-        check!(
-            left_behind.is_none(),
-            "move {index} node{}->node{} (begun at {started:?}): at the CONNACK, node{} still has the session ({:?})\nfaults:\n{}",
-            at + 1,
-            to + 1,
-            at + 1,
-            left_behind,
-            faults_so_far()
-        );
-        check!(
-            !clean || connack.session_present,
-            "move {index} node{}->node{} (begun at {started:?}, CONNACK at {connack_at:?}): the session did not move (session present false)\nfaults:\n{}",
-            at + 1,
-            to + 1,
-            faults_so_far()
-        );
+        let mut g = lock(&oracle);
+        if let Some(info) = &left_behind {
+            g.violated(format!(
+                "move {index} node{}->node{} (begun at {started:?}): at the CONNACK, node{} still has the session ({info:?})\nfaults:\n{}",
+                at + 1,
+                to + 1,
+                at + 1,
+                faults_so_far()
+            ));
+        }
+        if clean && !connack.session_present {
+            g.violated(format!(
+                "move {index} node{}->node{} (begun at {started:?}, CONNACK at {connack_at:?}): the session did not move (session present false)\nfaults:\n{}",
+                at + 1,
+                to + 1,
+                faults_so_far()
+            ));
+        }
+        drop(g);
         lock(&oracle).moves.push(Move {
             from: at,
             to,
@@ -1024,6 +1063,7 @@ async fn scenario(variant: Variant) {
     check!(first.is_some(), "no leader 30 s after start");
 
     let oracle: Shared = Arc::default();
+    lock(&oracle).strict = variant.strict;
     let faults: Faults = Arc::default();
     let mut clients = ClientNodes::default();
     let subscriber_nodes: Vec<usize> = (0..NODES).filter(|&n| n != PUBLISHER_NODE).collect();
@@ -1104,6 +1144,12 @@ async fn scenario(variant: Variant) {
             Err(e) => check!(false, "{e}\nfaults:\n{schedule}"),
             Ok(0) => break,
             Ok(n) => {
+                if Instant::now() >= deliver_by && !variant.strict {
+                    let summary = missing_summary(&lock(&oracle));
+                    lock(&oracle)
+                        .violated(format!("{n} acknowledged publishes missing:\n{summary}"));
+                    break;
+                }
                 if Instant::now() >= deliver_by {
                     let (e, summary) = {
                         let g = lock(&oracle);
@@ -1149,15 +1195,27 @@ async fn scenario(variant: Variant) {
 
     // A quiet second: a late duplicate would show now.
     sleep(Duration::from_secs(1)).await;
-    let g = lock(&oracle);
-    if let Err(e) = judge(&g, true) {
+    let (verdict, sent, settled, confirmed) = {
+        let g = lock(&oracle);
+        let confirmed = g.settled.values().filter(|ok| **ok).count();
+        (
+            judge(&g, variant.strict),
+            g.sent.len(),
+            g.settled.len(),
+            confirmed,
+        )
+    };
+    if let Err(e) = verdict {
         check!(false, "{e}\nfaults:\n{schedule}");
     }
-    let confirmed = g.settled.values().filter(|ok| **ok).count();
-    check!(
-        confirmed >= 20,
-        "too little traffic to mean anything: {confirmed} confirmed"
-    );
+    if confirmed < 20 {
+        let nodes = diagnose(&setup).await;
+        check!(
+            false,
+            "too little traffic to mean anything: {sent} sent, {settled} settled, {confirmed} confirmed\nnodes:\n{nodes}faults:\n{schedule}"
+        );
+    }
+    let g = lock(&oracle);
     let clean = g.moves.iter().filter(|m| m.clean).count();
     let present = g.moves.iter().filter(|m| m.session_present).count();
     let move_ms: Vec<u128> = g
@@ -1177,6 +1235,14 @@ async fn scenario(variant: Variant) {
         g.subscriber_reconnects,
         nemesis.history.len(),
     );
+    if !g.tolerated.is_empty() {
+        println!(
+            "[sim] seed {}: tolerated ({} open-bug failures):\n{}",
+            knobs.seed,
+            g.tolerated.len(),
+            g.tolerated.join("\n")
+        );
+    }
     drop(g);
     let _ = std::fs::remove_dir_all(&base);
 }
@@ -1187,6 +1253,10 @@ async fn sound() {
 
 async fn lossy() {
     scenario(LOSSY).await
+}
+
+async fn today() {
+    scenario(TODAY).await
 }
 
 /// Ignored while the broker bugs this suite found are open (docs/simulation.md, "The broker
@@ -1200,8 +1270,26 @@ fn acknowledged_publishes_reach_persistent_subscribers_on_other_nodes_under_part
             "broker_cluster",
             "acknowledged_publishes_reach_persistent_subscribers_on_other_nodes_under_partitions",
         )
-        .seeds(SEEDS),
+        .seeds(SEEDS)
+        .ignored(),
         sound,
+    );
+}
+
+/// What holds today, on the main test's scenario and seeds: per-publisher order, QoS 2 never
+/// twice, every reason code one the broker may give, subscribers never disconnected and
+/// their sessions kept, every superseded connection of the mover closed, a leader after
+/// the heal. The failures of the open bugs are counted and printed, not failed on; remove
+/// this test with the main test's `#[ignore]`.
+#[test]
+fn order_holds_qos2_never_arrives_twice_and_a_leader_returns_under_partitions() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "order_holds_qos2_never_arrives_twice_and_a_leader_returns_under_partitions",
+        )
+        .seeds(SEEDS),
+        today,
     );
 }
 
