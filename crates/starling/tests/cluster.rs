@@ -543,6 +543,32 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
     }
 }
 
+/// The three example nodes with `extra` in their configs, started, with a leader that
+/// hears all (`None` when paho-mqtt, which the tests' clients need, is missing and CI is
+/// not set). The daemons stop when the last value is dropped.
+fn running_cluster(name: &str, extra: &str) -> Option<(Vec<PathBuf>, Vec<Ports>, Vec<Daemon>)> {
+    if !have(
+        "python3",
+        &["-c", "import paho.mqtt"],
+        "pip install paho-mqtt",
+    ) {
+        return None;
+    }
+    let dir = temp_dir(name);
+    let (files, ports) = configs(&dir, extra);
+    let mut nodes: Vec<Daemon> = files.iter().map(|f| Daemon::start(f)).collect();
+    for n in &mut nodes {
+        n.expect("cluster endpoint up");
+    }
+    wait_status(
+        &files[1],
+        Duration::from_secs(30),
+        "a leader hearing all",
+        |st| st["leader"].as_u64().is_some() && (1..=3).all(|id| health(st, id) == Some(true)),
+    );
+    Some((files, ports, nodes))
+}
+
 /// Node `config`'s counters (`starling ctl stats`: its `/stats`, then its `/metrics`).
 fn metrics(config: &Path) -> serde_json::Value {
     let out = starling()
@@ -591,25 +617,11 @@ fn counter(m: &serde_json::Value, name: &str) -> u64 {
 /// once and dropped what did not fit in the subscriber's queue: most of the flood.
 #[test]
 fn a_slow_subscriber_on_another_node_holds_the_publisher_back_and_loses_nothing() {
-    if !have(
-        "python3",
-        &["-c", "import paho.mqtt"],
-        "pip install paho-mqtt",
-    ) {
+    let Some((files, ports, _nodes)) =
+        running_cluster("cluster-bp", "\n[mqtt]\nmax_mqueue_len = 40\n")
+    else {
         return;
-    }
-    let dir = temp_dir("cluster-bp");
-    let (files, ports) = configs(&dir, "\n[mqtt]\nmax_mqueue_len = 40\n");
-    let mut nodes: Vec<Daemon> = files.iter().map(|f| Daemon::start(f)).collect();
-    for n in &mut nodes {
-        n.expect("cluster endpoint up");
-    }
-    wait_status(
-        &files[1],
-        Duration::from_secs(30),
-        "a leader hearing all",
-        |st| st["leader"].as_u64().is_some() && (1..=3).all(|id| health(st, id) == Some(true)),
-    );
+    };
 
     let slow = ["--delay-ms", "2", "--receive-max", "4"];
     let (mut w, rx) = common::watcher_with(ports[1].mqtt, "slow-on-2", "bp/#", &slow);
@@ -668,25 +680,9 @@ fn a_slow_subscriber_on_another_node_holds_the_publisher_back_and_loses_nothing(
 /// next), and the exclusive filter is free again once its holder's session ends.
 #[test]
 fn exclusive_and_limited_subscriptions_are_counted_across_the_nodes() {
-    if !have(
-        "python3",
-        &["-c", "import paho.mqtt"],
-        "pip install paho-mqtt",
-    ) {
+    let Some((_files, ports, _nodes)) = running_cluster("cluster-ex", "") else {
         return;
-    }
-    let dir = temp_dir("cluster-ex");
-    let (files, ports) = configs(&dir, "");
-    let mut nodes: Vec<Daemon> = files.iter().map(|f| Daemon::start(f)).collect();
-    for n in &mut nodes {
-        n.expect("cluster endpoint up");
-    }
-    wait_status(
-        &files[1],
-        Duration::from_secs(30),
-        "a leader hearing all",
-        |st| st["leader"].as_u64().is_some() && (1..=3).all(|id| health(st, id) == Some(true)),
-    );
+    };
     let codes = ["--codes"];
     let sub = |node: usize, id: &str, filter: &str| {
         let (w, rx) = common::watcher_with(ports[node].mqtt, id, filter, &codes);
