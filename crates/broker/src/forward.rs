@@ -2,8 +2,8 @@
 //! - `Publish`: a batch of forwarded messages from one shard, numbered per destination node,
 //!   each with the shared group the receiver was picked for (or none), each in its stored form (`MessageState`: expiry as wall-clock time, so it means the same
 //!   on the receiving node as long as the nodes' clocks agree);
-//! - `Ack`: the receiver took every batch of that shard up to `seq` (acknowledgements are
-//!   cumulative: a stream delivers in order);
+//! - `Ack`: the receiver took that shard's batch `seq` (one per batch, in order, so a batch
+//!   before it that was not acknowledged never arrived: lost with a replaced link);
 //! - `Session`: a session handed over to the receiver, which claimed its client id.
 
 use std::sync::Arc;

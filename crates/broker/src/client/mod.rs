@@ -263,18 +263,19 @@ impl Client {
                         });
                     // A full router mailbox is waited on: it holds this client's reads back,
                     // which is the back-pressure a fast publisher meets.
-                    // Its acknowledgement waits for what it changes in the store.
-                    // With a store, every QoS 1/2 publish may reach a persistent session.
+                    // Its acknowledgement waits for what it changes in the store (with a
+                    // store, every QoS 1/2 publish may reach a persistent session) and, in
+                    // a cluster, for the nodes it is forwarded to, store or not.
                     let inbound = self.inbound_for_publish();
-                    let ack =
-                        (m.qos != QoS::AtMostOnce && self.shards.store().is_some()).then(|| {
-                            let tag = self.acks.get_or_insert_with(Box::default).request();
-                            Box::new(AckTo {
-                                addr: ctx.weak_addr(),
-                                tag,
-                                inbound,
-                            })
-                        });
+                    let waits = self.shards.store().is_some() || self.shared.config.cluster.enabled;
+                    let ack = (m.qos != QoS::AtMostOnce && waits).then(|| {
+                        let tag = self.acks.get_or_insert_with(Box::default).request();
+                        Box::new(AckTo {
+                            addr: ctx.weak_addr(),
+                            tag,
+                            inbound,
+                        })
+                    });
                     let shard = self.shards.for_publish(&m.topic);
                     if let Err(TrySendError::Full(RouterMsg::Publish(m, from, ack))) =
                         shard.try_send(RouterMsg::Publish(m, from, ack))

@@ -397,17 +397,38 @@ impl RouterActor {
         }
     }
 
-    /// `node` took this shard's batches up to `seq`.
+    /// `node` took this shard's batch `seq`. A node acknowledges every batch it takes, in
+    /// order, so earlier batches still waiting were never taken: lost on the way (a link
+    /// replaced while they were queued), they are unconfirmed, not delivered.
     pub(super) fn forward_acked(&mut self, node: u64, seq: u64) {
         let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(node)) else {
             return;
         };
-        let mut done = Vec::new();
+        let (mut done, mut lost) = (Vec::new(), Vec::new());
         while r.unacked.front().is_some_and(|u| u.seq <= seq) {
             if let Some(u) = r.unacked.pop_front() {
                 r.unacked_messages -= u.messages;
-                done.extend(u.keys);
+                if u.seq == seq {
+                    done.extend(u.keys);
+                } else {
+                    lost.extend(u.keys);
+                }
             }
+        }
+        if !lost.is_empty() {
+            debug!(
+                node,
+                seq,
+                lost = lost.len(),
+                "forwarded batches skipped by an acknowledgement: unconfirmed"
+            );
+            add(
+                &self.shared.metrics.cluster_forward_timeouts,
+                lost.len() as u64,
+            );
+        }
+        for key in lost {
+            self.forward_settled(key, Some(Stored::Unconfirmed));
         }
         for key in done {
             self.forward_settled(key, None);
