@@ -158,8 +158,8 @@ proptest! {
     }
 }
 
-#[test]
-fn an_exclusive_filter_has_one_holder_cluster_wide_and_moves_with_its_client() {
+/// A state whose members are nodes 1, 2 and 3 (entries 1-3), and the changes' buffer.
+fn three_members() -> (ClusterState, Vec<starling_cluster::Change>) {
     let mut s = ClusterState::new();
     let mut ch = Vec::new();
     for n in 1..=3 {
@@ -172,6 +172,12 @@ fn an_exclusive_filter_has_one_holder_cluster_wide_and_moves_with_its_client() {
             &mut ch,
         );
     }
+    (s, ch)
+}
+
+#[test]
+fn an_exclusive_filter_has_one_holder_cluster_wide_and_moves_with_its_client() {
+    let (mut s, mut ch) = three_members();
     let hold = |client: &str, node| Command::Hold {
         filter: "a/b".into(),
         client_id: client.into(),
@@ -199,18 +205,7 @@ fn an_exclusive_filter_has_one_holder_cluster_wide_and_moves_with_its_client() {
 
 #[test]
 fn a_limited_filter_grants_up_to_its_limit_across_nodes() {
-    let mut s = ClusterState::new();
-    let mut ch = Vec::new();
-    for n in 1..=3 {
-        s.apply(
-            n,
-            Command::Join {
-                node: n,
-                member: member(n),
-            },
-            &mut ch,
-        );
-    }
+    let (mut s, mut ch) = three_members();
     let hold = |client: &str, node| Command::Hold {
         filter: "x/+".into(),
         client_id: client.into(),

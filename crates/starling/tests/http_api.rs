@@ -51,16 +51,21 @@ fn promtool_accepts(text: &str) {
     assert!(out.status.success(), "promtool check metrics: {out:?}");
 }
 
-#[test]
-fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
-    if !have("curl", &["--version"], "apt-get install curl")
-        || !have("promtool", &["--version"], "apt-get install prometheus")
-        || !have(
+/// curl, promtool and paho-mqtt 2.x, which these tests drive the broker with (a missing one
+/// fails under CI).
+fn api_tools() -> bool {
+    have("curl", &["--version"], "apt-get install curl")
+        && have("promtool", &["--version"], "apt-get install prometheus")
+        && have(
             "python3",
             &["-c", "import paho.mqtt.client as m; m.CallbackAPIVersion"],
             "pip install paho-mqtt",
         )
-    {
+}
+
+#[test]
+fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
+    if !api_tools() {
         return;
     }
     let dir = temp_dir("http-api");
@@ -552,14 +557,7 @@ fn publish_lines(args: &[&str], lines: &str) -> std::process::Output {
 /// publications at start do not count.
 #[test]
 fn rmqtt_metric_names_count_what_real_clients_did() {
-    if !have("curl", &["--version"], "apt-get install curl")
-        || !have("promtool", &["--version"], "apt-get install prometheus")
-        || !have(
-            "python3",
-            &["-c", "import paho.mqtt.client as m; m.CallbackAPIVersion"],
-            "pip install paho-mqtt",
-        )
-    {
+    if !api_tools() {
         return;
     }
     let dir = temp_dir("http-api-rmqtt");
