@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use starling_codec::{Packet, ReasonCode};
+use starling_codec::{Packet, PacketId, ReasonCode};
 
 use crate::msg::{Stored, OWN_WRITE};
 
@@ -53,26 +53,32 @@ impl Acks {
         None
     }
 
-    /// The store answered for `tag`: a QoS 1 acknowledgement says if it was refused.
-    pub(super) fn stored(&mut self, tag: u32, outcome: Stored, v5: bool) {
-        for p in self.parked.iter_mut() {
-            if p.waits_for == Some(tag) {
-                p.waits_for = None;
-                let code = match outcome {
-                    Stored::Refused => Some(ReasonCode::QuotaExceeded),
-                    Stored::Unconfirmed => Some(ReasonCode::UnspecifiedError),
-                    Stored::Durable | Stored::Failed => None,
-                };
-                if let (Some(code), true, Packet::Puback(a)) = (code, v5, &mut p.packet) {
-                    // MQTT 5 §3.4.2.1: the store is full, or a node did not confirm. Not
-                    // for PUBREC: an error there ends the QoS 2 flow, and the session holds
-                    // the packet id for PUBREL.
-                    if !a.reason_code.is_error() {
-                        a.reason_code = code;
-                    }
-                }
-                return;
+    /// The store answered for `tag`: an MQTT 5 acknowledgement says if it was refused or
+    /// not confirmed. Returns the packet id of a PUBREC turned into an error: that ends the
+    /// QoS 2 exchange (MQTT 5 §4.3.3), and the session must stop waiting for its PUBREL.
+    pub(super) fn stored(&mut self, tag: u32, outcome: Stored, v5: bool) -> Option<PacketId> {
+        let p = self.parked.iter_mut().find(|p| p.waits_for == Some(tag))?;
+        p.waits_for = None;
+        let code = match outcome {
+            // MQTT 5 §3.4.2.1 / §3.5.2.1: the store is full, or a node did not confirm.
+            Stored::Refused => ReasonCode::QuotaExceeded,
+            Stored::Unconfirmed => ReasonCode::UnspecifiedError,
+            Stored::Durable | Stored::Failed => return None,
+        };
+        if !v5 {
+            // 3.x has no failing acknowledgement.
+            return None;
+        }
+        match &mut p.packet {
+            Packet::Puback(a) if !a.reason_code.is_error() => {
+                a.reason_code = code;
+                None
             }
+            Packet::Pubrec(a) if !a.reason_code.is_error() => {
+                a.reason_code = code;
+                Some(a.packet_id)
+            }
+            _ => None,
         }
     }
 
@@ -149,6 +155,33 @@ mod tests {
         match first {
             Some(Packet::Puback(p)) => assert_eq!(p.reason_code, ReasonCode::Success),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_unconfirmed_qos2_publish_gets_a_failing_pubrec_on_v5_and_its_id_back() {
+        let pubrec = |id| Packet::Pubrec(PubAck::new(NonZeroU16::new(id).expect("non-zero")));
+        let mut a = Acks::default();
+        let t = a.request();
+        assert!(a.pass(pubrec(9)).is_none());
+        assert_eq!(
+            a.stored(t, Stored::Unconfirmed, true),
+            NonZeroU16::new(9),
+            "the session must stop waiting for PUBREL 9"
+        );
+        match a.ready().next() {
+            Some(Packet::Pubrec(p)) => assert_eq!(p.reason_code, ReasonCode::UnspecifiedError),
+            other => panic!("{other:?}"),
+        }
+        // A durable one, and 3.x (no failing acknowledgement): unchanged, nothing released.
+        for (outcome, v5) in [(Stored::Durable, true), (Stored::Unconfirmed, false)] {
+            let t = a.request();
+            assert!(a.pass(pubrec(10)).is_none());
+            assert_eq!(a.stored(t, outcome, v5), None);
+            match a.ready().next() {
+                Some(Packet::Pubrec(p)) => assert_eq!(p.reason_code, ReasonCode::Success),
+                other => panic!("{other:?}"),
+            }
         }
     }
 

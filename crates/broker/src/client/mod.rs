@@ -711,8 +711,14 @@ impl Client {
                 }
                 self.own_write_durable();
             }
-            ClientMsg::Stored { tag, outcome } => self.stored(&[tag], outcome),
-            ClientMsg::Routed(tags) => self.stored(&tags, Stored::Durable),
+            ClientMsg::Stored { tag, outcome } => {
+                if self.stored(&[tag], outcome) {
+                    self.run_effects(ctx).await;
+                }
+            }
+            ClientMsg::Routed(tags) => {
+                self.stored(&tags, Stored::Durable);
+            }
             ClientMsg::Shutdown(reply) => {
                 self.closing = Some(DisconnectReason::Server(ReasonCode::ServerShuttingDown));
                 self.session

@@ -305,12 +305,16 @@ impl Client {
     }
 
     /// The answer for the publishes under `tags`: the acknowledgements waiting for them go,
-    /// in order.
-    pub(super) fn stored(&mut self, tags: &[u32], outcome: Stored) {
+    /// in order. Returns whether the session has effects to run (a QoS 2 exchange ended by
+    /// a failing PUBREC releases its packet id).
+    pub(super) fn stored(&mut self, tags: &[u32], outcome: Stored) -> bool {
         let v5 = self.conn.as_ref().is_some_and(|c| c.protocol.is_v5());
-        let Some(a) = self.acks.as_mut() else { return };
+        let Some(a) = self.acks.as_mut() else {
+            return false;
+        };
+        let mut abandoned = Vec::new();
         for &tag in tags {
-            a.stored(tag, outcome, v5);
+            abandoned.extend(a.stored(tag, outcome, v5));
         }
         let ready: Vec<Packet> = a.ready().collect();
         if a.is_empty() {
@@ -320,5 +324,9 @@ impl Client {
         for p in &ready {
             self.encode(p);
         }
+        for id in &abandoned {
+            self.session.abandon_inbound(*id);
+        }
+        !abandoned.is_empty()
     }
 }

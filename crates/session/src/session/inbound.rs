@@ -126,6 +126,22 @@ impl Session {
         }
     }
 
+    /// The PUBREC for the inbound QoS 2 `packet_id` went out with an error after all (the
+    /// broker could not confirm where the message went): the exchange ends there (MQTT 5
+    /// §4.3.3), so the id is free again and a new PUBLISH under it is a new message.
+    pub fn abandon_inbound(&mut self, packet_id: PacketId) {
+        if self
+            .rare
+            .as_mut()
+            .is_some_and(|r| r.inbound_qos2.remove(&packet_id))
+        {
+            self.effects
+                .push_back(Effect::Store(crate::StoreChange::InboundReleased(
+                    packet_id,
+                )));
+        }
+    }
+
     /// The router's answer to [`Effect::Unsubscribe`] `packet_id`: one
     /// reason code per filter (`Success`, `NoSubscriptionExisted`, or a
     /// failure). Queues the UNSUBACK if attached.

@@ -64,6 +64,30 @@ fn qos2_inbound_duplicate_not_routed_twice() {
 }
 
 #[test]
+fn an_abandoned_qos2_id_is_released_and_names_a_new_message() {
+    let mut h = H::attached(SessionLimits::default(), &v5_persistent("c1"));
+    h.packet(publish("a", QoS::ExactlyOnce, Some(4), b"x"))
+        .unwrap();
+    assert_eq!(routed(&h.drain()).len(), 1);
+    // The broker turned its PUBREC into an error (a node did not confirm the forward).
+    h.s.abandon_inbound(pid(4));
+    let e = h.drain();
+    assert!(
+        e.iter().any(|e| matches!(
+            e,
+            Effect::Store(crate::StoreChange::InboundReleased(id)) if *id == pid(4)
+        )),
+        "the stored id is released too: {e:?}"
+    );
+    h.packet(publish("a", QoS::ExactlyOnce, Some(4), b"y"))
+        .unwrap();
+    assert_eq!(routed(&h.drain()).len(), 1, "a new message, routed");
+    // Abandoning an id the session does not hold changes nothing.
+    h.s.abandon_inbound(pid(5));
+    assert!(h.drain().is_empty());
+}
+
+#[test]
 fn pubrel_for_unknown_id_gets_pubcomp_0x92() {
     let mut h = H::attached(SessionLimits::default(), &connect(Protocol::V5, "c1", true));
     h.packet(Packet::Pubrel(PubAck::new(pid(9)))).unwrap();
