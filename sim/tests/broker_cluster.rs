@@ -36,15 +36,11 @@
 //! Messages name nodes by raft id (node1 ..= node3); the harness's fault schedule counts
 //! machines from 0 (its `node0` is raft id 1).
 //!
-//! The main test is ignored while the bugs it found are open; a second test runs the same
-//! scenario on the same seeds with what those bugs cause counted rather than failed, so
-//! that everything else is checked in the default run. A third runs a deliberately lossy
-//! configuration (a subscriber queue of two with
+//! A second test runs a deliberately lossy configuration (a subscriber queue of two with
 //! back-pressure off, slow subscribers) and asserts that check 1 catches it.
 //!
-//! Run: `cd sim && cargo test --features sim --test broker_cluster -- --ignored`: the main
-//! test is ignored while the broker bugs it found are open (docs/simulation.md, "The broker
-//! cluster suite", which also says how to replay a seed).
+//! Run: `cd sim && cargo test --features sim --test broker_cluster` (docs/simulation.md,
+//! "The broker cluster suite", says how to replay a seed).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -113,10 +109,6 @@ struct Variant {
     mqtt: &'static str,
     /// How long a subscriber waits before acknowledging each delivery.
     ack_delay: Duration,
-    /// Every check fails the run. Otherwise what the open broker bugs cause (acknowledged
-    /// messages missing, a session that did not move or was taken over by a stale node) is
-    /// counted and printed, and the rest is checked as ever.
-    strict: bool,
 }
 
 /// The broker as it should be: queues deep enough for the whole run.
@@ -124,14 +116,6 @@ const SOUND: Variant = Variant {
     name: "sound",
     mqtt: "max_mqueue_len = 100000\n",
     ack_delay: Duration::ZERO,
-    strict: true,
-};
-
-/// `SOUND`, with the failures of the open bugs (docs/simulation.md) tolerated.
-const TODAY: Variant = Variant {
-    name: "today",
-    strict: false,
-    ..SOUND
 };
 
 /// A broker that loses acknowledged messages: a subscriber's queue holds two, back-pressure
@@ -143,7 +127,6 @@ const LOSSY: Variant = Variant {
     name: "lossy",
     mqtt: "max_mqueue_len = 2\nmax_inflight = 1\nbackpressure = false\nmqueue_drop_policy = \"drop_new\"\n",
     ack_delay: Duration::from_millis(100),
-    strict: true,
 };
 
 /// This suite's knobs beyond the harness's (`Knobs`: chaos length, latency, mean time
@@ -290,20 +273,6 @@ struct Oracle {
     publishers_done: usize,
     mover_done: bool,
     subscriber_reconnects: u64,
-    /// A copy of `Variant::strict`.
-    strict: bool,
-    /// What a lenient run did not fail on.
-    tolerated: Vec<String>,
-}
-
-impl Oracle {
-    /// Fails the run with `what`, or (lenient) records it.
-    fn violated(&mut self, what: String) {
-        if self.strict {
-            check!(false, "{what}");
-        }
-        self.tolerated.push(what);
-    }
 }
 
 type Shared = Arc<Mutex<Oracle>>;
@@ -759,11 +728,10 @@ async fn watch_mover(idx: usize, mut c: MqttClient, oracle: Shared) {
         how == "closed" || how == "DISCONNECT SessionTakenOver",
         "mover connection {idx} ended with {how}"
     );
-    if superseded.is_none() {
-        g.violated(format!(
-            "mover connection {idx} ended ({how}) before any other connection took its session"
-        ));
-    }
+    check!(
+        superseded.is_some(),
+        "mover connection {idx} ended ({how}) before any other connection took its session"
+    );
     g.ended.insert(idx, (elapsed(), how));
 }
 
@@ -820,25 +788,23 @@ async fn mover(setup: Arc<Setup>, faults: Faults, oracle: Shared, nodes: [usize;
             _ => None,
         };
         let faults_so_far = || lock(&faults).log.join("\n");
-        let mut g = lock(&oracle);
         if let Some(info) = &left_behind {
-            g.violated(format!(
+            check!(
+                false,
                 "move {index} node{}->node{} (begun at {started:?}): at the CONNACK, node{} still has the session ({info:?})\nfaults:\n{}",
                 at + 1,
                 to + 1,
                 at + 1,
                 faults_so_far()
-            ));
+            );
         }
-        if clean && !connack.session_present {
-            g.violated(format!(
-                "move {index} node{}->node{} (begun at {started:?}, CONNACK at {connack_at:?}): the session did not move (session present false)\nfaults:\n{}",
-                at + 1,
-                to + 1,
-                faults_so_far()
-            ));
-        }
-        drop(g);
+        check!(
+            !clean || connack.session_present,
+            "move {index} node{}->node{} (begun at {started:?}, CONNACK at {connack_at:?}): the session did not move (session present false)\nfaults:\n{}",
+            at + 1,
+            to + 1,
+            faults_so_far()
+        );
         lock(&oracle).moves.push(Move {
             from: at,
             to,
@@ -1063,7 +1029,6 @@ async fn scenario(variant: Variant) {
     check!(first.is_some(), "no leader 30 s after start");
 
     let oracle: Shared = Arc::default();
-    lock(&oracle).strict = variant.strict;
     let faults: Faults = Arc::default();
     let mut clients = ClientNodes::default();
     let subscriber_nodes: Vec<usize> = (0..NODES).filter(|&n| n != PUBLISHER_NODE).collect();
@@ -1144,12 +1109,6 @@ async fn scenario(variant: Variant) {
             Err(e) => check!(false, "{e}\nfaults:\n{schedule}"),
             Ok(0) => break,
             Ok(n) => {
-                if Instant::now() >= deliver_by && !variant.strict {
-                    let summary = missing_summary(&lock(&oracle));
-                    lock(&oracle)
-                        .violated(format!("{n} acknowledged publishes missing:\n{summary}"));
-                    break;
-                }
                 if Instant::now() >= deliver_by {
                     let (e, summary) = {
                         let g = lock(&oracle);
@@ -1198,12 +1157,7 @@ async fn scenario(variant: Variant) {
     let (verdict, sent, settled, confirmed) = {
         let g = lock(&oracle);
         let confirmed = g.settled.values().filter(|ok| **ok).count();
-        (
-            judge(&g, variant.strict),
-            g.sent.len(),
-            g.settled.len(),
-            confirmed,
-        )
+        (judge(&g, true), g.sent.len(), g.settled.len(), confirmed)
     };
     if let Err(e) = verdict {
         check!(false, "{e}\nfaults:\n{schedule}");
@@ -1235,14 +1189,6 @@ async fn scenario(variant: Variant) {
         g.subscriber_reconnects,
         nemesis.history.len(),
     );
-    if !g.tolerated.is_empty() {
-        println!(
-            "[sim] seed {}: tolerated ({} open-bug failures):\n{}",
-            knobs.seed,
-            g.tolerated.len(),
-            g.tolerated.join("\n")
-        );
-    }
     drop(g);
     let _ = std::fs::remove_dir_all(&base);
 }
@@ -1255,41 +1201,18 @@ async fn lossy() {
     scenario(LOSSY).await
 }
 
-async fn today() {
-    scenario(TODAY).await
-}
-
-/// Ignored while the broker bugs this suite found are open (docs/simulation.md, "The broker
-/// cluster suite"; their seeds are in sim/seeds.txt): it fails on most seeds. Run it with
-/// `cargo test --features sim --test broker_cluster -- --ignored`.
+/// Checks 1 to 4 of the module's list on the default seeds and the corpus (sim/seeds.txt):
+/// the seeds of the five broker bugs this suite found (docs/simulation.md, "The broker
+/// cluster suite") replay first.
 #[test]
-#[ignore = "fails today on broker bugs it found: docs/simulation.md, broker cluster suite"]
 fn acknowledged_publishes_reach_persistent_subscribers_on_other_nodes_under_partitions() {
     run(
         RunConfig::new(
             "broker_cluster",
             "acknowledged_publishes_reach_persistent_subscribers_on_other_nodes_under_partitions",
         )
-        .seeds(SEEDS)
-        .ignored(),
-        sound,
-    );
-}
-
-/// What holds today, on the main test's scenario and seeds: per-publisher order, QoS 2 never
-/// twice, every reason code one the broker may give, subscribers never disconnected and
-/// their sessions kept, every superseded connection of the mover closed, a leader after
-/// the heal. The failures of the open bugs are counted and printed, not failed on; remove
-/// this test with the main test's `#[ignore]`.
-#[test]
-fn order_holds_qos2_never_arrives_twice_and_a_leader_returns_under_partitions() {
-    run(
-        RunConfig::new(
-            "broker_cluster",
-            "order_holds_qos2_never_arrives_twice_and_a_leader_returns_under_partitions",
-        )
         .seeds(SEEDS),
-        today,
+        sound,
     );
 }
 

@@ -206,6 +206,13 @@ pub(crate) enum RegistryMsg {
         conn: Box<NewConn>,
         result: Result<Claim, ClaimError>,
     },
+    /// The cluster's answer to a reconnect of `client_id`, which this node claimed with
+    /// `epoch`: whether that claim still stands (the CONNECT waits in `confirming`).
+    Confirmed {
+        client_id: Arc<str>,
+        epoch: u64,
+        result: Result<(), ClaimError>,
+    },
     /// Another node claimed `client_id` with `epoch`: a session here under an older claim
     /// is taken over (MQTT 5: DISCONNECT 0x8E) and discarded.
     TakenOver {
@@ -450,7 +457,7 @@ pub(crate) enum ClaimError {
     /// No quorum answered in time (this node may be cut off from the majority).
     #[error("the cluster did not commit the claim: {0}")]
     Unavailable(String),
-    /// A later claim by another node was committed first.
+    /// A later claim by another node was committed first (node 0: the id was released).
     #[error("claimed by node {node} meanwhile")]
     Superseded { node: u64 },
 }
@@ -489,6 +496,15 @@ pub(crate) enum ClusterMsg {
         client_id: Arc<str>,
         reply: Reply<Result<Claim, ClaimError>>,
     },
+    /// A CONNECT here for a client id this node claimed with `epoch`: answered, with no
+    /// raft commit, once a linearizable read (batched with the others waiting) shows the
+    /// claim still stands. A node cut off, or behind on another node's newer claim, must
+    /// not serve it from its own memory of the claim.
+    Confirm {
+        client_id: Arc<str>,
+        epoch: u64,
+        reply: Reply<Result<(), ClaimError>>,
+    },
     /// A node's session of `client_id` for `to`'s claim `epoch`: sent on the data stream.
     SendSession {
         to: u64,
@@ -525,6 +541,8 @@ pub(crate) enum ClusterMsg {
     Barrier(tokio::sync::oneshot::Sender<()>),
     /// The outcome of a barrier's read (false: not confirmed in time).
     BarrierDone(bool),
+    /// The read for the reconnects' confirmations in flight answered.
+    ConfirmDone(Result<starling_cluster::Answer, String>),
     /// What entries of the raft log changed, in order (from the replica, on the raft
     /// driver's turn).
     Changed(Vec<starling_cluster::Change>),

@@ -38,7 +38,8 @@ pub(crate) struct Registry {
     chain: Arc<Chain>,
     clients: HashMap<Arc<str>, Entry>,
     /// In a cluster: the cluster actor, and the client ids this node claimed (in this
-    /// process) with their epochs. A CONNECT for one of them costs no raft commit.
+    /// process) with their epochs. A CONNECT for one of them costs no raft commit, only a
+    /// read.
     cluster: Option<Addr<ClusterMsg>>,
     claimed: HashMap<Arc<str>, u64>,
     /// CONNECTs waiting for the session the previous owner node hands over, by client id,
@@ -49,6 +50,9 @@ pub(crate) struct Registry {
     /// arrive here before the claim's own answer does. Kept (at most [`EARLY_MAX`], for
     /// [`HANDOVER_WAIT`]) until the claim's CONNECT takes it.
     early: HashMap<Arc<str>, (u64, Box<HandOff>, time::Instant)>,
+    /// CONNECTs for client ids this node claimed, waiting for the cluster to confirm the
+    /// claim still stands (a newer CONNECT for the id takes the older one's place).
+    confirming: HashMap<Arc<str>, Box<NewConn>>,
 }
 
 /// Sessions kept for claims not yet answered, at most (each is a session's whole state).
@@ -78,11 +82,13 @@ impl Registry {
             claimed: HashMap::new(),
             handovers: HashMap::new(),
             early: HashMap::new(),
+            confirming: HashMap::new(),
         }
     }
 
     /// A CONNECT: in a cluster, for a client id this node has not claimed, the claim is
-    /// committed first (off this actor's turn; other CONNECTs go on meanwhile).
+    /// committed first; for one it claimed, a linearizable read confirms that the claim
+    /// still stands (both off this actor's turn; other CONNECTs go on meanwhile).
     async fn connect(&mut self, client_id: Arc<str>, conn: Box<NewConn>, ctx: &mut Ctx<Self>) {
         let Some(cluster) = self.cluster.clone() else {
             return self.connect_here(client_id, conn, ctx).await;
@@ -93,9 +99,49 @@ impl Registry {
             waiting.1 = conn;
             return;
         }
-        if self.claimed.contains_key(&client_id) {
-            return self.connect_here(client_id, conn, ctx).await;
+        if let Some(waiting) = self.confirming.get_mut(&client_id) {
+            *waiting = conn;
+            return;
         }
+        if let Some(&epoch) = self.claimed.get(&client_id) {
+            // Claimed here before, but another node may have claimed it since, and this
+            // node not heard yet (cut off, or behind): a read, not a commit, says.
+            self.confirming.insert(client_id.clone(), conn);
+            let id = client_id.clone();
+            ctx.spawn_then(
+                async move {
+                    let ask = cluster.ask(|reply| ClusterMsg::Confirm {
+                        client_id: id,
+                        epoch,
+                        reply,
+                    });
+                    match time::timeout(CLAIM_WAIT, ask).await {
+                        Some(Ok(r)) => r,
+                        Some(Err(_)) => {
+                            Err(ClaimError::Unavailable("the cluster actor stopped".into()))
+                        }
+                        None => Err(ClaimError::Unavailable("no read in time".into())),
+                    }
+                },
+                move |result| RegistryMsg::Confirmed {
+                    client_id,
+                    epoch,
+                    result,
+                },
+            );
+            return;
+        }
+        self.claim(client_id, conn, cluster, ctx);
+    }
+
+    /// Claims `client_id` for `conn`: committed off this actor's turn.
+    fn claim(
+        &mut self,
+        client_id: Arc<str>,
+        conn: Box<NewConn>,
+        cluster: Addr<ClusterMsg>,
+        ctx: &mut Ctx<Self>,
+    ) {
         let id = client_id.clone();
         ctx.spawn_then(
             async move {
@@ -154,6 +200,39 @@ impl Registry {
             }
             Err(e) => {
                 debug!(client_id = %client_id, error = %e, "CONNECT refused: client id not claimed");
+                self.refuse(conn, ReasonCode::ServerUnavailable);
+            }
+        }
+    }
+
+    /// The cluster's answer to a CONNECT for a client id claimed here with `epoch`.
+    async fn confirmed(
+        &mut self,
+        client_id: Arc<str>,
+        epoch: u64,
+        result: Result<(), ClaimError>,
+        ctx: &mut Ctx<Self>,
+    ) {
+        let Some(conn) = self.confirming.remove(&client_id) else {
+            return;
+        };
+        let still_mine = self.claimed.get(&client_id).is_some_and(|&e| e >= epoch);
+        match result {
+            Ok(()) if still_mine => self.connect_here(client_id, conn, ctx).await,
+            Ok(()) | Err(ClaimError::Superseded { .. }) => {
+                // Another node's claim came first; its take-over (applied here before this
+                // answer) handed the session here over. This CONNECT claims anew.
+                debug!(client_id = %client_id, epoch, "claim superseded meanwhile; claiming again");
+                if self.claimed.get(&client_id).is_some_and(|&e| e <= epoch) {
+                    self.claimed.remove(&client_id);
+                }
+                match self.cluster.clone() {
+                    Some(cluster) => self.claim(client_id, conn, cluster, ctx),
+                    None => self.connect_here(client_id, conn, ctx).await,
+                }
+            }
+            Err(e) => {
+                debug!(client_id = %client_id, error = %e, "CONNECT refused: claim not confirmed");
                 self.refuse(conn, ReasonCode::ServerUnavailable);
             }
         }
@@ -475,6 +554,11 @@ impl Actor for Registry {
                 conn,
                 result,
             } => self.claimed(client_id, conn, result, ctx).await,
+            RegistryMsg::Confirmed {
+                client_id,
+                epoch,
+                result,
+            } => self.confirmed(client_id, epoch, result, ctx).await,
             RegistryMsg::TakenOver {
                 client_id,
                 epoch,

@@ -121,6 +121,8 @@ pub enum Output {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Query {
     Owner(String),
+    /// The owners of several client ids at once, in order.
+    Owners(Vec<String>),
     Members,
     Routes,
     /// Retained messages whose topic matches `filter`, at most `limit` of them.
@@ -135,6 +137,7 @@ pub enum Query {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Answer {
     Owner(Option<Owner>),
+    Owners(Vec<Option<Owner>>),
     Members(Vec<(NodeId, Member)>),
     Routes(Vec<(String, Vec<NodeId>)>),
     Retained(Vec<(String, RetainedMsg)>),

@@ -335,6 +335,9 @@ impl ClusterState {
     pub fn query(&self, query: &Query, matches: impl Fn(&str, &str) -> bool) -> Answer {
         match query {
             Query::Owner(c) => Answer::Owner(self.owners.get(c).copied()),
+            Query::Owners(cs) => {
+                Answer::Owners(cs.iter().map(|c| self.owners.get(c).copied()).collect())
+            }
             Query::Members => {
                 Answer::Members(self.members.iter().map(|(n, m)| (*n, m.clone())).collect())
             }

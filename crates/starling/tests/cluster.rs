@@ -466,9 +466,10 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
     assert_eq!(queued.len(), 200, "node 1 acknowledged every message");
     // This time with a will: when the session moves on from node 3, node 3 publishes it, as
     // a takeover on one node does (the connection it closes had a will with no delay). Its
-    // watcher is on node 2: node 1's routes after its restart are not relied on here
-    // (docs/clustering.md, "Not built yet").
-    let (mut wills, rx_wills) = watcher(ports[1].mqtt, "will-watcher", "will/#");
+    // watcher is on node 1, restarted above: its new subscription's route must commit
+    // (once, the route batch it took before raft's handle arrived was never proposed, and
+    // every later one waited behind it).
+    let (mut wills, rx_wills) = watcher(ports[0].mqtt, "will-watcher", "will/#");
     common::next_line(&rx_wills, "subscribed");
     let with_will = ["--expiry", "3600", "--will-topic", "will/mover"];
     let (mut second, rx_second) = common::watcher_with(ports[2].mqtt, "mover", "m/#", &with_will);

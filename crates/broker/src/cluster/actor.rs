@@ -14,17 +14,17 @@ use std::sync::Arc;
 use starling_cluster::{
     decode, encode, Change, Command, Member, Output, Owner, Query, RetainedMsg, RouteBook,
 };
-use starling_raft::{Consistency, RaftHandle, RequestId, Role};
+use starling_raft::{Consistency, RaftHandle, RequestId};
 use starling_rt::{time, Actor, Addr, Ctx, Reply, WeakAddr};
 
 use super::retained::from_cluster;
+use confirm::Confirm;
 use holds::HoldOp;
 
+mod confirm;
 mod holds;
-use crate::msg::{
-    Claim, ClaimError, ClusterMsg, ClusterStatus, MemberStatus, Proposal, RegistryMsg, RouterMsg,
-    Stored,
-};
+mod status;
+use crate::msg::{Claim, ClaimError, ClusterMsg, Proposal, RegistryMsg, RouterMsg, Stored};
 use crate::shards::Shards;
 
 /// How often the actor retries what failed (its Join, a route batch).
@@ -76,6 +76,10 @@ pub(crate) struct ClusterActor {
     hold_queue: Vec<HoldOp>,
     hold_in_flight: Option<Vec<HoldOp>>,
     hold_client: u64,
+    /// Reconnects' confirmations of this node's claims waiting for the next read, and those
+    /// of the read in flight (`confirm`).
+    confirm_queue: Vec<Confirm>,
+    confirm_in_flight: Option<Vec<Confirm>>,
 }
 
 /// A SUBSCRIBE's read barrier: answered by a read that started once the retained changes
@@ -142,11 +146,15 @@ impl ClusterActor {
             hold_queue: vec![HoldOp::DropMine],
             hold_in_flight: None,
             hold_client: clients[4],
+            confirm_queue: Vec::new(),
+            confirm_in_flight: None,
         }
     }
 
     fn propose(&mut self, kind: Proposal, command: Command, ctx: &mut Ctx<Self>) {
+        // Every caller checks first: what it took out of its queue would be lost here.
         let Some(raft) = self.raft.clone() else {
+            debug_assert!(false, "a {kind:?} proposal without raft");
             return;
         };
         self.seq += 1;
@@ -174,8 +182,14 @@ impl ClusterActor {
 
     /// Proposes what is due: this node's Join until it is applied, then route batches.
     fn propose_due(&mut self, ctx: &mut Ctx<Self>) {
+        if self.raft.is_none() {
+            // A restarted node learns `joined` from its own log before raft's handle
+            // arrives: a batch taken now would stay in flight with nobody proposing it,
+            // and the book sends no other while one is in flight.
+            return;
+        }
         if !self.joined {
-            if !self.join_in_flight && self.raft.is_some() {
+            if !self.join_in_flight {
                 self.join_in_flight = true;
                 let c = Command::Join {
                     node: self.node,
@@ -519,82 +533,6 @@ impl ClusterActor {
         waits.retain(|w| !w.is_closed());
         waits.push(done);
     }
-
-    fn status(&self, reply: Reply<ClusterStatus>) {
-        let members = self.members.clone();
-        let node = self.node;
-        let routes = self.routes.len();
-        let routes_converged = self.book.converged();
-        let raft = self.raft.clone();
-        starling_rt::spawn(async move {
-            let (st, leader_changes) = match raft {
-                Some(r) => (
-                    r.status().await.ok(),
-                    r.metrics()
-                        .leader_changes
-                        .load(std::sync::atomic::Ordering::Relaxed),
-                ),
-                None => (None, 0),
-            };
-            let voters: BTreeSet<u64> = st
-                .as_ref()
-                .map(|s| s.voters.iter().copied().collect())
-                .unwrap_or_default();
-            let learners: BTreeSet<u64> = st
-                .as_ref()
-                .map(|s| s.learners.iter().copied().collect())
-                .unwrap_or_default();
-            let ids: BTreeSet<u64> = members
-                .keys()
-                .chain(&voters)
-                .chain(&learners)
-                .copied()
-                .collect();
-            let is_leader = st.as_ref().is_some_and(|s| s.role == Role::Leader);
-            let members = ids
-                .into_iter()
-                .map(|id| {
-                    let m = members.get(&id);
-                    let progress = st.as_ref().and_then(|s| s.progress.get(&id));
-                    MemberStatus {
-                        id,
-                        mqtt: m.map(|m| m.mqtt.clone()),
-                        cluster: m.map(|m| m.cluster.clone()),
-                        http: m.and_then(|m| m.http.clone()),
-                        voter: voters.contains(&id),
-                        // The leader's own entry: it hears itself.
-                        active: is_leader
-                            .then(|| id == node || progress.is_some_and(|p| p.recent_active)),
-                        matched: progress.map(|p| p.matched),
-                    }
-                })
-                .collect();
-            let _ = reply.send(ClusterStatus {
-                node,
-                role: st
-                    .as_ref()
-                    .map_or("unknown", |s| role_name(s.role))
-                    .to_owned(),
-                term: st.as_ref().map_or(0, |s| s.term),
-                leader: st.as_ref().and_then(|s| s.leader),
-                commit: st.as_ref().map_or(0, |s| s.commit),
-                applied: st.as_ref().map_or(0, |s| s.applied),
-                members,
-                routes,
-                routes_converged,
-                leader_changes,
-            });
-        });
-    }
-}
-
-pub(crate) fn role_name(r: Role) -> &'static str {
-    match r {
-        Role::Leader => "leader",
-        Role::Follower => "follower",
-        Role::Candidate => "candidate",
-        Role::PreCandidate => "pre_candidate",
-    }
 }
 
 impl Actor for ClusterActor {
@@ -610,6 +548,7 @@ impl Actor for ClusterActor {
                 self.raft = Some(raft);
                 self.propose_due(ctx);
                 self.start_barrier(ctx);
+                self.start_confirm(ctx);
             }
             ClusterMsg::Route {
                 filter,
@@ -724,6 +663,19 @@ impl Actor for ClusterActor {
                 self.start_barrier(ctx);
             }
             ClusterMsg::BarrierDone(ok) => self.barrier_done(ok, ctx),
+            ClusterMsg::Confirm {
+                client_id,
+                epoch,
+                reply,
+            } => {
+                self.confirm_queue.push(Confirm {
+                    client_id,
+                    epoch,
+                    reply,
+                });
+                self.start_confirm(ctx);
+            }
+            ClusterMsg::ConfirmDone(answer) => self.confirm_done(answer, ctx),
             ClusterMsg::Proposed {
                 kind: Proposal::Retained,
                 result,
