@@ -62,37 +62,6 @@ pub struct AdminPublish {
     pub properties: Properties,
 }
 
-/// Counts of the broker's state (`GET /api/v1/stats`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BrokerStats {
-    /// Clients with a connection.
-    pub connections: u64,
-    /// Sessions, connected or not.
-    pub sessions: u64,
-    pub subscriptions: u64,
-    pub retained: u64,
-    pub delayed: u64,
-    /// `$share/` and `$queue/` subscriptions, among `subscriptions`.
-    pub subscriptions_shared: u64,
-    /// Distinct topic filters subscribed on the node (prefixes stripped).
-    pub topics: u64,
-    /// Messages held in the store for persistent sessions (queued or in flight), and the
-    /// most held at once (RMQTT's `message_storages`).
-    pub message_storages: u64,
-    pub message_storages_max: u64,
-    /// High-water marks since start: clients connected at once, sessions held at once,
-    /// and the highest values of the router's counts.
-    pub connections_max: u64,
-    pub sessions_max: u64,
-    pub subscriptions_max: u64,
-    pub subscriptions_shared_max: u64,
-    pub retained_max: u64,
-    pub delayed_max: u64,
-    pub topics_max: u64,
-}
-
-use std::sync::atomic::Ordering::Relaxed;
-
 /// A handle on a running broker for its operator; cheap to clone, usable from any thread
 /// of the runtime.
 #[derive(Clone)]
@@ -158,28 +127,9 @@ impl Admin {
         self.shared.metrics.latencies()
     }
 
-    /// The router's counts come from the gauges its shards move at the end of each burst
-    /// (no shard is asked), so they may trail a change by that burst.
-    pub async fn stats(&self) -> BrokerStats {
-        let m = &self.shared.metrics;
-        BrokerStats {
-            connections: self.metrics().clients_connected,
-            sessions: m.sessions.load(Relaxed),
-            message_storages: m.store_messages.load(Relaxed),
-            message_storages_max: m.store_messages_max.load(Relaxed),
-            subscriptions: m.subscriptions.count(),
-            retained: m.retained.count(),
-            delayed: m.delayed.count(),
-            subscriptions_shared: m.subscriptions_shared.count(),
-            topics: m.topics.count(),
-            connections_max: m.clients_connected_max.load(Relaxed),
-            sessions_max: m.sessions_max.load(Relaxed),
-            subscriptions_max: m.subscriptions.max(),
-            subscriptions_shared_max: m.subscriptions_shared.max(),
-            retained_max: m.retained.max(),
-            delayed_max: m.delayed.max(),
-            topics_max: m.topics.max(),
-        }
+    /// The state counts, from gauges (see `stats::stats_of`): no actor is asked.
+    pub async fn stats(&self) -> crate::stats::BrokerStats {
+        crate::stats::stats_of(&self.shared)
     }
 
     /// Up to `limit` clients (online or with a session kept), in no particular order. A

@@ -53,6 +53,7 @@ mod registry;
 mod routing;
 mod settings;
 mod shards;
+mod stats;
 mod storage;
 mod sys;
 
@@ -72,7 +73,7 @@ use starling_rt::{start_with, time, Addr, Options};
 use starling_session::Message;
 use starling_store::{Limits as StoreLimits, Location, Recovered, Store};
 
-pub use admin::{Admin, AdminError, AdminPublish, BrokerStats};
+pub use admin::{Admin, AdminError, AdminPublish};
 pub use conn::Io;
 pub use error::{BrokerError, StoreOpenError};
 pub use metrics::{
@@ -84,6 +85,7 @@ pub use msg::{ClientInfo, ClientSubscriptions, ClusterStatus, MemberStatus};
 pub use starling_hooks as hooks;
 /// Where a store lives, for [`Broker::start_with_store`].
 pub use starling_store::Location as StoreLocation;
+pub use stats::{BrokerStats, Level, StatLevel};
 
 use listener::{ListenerActor, ListenerCtx, ListenerMsg};
 use msg::{DelayedKey, RegistryMsg, Restore, RouterMsg, StoreMsg};
@@ -415,7 +417,9 @@ impl Broker {
             kind,
             tls_client_cn: None,
         };
+        self.shared.metrics.handshakings.shift(1);
         listener::serve(io, info, None, None, lctx, accepted).await;
+        self.shared.metrics.handshakings.shift(-1);
     }
 
     /// Stops accepting, closes every connection (MQTT 5: DISCONNECT 0x8B) and stops the

@@ -152,8 +152,12 @@ impl Actor for ListenerActor {
                 // `handshake_timeout_secs` and the handshake latency run from here.
                 let accepted = time::now();
                 let span = tracing::debug_span!("conn", %peer);
+                // Counted while this task runs: it ends when the CONNECT goes to the
+                // registry, is refused, or never comes.
+                lctx.shared.metrics.handshakings.shift(1);
                 starling_rt::spawn(
                     async move {
+                        let shared = lctx.shared.clone();
                         // Boxed apart: a TLS or WebSocket handshake's state is kilobytes, and
                         // while it is not running the task should hold only what follows.
                         // Its place under max_handshakes is freed when this returns, before
@@ -176,6 +180,7 @@ impl Actor for ListenerActor {
                                 }
                             }
                         }
+                        shared.metrics.handshakings.shift(-1);
                     }
                     .instrument(span),
                 );

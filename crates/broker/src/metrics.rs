@@ -79,6 +79,22 @@ pub(crate) struct Metrics {
     pub retained: Gauge,
     pub delayed: Gauge,
     pub topics: Gauge,
+    /// Messages forwarded to other nodes and not yet acknowledged, or waiting to be sent
+    /// (RMQTT's `forwards`), moved by the shards as the rest.
+    pub forwards: Gauge,
+    /// Connections between accept and the registry taking their CONNECT (transport
+    /// handshake, CONNECT read, authentication): RMQTT's `handshakings`.
+    pub handshakings: Gauge,
+    /// What the client actors' sessions hold, moved by each actor at the end of its turn
+    /// by what changed in that turn (RMQTT's `message_queues`, `out_inflights`,
+    /// `in_inflights`): queued messages, outbound QoS 1/2 messages awaiting their
+    /// acknowledgement, inbound QoS 2 messages awaiting PUBREL.
+    pub message_queues: Gauge,
+    pub out_inflights: Gauge,
+    pub in_inflights: Gauge,
+    /// In a cluster, the replicated routes' (filter, node) pairs as applied here (RMQTT's
+    /// `routes`), moved by the cluster actor; with one node, `topics` is the figure.
+    pub routes: Gauge,
     /// Accept to CONNACK written, per kind of listener ([`LISTENER_KINDS`] order).
     pub handshake: [Histogram; 5],
     /// A PUBLISH read (its message made) to a PUBLISH of it written to a subscriber.

@@ -131,30 +131,10 @@ impl SysActor {
             self.publish(name, value).await;
         }
         // The same figures as JSON objects, in the HTTP API's names (docs/http-api.md).
-        let relaxed = std::sync::atomic::Ordering::Relaxed;
-        let mut stats_json = format!(
-            "{{\"connections.count\":{},\"connections.max\":{},\"sessions.count\":{},\
-             \"sessions.max\":{},\"message_storages.count\":{},\"message_storages.max\":{}",
-            m.clients_connected,
-            g.clients_connected_max.load(relaxed),
-            g.sessions.load(relaxed),
-            g.sessions_max.load(relaxed),
-            m.store_messages,
-            g.store_messages_max.load(relaxed),
-        );
-        for (name, gauge) in [
-            ("subscriptions", &g.subscriptions),
-            ("subscriptions_shared", &g.subscriptions_shared),
-            ("retaineds", &g.retained),
-            ("delayed_publishs", &g.delayed),
-            ("topics", &g.topics),
-        ] {
-            let _ = write!(
-                stats_json,
-                ",\"{name}.count\":{},\"{name}.max\":{}",
-                gauge.count(),
-                gauge.max()
-            );
+        let mut stats_json = String::from("{");
+        for (i, (name, v)) in crate::stats::stats_of(&self.shared).pairs().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            let _ = write!(stats_json, "{sep}\"{name}\":{v}");
         }
         stats_json.push('}');
         self.publish("stats", stats_json).await;

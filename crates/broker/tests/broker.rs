@@ -461,6 +461,12 @@ fn sys_stats_and_metrics_as_json_are_there_from_the_start() {
             "retaineds.max",
             "delayed_publishs.max",
             "topics.max",
+            "handshakings.count",
+            "routes.count",
+            "message_queues.max",
+            "out_inflights.count",
+            "in_inflights.max",
+            "forwards.count",
         ] {
             assert!(
                 stats.contains(&format!("\"{key}\":")),

@@ -209,6 +209,8 @@
     $('#stat-sessions').textContent = plot.fmt(sum('sessions.count'));
     $('#stat-subscriptions').textContent = plot.fmt(sum('subscriptions.count'));
     $('#stat-retained').textContent = plot.fmt(sum('retaineds.count'));
+    $('#stat-queued').textContent = plot.fmt(sum('message_queues.count'));
+    $('#stat-inflight').textContent = plot.fmt(sum('out_inflights.count') + sum('in_inflights.count'));
     $('#stat-uptime').textContent = nodes.length ? nodes[0].uptime : '–';
     renderNodes(nodes);
     drawCharts();

@@ -26,29 +26,10 @@ pub(crate) fn routes(cfg: &mut web::ServiceConfig) {
         .service(resource("/metrics/{id}", "GET").route(get().to(metrics_one)));
 }
 
-/// RMQTT's stats keys that the broker counts, each with its `.max` companion (the
-/// high-water mark since start). RMQTT's `handshakings`, `routes`, `message_queues`,
-/// `out_inflights`, `in_inflights` and `forwards` are not tracked yet and are left out
-/// rather than made up.
+/// RMQTT's stats object: every count as `{name}.count` with its `{name}.max`, the
+/// high-water mark since start.
 fn stats_json(s: &BrokerStats) -> Value {
-    json!({
-        "connections.count": s.connections,
-        "connections.max": s.connections_max,
-        "sessions.count": s.sessions,
-        "sessions.max": s.sessions_max,
-        "subscriptions.count": s.subscriptions,
-        "subscriptions.max": s.subscriptions_max,
-        "subscriptions_shared.count": s.subscriptions_shared,
-        "subscriptions_shared.max": s.subscriptions_shared_max,
-        "retaineds.count": s.retained,
-        "retaineds.max": s.retained_max,
-        "delayed_publishs.count": s.delayed,
-        "delayed_publishs.max": s.delayed_max,
-        "topics.count": s.topics,
-        "topics.max": s.topics_max,
-        "message_storages.count": s.message_storages,
-        "message_storages.max": s.message_storages_max,
-    })
+    Value::Object(s.pairs().map(|(k, v)| (k, Value::from(v))).collect())
 }
 
 fn node_head(s: &ApiState) -> Value {
@@ -157,7 +138,7 @@ pub(crate) fn exposition(
     }
     let g = MetricKind::Gauge;
     for (name, help, v) in stats_gauges(st) {
-        family(name, help, g, v);
+        family(&name, &help, g, v);
     }
     histograms(&mut out, lat, nodes);
     out
@@ -202,60 +183,29 @@ fn histograms(out: &mut String, lat: &Latencies, nodes: &[(String, bool)]) {
     }
 }
 
-/// The state counts as Prometheus gauges, each with its high-water mark since start.
-fn stats_gauges(st: &BrokerStats) -> [(&'static str, &'static str, u64); 14] {
-    [
-        (
-            "message_storages_max",
-            "Most messages held in the store for persistent sessions at once",
-            st.message_storages_max,
-        ),
-        ("sessions", "Sessions, connected or not", st.sessions),
-        (
-            "sessions_max",
-            "Most sessions held at once",
-            st.sessions_max,
-        ),
-        (
-            "connections_max",
-            "Most clients connected at once",
-            st.connections_max,
-        ),
-        ("subscriptions", "Subscriptions", st.subscriptions),
-        (
-            "subscriptions_max",
-            "Most subscriptions at once",
-            st.subscriptions_max,
-        ),
-        (
-            "subscriptions_shared",
-            "Shared subscriptions",
-            st.subscriptions_shared,
-        ),
-        (
-            "subscriptions_shared_max",
-            "Most shared subscriptions at once",
-            st.subscriptions_shared_max,
-        ),
-        ("retained", "Retained messages", st.retained),
-        (
-            "retained_max",
-            "Most retained messages at once",
-            st.retained_max,
-        ),
-        ("delayed", "Delayed publishes waiting", st.delayed),
-        (
-            "delayed_max",
-            "Most delayed publishes waiting at once",
-            st.delayed_max,
-        ),
-        ("topics", "Distinct topic filters subscribed", st.topics),
-        (
-            "topics_max",
-            "Most distinct topic filters at once",
-            st.topics_max,
-        ),
-    ]
+/// The state counts as Prometheus gauges, each with its high-water mark since start (a
+/// count that is a metric already, under its own name, only with its mark).
+fn stats_gauges(st: &BrokerStats) -> Vec<(String, String, u64)> {
+    let mut out = Vec::new();
+    for l in st.levels() {
+        if !l.count_elsewhere {
+            out.push((l.stem.to_owned(), l.help.to_owned(), l.level.count));
+        }
+        out.push((
+            format!("{}_max", l.stem),
+            format!("Most at once since start: {}", lower_first(l.help)),
+            l.level.max,
+        ));
+    }
+    out
+}
+
+/// `help` with its first letter in lower case ("Subscriptions" → "subscriptions").
+fn lower_first(help: &str) -> String {
+    let mut c = help.chars();
+    c.next()
+        .map(|f| f.to_lowercase().chain(c).collect())
+        .unwrap_or_default()
 }
 
 async fn prometheus_with(s: &ApiState, per_node: bool) -> HttpResponse {

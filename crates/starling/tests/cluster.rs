@@ -570,8 +570,9 @@ fn running_cluster(name: &str, extra: &str) -> Option<(Vec<PathBuf>, Vec<Ports>,
     Some((files, ports, nodes))
 }
 
-/// Node `config`'s counters (`starling ctl stats`: its `/stats`, then its `/metrics`).
-fn metrics(config: &Path) -> serde_json::Value {
+/// Node `config`'s answer `n` of `starling ctl stats` (0: its `/stats`, 1: its
+/// `/metrics`), under `key`.
+fn ctl_stats(config: &Path, n: usize, key: &str) -> serde_json::Value {
     let out = starling()
         .arg("--config")
         .arg(config)
@@ -580,9 +581,19 @@ fn metrics(config: &Path) -> serde_json::Value {
         .expect("starling ctl stats runs");
     assert!(out.status.success(), "starling ctl stats: {out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().nth(1).expect("the /metrics answer");
+    let line = text.lines().nth(n).expect("the answer");
     let v: serde_json::Value = serde_json::from_str(line).expect("JSON");
-    v[0]["metrics"].clone()
+    v[0][key].clone()
+}
+
+/// Node `config`'s counters.
+fn metrics(config: &Path) -> serde_json::Value {
+    ctl_stats(config, 1, "metrics")
+}
+
+/// Node `config`'s state counts.
+fn stats(config: &Path) -> serde_json::Value {
+    ctl_stats(config, 0, "stats")
 }
 
 /// Prints what each node counted, for a failure's diagnosis.
@@ -639,6 +650,8 @@ fn a_slow_subscriber_on_another_node_holds_the_publisher_back_and_loses_nothing(
     gather(&rx, &mut seen, &acked, Duration::from_secs(60));
     let after = metrics(&files[1]);
     let publisher_node = metrics(&files[0]);
+    // Read while the subscriber is there (its route goes with it).
+    let (s1, s2) = (stats(&files[0]), stats(&files[1]));
     let _ = w.kill();
     let _ = w.wait();
     println!(
@@ -673,6 +686,16 @@ fn a_slow_subscriber_on_another_node_holds_the_publisher_back_and_loses_nothing(
     assert!(
         counter(&publisher_node, "backpressure.holds") > 0,
         "node 1 never held its publisher back"
+    );
+    // The state counts saw it: node 1's window to node 2 filled and drained, node 2's
+    // subscriber queued; node 1 routes `bp/#` to node 2 by the replicated table.
+    assert!(counter(&s1, "forwards.max") > 0, "{s1}");
+    assert_eq!(counter(&s1, "forwards.count"), 0, "{s1}");
+    assert!(counter(&s1, "routes.count") >= 1, "{s1}");
+    assert!(counter(&s2, "message_queues.max") > 0, "{s2}");
+    assert!(
+        counter(&s2, "out_inflights.max") <= 4,
+        "a window of 4: {s2}"
     );
 }
 

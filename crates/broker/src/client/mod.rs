@@ -89,6 +89,36 @@ pub(crate) struct Client {
     closing: Option<DisconnectReason>,
 }
 
+/// What a session holds, as the node's gauges count it (`message_queues`,
+/// `out_inflights`, `in_inflights`). Not kept: an actor takes it before and after each
+/// turn and moves the gauges by the difference, so that an idle client carries nothing
+/// for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Occupancy {
+    queued: usize,
+    out: usize,
+    inbound: usize,
+}
+
+impl Occupancy {
+    pub(super) fn of(s: &Session) -> Self {
+        Self {
+            queued: s.queue_len(),
+            out: s.inflight_len(),
+            inbound: s.inbound_qos2_len(),
+        }
+    }
+
+    /// Adds this (`sign` 1) or takes it away (`sign` -1).
+    pub(super) fn shift(&self, m: &crate::metrics::Metrics, sign: i64) {
+        // A session's counts are bounded by its limits (u16 packet ids, the queue's
+        // length): far inside an i64.
+        m.message_queues.shift(sign * self.queued as i64);
+        m.out_inflights.shift(sign * self.out as i64);
+        m.in_inflights.shift(sign * self.inbound as i64);
+    }
+}
+
 /// A client's side of back-pressure: nothing in it is shared.
 struct ClientFlow {
     /// This client as a publisher that may be held back.
@@ -465,6 +495,18 @@ impl Client {
     /// After a turn: arm the session's timer, schedule the write, retire an ended session.
     /// Tells the shards what they need to know of this subscriber's backlog (see
     /// [`Reporter::due`]); waits for room, as a shard never waits on a client.
+    /// Moves the node's gauges by what the session's holdings changed since `before`.
+    fn occupancy_moved(&self, before: Occupancy) {
+        let now = Occupancy::of(&self.session);
+        if now != before {
+            let m = &self.shared.metrics;
+            let d = |a: usize, b: usize| a as i64 - b as i64;
+            m.message_queues.shift(d(now.queued, before.queued));
+            m.out_inflights.shift(d(now.out, before.out));
+            m.in_inflights.shift(d(now.inbound, before.inbound));
+        }
+    }
+
     async fn report_flow(&mut self, ctx: &mut Ctx<Self>) {
         let (queued, saturated) = (self.session.queue_len(), self.session.refuses_new());
         let Some(r) = self.flow.as_mut().and_then(|f| f.reporter.as_mut()) else {

@@ -25,6 +25,7 @@ mod confirm;
 mod holds;
 mod status;
 use crate::msg::{Claim, ClaimError, ClusterMsg, Proposal, RegistryMsg, RouterMsg, Stored};
+use crate::settings::Shared;
 use crate::shards::Shards;
 
 /// How often the actor retries what failed (its Join, a route batch).
@@ -34,6 +35,8 @@ pub(crate) struct ClusterActor {
     node: u64,
     me: Member,
     shards: Shards,
+    /// For the node's gauges (`routes`).
+    shared: Arc<Shared>,
     raft: Option<RaftHandle>,
     book: RouteBook,
     /// The replicated routes as applied here (filter → nodes).
@@ -115,11 +118,18 @@ enum OwnerOp {
 const OWNER_BATCH_MAX: usize = 1024;
 
 impl ClusterActor {
-    pub(crate) fn new(node: u64, me: Member, shards: Shards, clients: [u64; 5]) -> Self {
+    pub(crate) fn new(
+        node: u64,
+        me: Member,
+        shards: Shards,
+        shared: Arc<Shared>,
+        clients: [u64; 5],
+    ) -> Self {
         ClusterActor {
             node,
             me,
             shards,
+            shared,
             raft: None,
             book: RouteBook::new(node),
             routes: BTreeMap::new(),
@@ -412,6 +422,11 @@ impl ClusterActor {
         }
         let new: BTreeSet<u64> = nodes.into_iter().collect();
         let old = self.routes.remove(&filter).unwrap_or_default();
+        // Every change of the view passes here (a reset too): the gauge follows it.
+        self.shared
+            .metrics
+            .routes
+            .shift(new.len() as i64 - old.len() as i64);
         let me = self.node;
         let gained: Vec<u64> = new.difference(&old).copied().filter(|n| *n != me).collect();
         let lost: Vec<u64> = old.difference(&new).copied().filter(|n| *n != me).collect();

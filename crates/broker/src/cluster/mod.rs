@@ -101,6 +101,7 @@ impl ClusterNode {
                 id,
                 me,
                 shards.clone(),
+                shared.clone(),
                 [
                     rng.next_u64(),
                     rng.next_u64(),

@@ -14,6 +14,7 @@ pub(crate) struct ShardCounts {
     retained: usize,
     delayed: usize,
     topics: usize,
+    forwards: usize,
 }
 
 /// The signed change from `old` to `new`.
@@ -36,6 +37,7 @@ impl RouterActor {
             retained: self.retained.len(),
             delayed: self.delayed,
             topics,
+            forwards: self.forwards(),
         };
         let old = std::mem::replace(&mut self.reported, now);
         if old == now {
@@ -48,6 +50,7 @@ impl RouterActor {
         m.retained.shift(delta(old.retained, now.retained));
         m.delayed.shift(delta(old.delayed, now.delayed));
         m.topics.shift(delta(old.topics, now.topics));
+        m.forwards.shift(delta(old.forwards, now.forwards));
     }
 
     /// Up to `limit` retained messages matching `filter`, in topic order; none for a

@@ -148,6 +148,18 @@ impl RouterActor {
         self.rules.max + FORWARD_TIMEOUT
     }
 
+    /// Messages in every node's window: forwarded and not acknowledged, or waiting to be
+    /// sent.
+    pub(super) fn forwards(&self) -> usize {
+        self.remote_nodes
+            .iter()
+            .map(|n| match self.destinations.get(&remote_key(*n)) {
+                Some(Destination::Remote(r)) => r.in_flight(),
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// Whether a batch sent to some node waits for its acknowledgement.
     pub(super) fn windows_open(&self) -> bool {
         self.remote_nodes.iter().any(|n| {

@@ -320,6 +320,11 @@ impl Session {
         self.inflight.len()
     }
 
+    /// Inbound QoS 2 messages routed and awaiting the client's PUBREL.
+    pub fn inbound_qos2_len(&self) -> usize {
+        self.rare.as_ref().map_or(0, |r| r.inbound_qos2.len())
+    }
+
     /// The message in flight to the client under `packet_id`, with the QoS it was sent
     /// with: what a PUBACK or PUBCOMP for it acknowledges (a query; nothing changes).
     pub fn inflight_message(&self, packet_id: PacketId) -> Option<(&Arc<Message>, QoS)> {

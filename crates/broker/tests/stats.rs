@@ -1,0 +1,153 @@
+//! RMQTT's state counts follow what the broker holds: connections in their handshake,
+//! messages queued in sessions, outbound messages in flight, inbound QoS 2 messages
+//! awaiting PUBREL; each falls back when what it counts goes, and its `.max` keeps the
+//! high mark.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{broker, connect_packet, pid, Client};
+use starling_broker::{Broker, BrokerStats};
+use starling_codec::{Packet, Properties, Protocol, PubAck, Publish, QoS};
+use tokio::io::AsyncWriteExt;
+
+/// The stats once `done` holds of them (the gauges move at the end of an actor's turn, a
+/// little after the packets a test sees); the last read if it never does.
+async fn stats_until(b: &Broker, done: impl Fn(&BrokerStats) -> bool) -> BrokerStats {
+    let mut s = b.admin().stats().await;
+    for _ in 0..500 {
+        if done(&s) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        s = b.admin().stats().await;
+    }
+    s
+}
+
+fn qos_publish(topic: &str, qos: QoS, id: u16) -> Packet {
+    Packet::Publish(Publish {
+        dup: false,
+        qos,
+        retain: false,
+        topic: topic.into(),
+        packet_id: Some(pid(id)),
+        properties: Properties::default(),
+        payload: Bytes::from_static(b"m"),
+    })
+}
+
+#[test]
+fn queues_inflights_and_handshakes_are_counted_and_fall_back() {
+    common::on_actix(async {
+        let (b, addr) = broker("[mqtt]\nsys_interval_secs = 86400\n").await;
+
+        // A connection that has sent no CONNECT is in its handshake until it closes.
+        let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let s = stats_until(&b, |s| s.handshakings.count == 1).await;
+        assert_eq!(s.handshakings.count, 1, "{s:?}");
+        idle.shutdown().await.unwrap();
+        drop(idle);
+        let s = stats_until(&b, |s| s.handshakings.count == 0).await;
+        assert_eq!(s.handshakings.count, 0, "{s:?}");
+        assert!(s.handshakings.max >= 1, "{s:?}");
+
+        // A persistent subscriber with a window of 2 that acknowledges nothing: of 5
+        // QoS 1 messages, 2 are in flight and 3 queued.
+        let mut c = connect_packet(Protocol::V5, "slow", false);
+        c.properties.session_expiry_interval = Some(3600);
+        c.properties.receive_maximum = Some(2);
+        let (mut sub, _) = Client::open(addr, c).await;
+        sub.subscribe(1, "t/#", QoS::AtLeastOnce).await;
+        let mut publisher = Client::connect(addr, Protocol::V5, "pub", true).await;
+        for _ in 0..5 {
+            publisher
+                .publish("t/a", b"m", QoS::AtLeastOnce, false)
+                .await;
+        }
+        let s = stats_until(&b, |s| {
+            s.out_inflights.count == 2 && s.message_queues.count == 3
+        })
+        .await;
+        assert_eq!(
+            (s.out_inflights.count, s.message_queues.count),
+            (2, 3),
+            "{s:?}"
+        );
+        // One node: its routes are its topic filters.
+        assert_eq!(s.routes, s.topics, "{s:?}");
+        assert_eq!(s.topics.count, 1, "{s:?}");
+
+        // A QoS 2 message whose PUBREL has not come is an inbound one in flight; the
+        // PUBREL retires it (and the message, routed at PUBLISH, is queued already).
+        publisher
+            .send(qos_publish("t/b", QoS::ExactlyOnce, 9))
+            .await;
+        match publisher.recv().await {
+            Some(Packet::Pubrec(r)) => assert_eq!(r.packet_id, pid(9)),
+            other => panic!("expected PUBREC, got {other:?}"),
+        }
+        let s = stats_until(&b, |s| {
+            s.in_inflights.count == 1 && s.message_queues.count == 4
+        })
+        .await;
+        assert_eq!(
+            (s.in_inflights.count, s.message_queues.count),
+            (1, 4),
+            "{s:?}"
+        );
+        publisher.send(Packet::Pubrel(PubAck::new(pid(9)))).await;
+        match publisher.recv().await {
+            Some(Packet::Pubcomp(r)) => assert_eq!(r.packet_id, pid(9)),
+            other => panic!("expected PUBCOMP, got {other:?}"),
+        }
+        let s = stats_until(&b, |s| s.in_inflights.count == 0).await;
+        assert_eq!(s.in_inflights.count, 0, "{s:?}");
+        assert_eq!(s.in_inflights.max, 1, "{s:?}");
+
+        // Acknowledging a delivery moves the window on: one of the queued goes out.
+        let first = match sub.recv().await {
+            Some(Packet::Publish(p)) => p,
+            other => panic!("expected PUBLISH, got {other:?}"),
+        };
+        sub.send(Packet::Puback(PubAck::new(first.packet_id.unwrap())))
+            .await;
+        let s = stats_until(&b, |s| {
+            s.out_inflights.count == 2 && s.message_queues.count == 3
+        })
+        .await;
+        assert_eq!(
+            (s.out_inflights.count, s.message_queues.count),
+            (2, 3),
+            "{s:?}"
+        );
+
+        // Offline, the session keeps what it holds.
+        sub.kill();
+        let s = stats_until(&b, |s| s.connections.count == 1).await;
+        assert_eq!(s.connections.count, 1, "{s:?}");
+        assert_eq!(
+            (s.out_inflights.count, s.message_queues.count),
+            (2, 3),
+            "{s:?}"
+        );
+
+        // A clean start ends the session: nothing is held any more, the marks stay.
+        let again = Client::connect(addr, Protocol::V5, "slow", true).await;
+        let s = stats_until(&b, |s| {
+            s.out_inflights.count == 0 && s.message_queues.count == 0
+        })
+        .await;
+        assert_eq!(
+            (s.out_inflights.count, s.message_queues.count),
+            (0, 0),
+            "{s:?}"
+        );
+        assert_eq!((s.out_inflights.max, s.message_queues.max), (2, 4), "{s:?}");
+        assert_eq!(s.forwards.count, 0, "one node forwards nothing: {s:?}");
+        again.disconnect().await;
+        publisher.disconnect().await;
+    })
+}
