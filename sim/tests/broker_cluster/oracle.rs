@@ -1,0 +1,254 @@
+//! The oracle: what was sent, settled and received, the checks over it, and which
+//! faults are in force (for the mover's judgement).
+
+#[allow(unused_imports)]
+use super::*;
+
+#[derive(Clone, Debug)]
+pub(crate) struct Sent {
+    pub(crate) topic: u64,
+    pub(crate) qos: QoS,
+    /// Virtual time of its first transmission.
+    pub(crate) at: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Arrival {
+    pub(crate) publisher: usize,
+    pub(crate) seq: u64,
+    pub(crate) topic: u64,
+    pub(crate) dup: bool,
+}
+
+/// One take-over of the mover's client id.
+#[derive(Clone, Debug)]
+pub(crate) struct Move {
+    pub(crate) from: usize,
+    pub(crate) to: usize,
+    pub(crate) started: Duration,
+    pub(crate) connack: Duration,
+    /// No partition was in force at any moment between `started` and `connack`.
+    pub(crate) clean: bool,
+    pub(crate) session_present: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Oracle {
+    /// (publisher, seq) → what it was, for every publish handed to the network.
+    pub(crate) sent: BTreeMap<(usize, u64), Sent>,
+    /// (publisher, seq) → whether its acknowledgement was a success.
+    pub(crate) settled: BTreeMap<(usize, u64), bool>,
+    /// subscriber → virtual time of its SUBACK.
+    pub(crate) subacked: BTreeMap<usize, Duration>,
+    /// subscriber → what it received, in order (QoS 2 resends of one packet id once).
+    pub(crate) arrivals: BTreeMap<usize, Vec<Arrival>>,
+    /// The mover's connections: for each, the move that superseded it (index into
+    /// `moves`) and how and when it ended.
+    pub(crate) superseded_by: BTreeMap<usize, usize>,
+    pub(crate) ended: BTreeMap<usize, (Duration, String)>,
+    pub(crate) moves: Vec<Move>,
+    /// Publishers stop publishing (they still settle what is in flight).
+    pub(crate) stop: bool,
+    pub(crate) healed: bool,
+    pub(crate) publishers_done: usize,
+    pub(crate) mover_done: bool,
+    pub(crate) subscriber_reconnects: u64,
+}
+
+pub(crate) type Shared = Arc<Mutex<Oracle>>;
+
+/// Confirmed publishes missing at a subscriber that had subscribed before they were sent:
+/// (subscriber, (publisher, seq)).
+pub(crate) fn missing(o: &Oracle) -> Vec<(usize, (usize, u64))> {
+    let mut out = Vec::new();
+    for (&sub, &subacked) in &o.subacked {
+        let got: BTreeSet<(usize, u64)> = o
+            .arrivals
+            .get(&sub)
+            .into_iter()
+            .flatten()
+            .map(|a| (a.publisher, a.seq))
+            .collect();
+        for (key, sent) in &o.sent {
+            if o.settled.get(key) == Some(&true) && sent.at > subacked && !got.contains(key) {
+                out.push((sub, *key));
+            }
+        }
+    }
+    out
+}
+
+/// The first problem in one subscriber's arrivals: a message never sent, a QoS 2 message
+/// twice, or a message that arrived after a later one of its publisher on its topic.
+pub(crate) fn judge_arrivals(
+    sub: usize,
+    arrivals: &[Arrival],
+    sent: &BTreeMap<(usize, u64), Sent>,
+) -> Result<(), String> {
+    let mut seen: BTreeSet<(usize, u64)> = BTreeSet::new();
+    let mut highest: BTreeMap<(usize, u64), u64> = BTreeMap::new();
+    for (i, a) in arrivals.iter().enumerate() {
+        let key = (a.publisher, a.seq);
+        let Some(s) = sent.get(&key) else {
+            return Err(format!("sub{sub} got {key:?}, never published"));
+        };
+        if s.topic != a.topic {
+            return Err(format!(
+                "sub{sub} got {key:?} on t/{}, published on t/{}",
+                a.topic, s.topic
+            ));
+        }
+        if !seen.insert(key) {
+            if s.qos == QoS::ExactlyOnce {
+                return Err(format!(
+                    "sub{sub} got QoS 2 message {key:?} twice (arrival {i}, dup {})",
+                    a.dup
+                ));
+            }
+            // A QoS 1 redelivery: order is judged on first arrivals.
+            continue;
+        }
+        let top = highest.entry((a.publisher, a.topic)).or_insert(0);
+        if a.seq < *top {
+            return Err(format!(
+                "sub{sub}: publisher {} on t/{}: {} arrived after {} (arrival {i})",
+                a.publisher, a.topic, a.seq, *top
+            ));
+        }
+        *top = a.seq;
+    }
+    Ok(())
+}
+
+/// Checks 1 and 2 over everything received so far; `Err` names the first problem.
+pub(crate) fn judge(o: &Oracle, final_: bool) -> Result<(), String> {
+    for (sub, arrivals) in &o.arrivals {
+        judge_arrivals(*sub, arrivals, &o.sent)?;
+    }
+    if final_ {
+        let m = missing(o);
+        if !m.is_empty() {
+            return Err(format!(
+                "{} acknowledged publishes missing at subscribers (subscriber, (publisher, seq)), first {:?}",
+                m.len(),
+                &m[..m.len().min(5)]
+            ));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Faults: which are in force, for the mover's judgement.
+
+#[derive(Default, Clone, Copy, PartialEq, Debug)]
+pub(crate) struct FaultClock {
+    /// Partitions (isolations, cut links) begun so far.
+    pub(crate) partitions: u64,
+    pub(crate) in_force: bool,
+    /// When the last partition was taken back (virtual time).
+    pub(crate) healed_at: Option<Duration>,
+}
+
+/// How long after a partition a move is still excused: the nodes' QUIC connections may be
+/// closed by then (idle timeout 3 s) and redialled with back-off, and what a node sends
+/// on a link that is down is dropped (docs/clustering.md: no durable outbox), a handed-over
+/// session included.
+pub(crate) const SETTLE: Duration = Duration::from_secs(5);
+
+impl FaultClock {
+    /// No partition in force at `before` nor since, and none taken back within `SETTLE`
+    /// before it.
+    pub(crate) fn calm_through(before: &FaultClock, after: &FaultClock, started: Duration) -> bool {
+        !before.in_force
+            && before == after
+            && before.healed_at.is_none_or(|h| started >= h + SETTLE)
+    }
+}
+
+/// The clock, and the faults so far as the harness prints them (for failure reports from
+/// the clients' side).
+#[derive(Default)]
+pub(crate) struct FaultLog {
+    pub(crate) clock: FaultClock,
+    pub(crate) log: Vec<String>,
+}
+
+pub(crate) type Faults = Arc<Mutex<FaultLog>>;
+
+pub(crate) fn is_partition(f: &Fault) -> bool {
+    matches!(f, Fault::Isolate(_) | Fault::Link(..) | Fault::OneWay(..))
+}
+
+#[test]
+pub(crate) fn checker_reports_loss_reordering_and_double_delivery() {
+    let sent = |topic, qos, at| Sent {
+        topic,
+        qos,
+        at: ms(at),
+    };
+    let got = |publisher, seq, topic, dup| Arrival {
+        publisher,
+        seq,
+        topic,
+        dup,
+    };
+    let mut o = Oracle::default();
+    o.subacked.insert(0, ms(5));
+    o.sent.insert((0, 1), sent(0, QoS::AtLeastOnce, 10));
+    o.sent.insert((0, 2), sent(0, QoS::AtLeastOnce, 11));
+    o.sent.insert((1, 1), sent(1, QoS::ExactlyOnce, 12));
+    for key in [(0, 1), (0, 2), (1, 1)] {
+        o.settled.insert(key, true);
+    }
+    // In order, a QoS 1 redelivery after a reconnect: fine.
+    o.arrivals.insert(
+        0,
+        vec![
+            got(0, 1, 0, false),
+            got(0, 2, 0, false),
+            got(0, 2, 0, true),
+            got(1, 1, 1, false),
+        ],
+    );
+    assert_eq!(judge(&o, true), Ok(()));
+
+    // Lost: a confirmed message missing.
+    let mut lost = Oracle {
+        sent: o.sent.clone(),
+        settled: o.settled.clone(),
+        subacked: o.subacked.clone(),
+        ..Oracle::default()
+    };
+    lost.arrivals
+        .insert(0, vec![got(0, 1, 0, false), got(1, 1, 1, false)]);
+    assert!(judge(&lost, true).unwrap_err().contains("missing"));
+    // ... unless it was not confirmed, or sent before the SUBACK.
+    lost.settled.insert((0, 2), false);
+    assert_eq!(judge(&lost, true), Ok(()));
+    lost.settled.insert((0, 2), true);
+    lost.subacked.insert(0, ms(11));
+    assert_eq!(judge(&lost, true), Ok(()));
+
+    // Reordered within one publisher and topic.
+    let mut reordered = Oracle {
+        sent: o.sent.clone(),
+        ..Oracle::default()
+    };
+    reordered
+        .arrivals
+        .insert(0, vec![got(0, 2, 0, false), got(0, 1, 0, false)]);
+    assert!(judge(&reordered, false)
+        .unwrap_err()
+        .contains("1 arrived after 2"));
+
+    // A QoS 2 message twice.
+    let mut twice = Oracle {
+        sent: o.sent.clone(),
+        ..Oracle::default()
+    };
+    twice
+        .arrivals
+        .insert(0, vec![got(1, 1, 1, false), got(1, 1, 1, true)]);
+    assert!(judge(&twice, false).unwrap_err().contains("twice"));
+}

@@ -1,0 +1,186 @@
+//! The cluster's view of itself (statuses, leaders, a failure's diagnosis) and the
+//! chaos phase.
+
+#[allow(unused_imports)]
+use super::*;
+
+pub(crate) async fn statuses(setup: &Setup) -> Vec<ClusterStatus> {
+    let mut out = Vec::new();
+    for node in 0..setup.variant.nodes {
+        let Some(a) = setup.admin(node) else { continue };
+        if let Ok(Ok(Some(s))) = timeout(Duration::from_secs(1), a.cluster_status()).await {
+            out.push(s);
+        }
+    }
+    out
+}
+
+/// What each node says of itself, for a failure report: its raft view, its forwarding and
+/// drop counters, and the state of the subscribers' sessions on it.
+pub(crate) async fn diagnose(setup: &Setup) -> String {
+    let mut out = String::new();
+    let mut ids: Vec<String> = (0..setup.variant.nodes - 1)
+        .map(|k| format!("sub{k}"))
+        .collect();
+    ids.push(MOVER.to_owned());
+    for node in 0..setup.variant.nodes {
+        let Some(a) = setup.admin(node) else { continue };
+        let status = timeout(Duration::from_secs(1), a.cluster_status()).await;
+        let m = a.metrics();
+        out.push_str(&format!(
+            "  node{}: {:?}\n    forwarded {} received {} forward timeouts {} link holds {} dropped queue {} mailbox {} other {} sent to clients {}\n",
+            node + 1,
+            status.map(|s| s.ok().flatten().map(|s| (s.role, s.term, s.leader, s.commit, s.applied, s.routes, s.routes_converged))),
+            m.cluster_forwarded,
+            m.cluster_received,
+            m.cluster_forward_timeouts,
+            m.cluster_link_holds,
+            m.dropped_queue_full,
+            m.dropped_mailbox_full,
+            m.dropped_other,
+            m.messages_sent,
+        ));
+        for id in &ids {
+            if let Some(c) = a.client(id).await {
+                out.push_str(&format!(
+                    "    {id}: connected {} subscriptions {} inflight {} queued {}\n",
+                    c.connected, c.subscriptions, c.inflight, c.mqueue_len
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The missing messages by subscriber and publisher: how many, and the first and last seq.
+pub(crate) fn missing_summary(o: &Oracle) -> String {
+    let mut by: BTreeMap<(usize, usize), (usize, u64, u64)> = BTreeMap::new();
+    for (sub, (publisher, seq)) in missing(o) {
+        let e = by.entry((sub, publisher)).or_insert((0, u64::MAX, 0));
+        e.0 += 1;
+        e.1 = e.1.min(seq);
+        e.2 = e.2.max(seq);
+    }
+    by.iter()
+        .map(|((sub, p), (n, lo, hi))| {
+            let at = |seq: &u64| o.sent.get(&(*p, *seq)).map(|s| s.at);
+            format!(
+                "  sub{sub} misses {n} of pub{p}'s, seq {lo} (sent at {:?}) ..= {hi} (at {:?})\n",
+                at(lo),
+                at(hi)
+            )
+        })
+        .collect()
+}
+
+/// The leader every one of `nodes` names, if all do and it says it leads.
+pub(crate) fn agreed_leader(all: &[ClusterStatus], nodes: usize) -> Option<u64> {
+    if all.len() != nodes {
+        return None;
+    }
+    let named: BTreeSet<Option<u64>> = all.iter().map(|s| s.leader).collect();
+    let leading: Vec<u64> = all
+        .iter()
+        .filter(|s| s.role == "leader")
+        .map(|s| s.node)
+        .collect();
+    match (named.len(), named.first(), leading.as_slice()) {
+        (1, Some(Some(l)), [me]) if l == me => Some(*l),
+        _ => None,
+    }
+}
+
+/// The node (index) that says it leads with the highest term, if any.
+pub(crate) fn claimed_leader(all: &[ClusterStatus]) -> Option<usize> {
+    all.iter()
+        .filter(|s| s.role == "leader")
+        .max_by_key(|s| s.term)
+        .map(|s| s.node as usize - 1)
+}
+
+pub(crate) async fn wait_leader(setup: &Setup, within: Duration) -> Option<u64> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Some(l) = agreed_leader(&statuses(setup).await, setup.variant.nodes) {
+            return Some(l);
+        }
+        sleep(ms(100)).await;
+    }
+    None
+}
+
+/// One fault for a cluster of `nodes` whose leader is `leader` (index), if known; an
+/// overloaded node among the kinds if `overload` (without it, the draws are those the
+/// corpus's seeds were found with).
+pub(crate) fn draw(
+    nodes: usize,
+    overload: bool,
+    leader: Option<usize>,
+    leader_weight: u32,
+) -> Fault {
+    let mut r = thread_rng();
+    let a = r.gen_range(0..nodes);
+    let b = (a + r.gen_range(1..nodes)) % nodes;
+    let kinds = if overload { 5 } else { 4 };
+    let pick = r.gen_range(0..kinds + leader_weight);
+    match pick {
+        0 => Fault::Isolate(a),
+        1 => Fault::Link(a, b),
+        2 => Fault::OneWay(a, b),
+        3 => {
+            let lo = r.gen_range(1..50);
+            Fault::Delay(ms(lo), ms(lo + r.gen_range(1..300)))
+        }
+        4 if overload => Fault::Overload {
+            node: a,
+            busy: ms(r.gen_range(50..400)),
+            idle: ms(r.gen_range(10..100)),
+        },
+        _ => Fault::Isolate(leader.unwrap_or(a)),
+    }
+}
+
+/// The chaos phase: one fault at a time, each held a while and reverted, until
+/// `knobs.chaos` is over; then every fault removed.
+pub(crate) async fn chaos(
+    cluster: &Cluster,
+    setup: &Setup,
+    knobs: &Knobs,
+    ck: &ClusterKnobs,
+    faults: &Faults,
+    nemesis: &mut Nemesis,
+) {
+    let end = Instant::now() + knobs.chaos;
+    let every = knobs.fault_every.as_millis() as u64;
+    while Instant::now() < end {
+        let leader = claimed_leader(&statuses(setup).await);
+        let v = &setup.variant;
+        let fault = draw(v.nodes, v.overload, leader, ck.leader_weight);
+        let lasted = ms(thread_rng().gen_range(every / 2..every * 2 + 1));
+        let calm = ms(thread_rng().gen_range(0..every + 1));
+        nemesis.history.push(Record {
+            at: elapsed(),
+            fault: fault.clone(),
+            lasted,
+        });
+        {
+            let mut f = lock(faults);
+            f.log
+                .push(format!("  at {:?}: {fault} for {lasted:?}", elapsed()));
+            if is_partition(&fault) {
+                f.clock.partitions += 1;
+                f.clock.in_force = true;
+            }
+        }
+        Nemesis::apply(cluster, &fault);
+        Nemesis::hold(cluster, &fault, lasted).await;
+        Nemesis::revert(cluster, &fault, knobs);
+        if is_partition(&fault) {
+            let mut f = lock(faults);
+            f.clock.in_force = false;
+            f.clock.healed_at = Some(elapsed());
+        }
+        sleep(calm).await;
+    }
+    Nemesis::heal(cluster, knobs);
+}
