@@ -4,7 +4,7 @@
 //! [`crate::Broker::metrics`] read them. They are metrics, not state: nothing decides on
 //! them, so they are not a channel between actors.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 mod histogram;
 mod rmqtt;
@@ -168,35 +168,34 @@ impl Latencies {
 }
 
 /// A count that goes up and down, with the highest value it reached.
+///
+/// One locked operation a move: the count is signed and added to (each mover's own
+/// contribution never goes below zero, so neither does the sum once every move is in; one
+/// read between a mover's moves may be low and reads as at least 0), and the mark is
+/// raised only when a plain load says it must be.
 #[derive(Debug, Default)]
 pub(crate) struct Gauge {
-    count: AtomicU64,
+    count: AtomicI64,
     max: AtomicU64,
 }
 
 impl Gauge {
-    /// Moves the count by `delta` (never below 0) and raises the mark to the new value.
+    /// Moves the count by `delta` and raises the mark to the new value.
     pub(crate) fn shift(&self, delta: i64) {
         if delta == 0 {
             return;
         }
-        let step = delta.unsigned_abs();
-        let now = if delta > 0 {
-            self.count.fetch_add(step, Ordering::Relaxed) + step
-        } else {
-            let old = self
-                .count
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                    Some(v.saturating_sub(step))
-                })
-                .unwrap_or(0);
-            old.saturating_sub(step)
-        };
-        self.max.fetch_max(now, Ordering::Relaxed);
+        let now = self.count.fetch_add(delta, Ordering::Relaxed) + delta;
+        if delta > 0 {
+            let now = now.max(0).unsigned_abs();
+            if now > self.max.load(Ordering::Relaxed) {
+                self.max.fetch_max(now, Ordering::Relaxed);
+            }
+        }
     }
 
     pub(crate) fn count(&self) -> u64 {
-        get(&self.count)
+        self.count.load(Ordering::Relaxed).max(0).unsigned_abs()
     }
 
     pub(crate) fn max(&self) -> u64 {
@@ -615,7 +614,7 @@ mod tests {
     }
 
     #[test]
-    fn a_gauge_keeps_its_highest_value_and_never_goes_below_zero() {
+    fn a_gauge_keeps_its_highest_value_and_never_reads_below_zero() {
         let g = Gauge::default();
         g.shift(3);
         g.shift(-2);

@@ -10,7 +10,7 @@ use starling_rt::time::Instant;
 use starling_rt::{Actor, Ctx};
 use tracing::Instrument;
 
-use super::{Client, Occupancy, HELD_MAX, HELD_RELEASE, INPUT_BATCH_MAX};
+use super::{Client, HELD_MAX, HELD_RELEASE, INPUT_BATCH_MAX};
 use crate::metrics::add;
 use crate::msg::ClientMsg;
 
@@ -18,10 +18,7 @@ impl Actor for Client {
     type Msg = ClientMsg;
 
     async fn started(&mut self, ctx: &mut Ctx<Self>) {
-        // A session restored from the store starts with what it holds.
-        self.occupancy_moved(Occupancy::default());
         if let Some(nc) = self.first.take() {
-            let before = Occupancy::of(&self.session);
             let span = tracing::debug_span!("client", client_id = %self.session.client_id());
             async {
                 Box::pin(self.attach(nc, ctx)).await;
@@ -29,20 +26,20 @@ impl Actor for Client {
             }
             .instrument(span)
             .await;
-            self.occupancy_moved(before);
         }
+        // A session restored from the store starts with what it holds.
+        self.report_occupancy(Some(true));
     }
 
     async fn handle(&mut self, msg: ClientMsg, ctx: &mut Ctx<Self>) {
         let span = tracing::debug_span!("client", client_id = %self.session.client_id());
-        let before = Occupancy::of(&self.session);
         self.turn(msg, ctx).instrument(span).await;
-        self.occupancy_moved(before);
+        self.report_occupancy(Some(ctx.queued() == 0));
     }
 
     /// What the session still holds leaves the node's gauges with the actor.
     async fn stopped(&mut self, _ctx: &mut Ctx<Self>) {
-        Occupancy::of(&self.session).shift(&self.shared.metrics, -1);
+        self.report_occupancy(None);
     }
 
     /// The session's next deadline (keep alive, resend, will delay, expiry): moved by

@@ -87,35 +87,40 @@ pub(crate) struct Client {
     wait_seq: u32,
     /// Why the connection is closing, for the disconnected event, once known.
     closing: Option<DisconnectReason>,
+    /// The session's holdings as last added to the node's gauges.
+    occupancy: Occupancy,
 }
 
 /// What a session holds, as the node's gauges count it (`message_queues`,
-/// `out_inflights`, `in_inflights`). Not kept: an actor takes it before and after each
-/// turn and moves the gauges by the difference, so that an idle client carries nothing
-/// for it.
+/// `out_inflights`, `in_inflights`): kept as last reported, 8 bytes, so that the gauges
+/// move once per burst, not once per turn (two atomic operations a gauge, on every
+/// delivery and every acknowledgement of a fan-out otherwise).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Occupancy {
-    queued: usize,
-    out: usize,
-    inbound: usize,
+    queued: u32,
+    /// Bounded by the 16-bit packet ids, as is `inbound`.
+    out: u16,
+    inbound: u16,
 }
 
+/// A change of a session's holdings this large is reported even within a burst.
+const OCCUPANCY_STEP: u32 = 16;
+
 impl Occupancy {
-    pub(super) fn of(s: &Session) -> Self {
+    fn of(s: &Session) -> Self {
+        let narrow = |n: usize| u16::try_from(n).unwrap_or(u16::MAX);
         Self {
-            queued: s.queue_len(),
-            out: s.inflight_len(),
-            inbound: s.inbound_qos2_len(),
+            queued: u32::try_from(s.queue_len()).unwrap_or(u32::MAX),
+            out: narrow(s.inflight_len()),
+            inbound: narrow(s.inbound_qos2_len()),
         }
     }
 
-    /// Adds this (`sign` 1) or takes it away (`sign` -1).
-    pub(super) fn shift(&self, m: &crate::metrics::Metrics, sign: i64) {
-        // A session's counts are bounded by its limits (u16 packet ids, the queue's
-        // length): far inside an i64.
-        m.message_queues.shift(sign * self.queued as i64);
-        m.out_inflights.shift(sign * self.out as i64);
-        m.in_inflights.shift(sign * self.inbound as i64);
+    /// Whether `self` is at least [`OCCUPANCY_STEP`] away from `other` in some count.
+    fn far_from(&self, other: &Self) -> bool {
+        self.queued.abs_diff(other.queued) >= OCCUPANCY_STEP
+            || u32::from(self.out.abs_diff(other.out)) >= OCCUPANCY_STEP
+            || u32::from(self.inbound.abs_diff(other.inbound)) >= OCCUPANCY_STEP
     }
 }
 
@@ -173,6 +178,7 @@ impl Client {
             waiting: false,
             wait_seq: 0,
             closing: None,
+            occupancy: Occupancy::default(),
         }
     }
 
@@ -495,16 +501,27 @@ impl Client {
     /// After a turn: arm the session's timer, schedule the write, retire an ended session.
     /// Tells the shards what they need to know of this subscriber's backlog (see
     /// [`Reporter::due`]); waits for room, as a shard never waits on a client.
-    /// Moves the node's gauges by what the session's holdings changed since `before`.
-    fn occupancy_moved(&self, before: Occupancy) {
-        let now = Occupancy::of(&self.session);
-        if now != before {
-            let m = &self.shared.metrics;
-            let d = |a: usize, b: usize| a as i64 - b as i64;
-            m.message_queues.shift(d(now.queued, before.queued));
-            m.out_inflights.shift(d(now.out, before.out));
-            m.in_inflights.shift(d(now.inbound, before.inbound));
-        }
+    /// Moves the node's gauges to the session's holdings now: at the end of a burst
+    /// (`settled`), or within one once they moved far; `None` takes them all back (the
+    /// actor stops).
+    pub(super) fn report_occupancy(&mut self, settled: Option<bool>) {
+        let now = match settled {
+            None => Occupancy::default(),
+            Some(settled) => {
+                let now = Occupancy::of(&self.session);
+                if now == self.occupancy || !(settled || now.far_from(&self.occupancy)) {
+                    return;
+                }
+                now
+            }
+        };
+        let was = std::mem::replace(&mut self.occupancy, now);
+        let m = &self.shared.metrics;
+        let d = |a: u32, b: u32| i64::from(a) - i64::from(b);
+        m.message_queues.shift(d(now.queued, was.queued));
+        m.out_inflights.shift(d(now.out.into(), was.out.into()));
+        m.in_inflights
+            .shift(d(now.inbound.into(), was.inbound.into()));
     }
 
     async fn report_flow(&mut self, ctx: &mut Ctx<Self>) {
