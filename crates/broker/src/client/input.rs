@@ -28,18 +28,18 @@ impl Actor for Client {
             .await;
         }
         // A session restored from the store starts with what it holds.
-        self.report_occupancy(Some(true));
+        self.report_occupancy(Some(true), ctx);
     }
 
     async fn handle(&mut self, msg: ClientMsg, ctx: &mut Ctx<Self>) {
         let span = tracing::debug_span!("client", client_id = %self.session.client_id());
         self.turn(msg, ctx).instrument(span).await;
-        self.report_occupancy(Some(ctx.queued() == 0));
+        self.report_occupancy(Some(ctx.queued() == 0), ctx);
     }
 
     /// What the session still holds leaves the node's gauges with the actor.
-    async fn stopped(&mut self, _ctx: &mut Ctx<Self>) {
-        self.report_occupancy(None);
+    async fn stopped(&mut self, ctx: &mut Ctx<Self>) {
+        self.report_occupancy(None, ctx);
     }
 
     /// The session's next deadline (keep alive, resend, will delay, expiry): moved by

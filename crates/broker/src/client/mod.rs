@@ -87,13 +87,11 @@ pub(crate) struct Client {
     wait_seq: u32,
     /// Why the connection is closing, for the disconnected event, once known.
     closing: Option<DisconnectReason>,
-    /// The session's holdings as last added to the node's gauges.
-    occupancy: Occupancy,
 }
 
 /// What a session holds, as the node's gauges count it (`message_queues`,
-/// `out_inflights`, `in_inflights`): kept as last reported, 8 bytes, so that the gauges
-/// move once per burst, not once per turn (two atomic operations a gauge, on every
+/// `out_inflights`, `in_inflights`): kept as last reported (in the flow box), so that the
+/// gauges move once per burst, not once per turn (two atomic operations a gauge, on every
 /// delivery and every acknowledgement of a fan-out otherwise).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Occupancy {
@@ -131,6 +129,10 @@ struct ClientFlow {
     holds: Holds,
     /// As a subscriber, once it has subscribed.
     reporter: Option<Reporter>,
+    /// The session's holdings as last added to the node's gauges: here, since a session
+    /// that holds messages has subscribed or published at QoS 1/2 (or came restored with
+    /// them, and gets this box then), so an idle connection pays nothing for it.
+    occupancy: Occupancy,
 }
 
 impl Client {
@@ -178,7 +180,6 @@ impl Client {
             waiting: false,
             wait_seq: 0,
             closing: None,
-            occupancy: Occupancy::default(),
         }
     }
 
@@ -193,6 +194,7 @@ impl Client {
                 },
                 holds: Holds::default(),
                 reporter: None,
+                occupancy: Occupancy::default(),
             })
         })
     }
@@ -504,18 +506,19 @@ impl Client {
     /// Moves the node's gauges to the session's holdings now: at the end of a burst
     /// (`settled`), or within one once they moved far; `None` takes them all back (the
     /// actor stops).
-    pub(super) fn report_occupancy(&mut self, settled: Option<bool>) {
+    pub(super) fn report_occupancy(&mut self, settled: Option<bool>, ctx: &Ctx<Self>) {
+        let was = self
+            .flow
+            .as_ref()
+            .map_or_else(Occupancy::default, |f| f.occupancy);
         let now = match settled {
             None => Occupancy::default(),
-            Some(settled) => {
-                let now = Occupancy::of(&self.session);
-                if now == self.occupancy || !(settled || now.far_from(&self.occupancy)) {
-                    return;
-                }
-                now
-            }
+            Some(_) => Occupancy::of(&self.session),
         };
-        let was = std::mem::replace(&mut self.occupancy, now);
+        if now == was || settled.is_some_and(|s| !s && !now.far_from(&was)) {
+            return;
+        }
+        self.flow_mut(ctx).occupancy = now;
         let m = &self.shared.metrics;
         let d = |a: u32, b: u32| i64::from(a) - i64::from(b);
         m.message_queues.shift(d(now.queued, was.queued));
