@@ -13,17 +13,23 @@ use starling_broker::{Broker, BrokerStats};
 use starling_codec::{Packet, Properties, Protocol, PubAck, Publish, QoS};
 use tokio::io::AsyncWriteExt;
 
-/// The stats once `done` holds of them (the gauges move at the end of an actor's turn, a
-/// little after the packets a test sees); the last read if it never does.
-async fn stats_until(b: &Broker, done: impl Fn(&BrokerStats) -> bool) -> BrokerStats {
+/// The stats once `pick` of them is `want` (the gauges move at the end of an actor's
+/// burst, a little after the packets a test sees); panics with the last read if it never
+/// is.
+async fn expect<T: PartialEq + std::fmt::Debug>(
+    b: &Broker,
+    pick: impl Fn(&BrokerStats) -> T,
+    want: T,
+) -> BrokerStats {
     let mut s = b.admin().stats().await;
     for _ in 0..500 {
-        if done(&s) {
-            break;
+        if pick(&s) == want {
+            return s;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
         s = b.admin().stats().await;
     }
+    assert_eq!(pick(&s), want, "{s:?}");
     s
 }
 
@@ -46,12 +52,10 @@ fn queues_inflights_and_handshakes_are_counted_and_fall_back() {
 
         // A connection that has sent no CONNECT is in its handshake until it closes.
         let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let s = stats_until(&b, |s| s.handshakings.count == 1).await;
-        assert_eq!(s.handshakings.count, 1, "{s:?}");
+        expect(&b, |s| s.handshakings.count, 1).await;
         idle.shutdown().await.unwrap();
         drop(idle);
-        let s = stats_until(&b, |s| s.handshakings.count == 0).await;
-        assert_eq!(s.handshakings.count, 0, "{s:?}");
+        let s = expect(&b, |s| s.handshakings.count, 0).await;
         assert!(s.handshakings.max >= 1, "{s:?}");
 
         // A persistent subscriber with a window of 2 that acknowledges nothing: of 5
@@ -67,15 +71,12 @@ fn queues_inflights_and_handshakes_are_counted_and_fall_back() {
                 .publish("t/a", b"m", QoS::AtLeastOnce, false)
                 .await;
         }
-        let s = stats_until(&b, |s| {
-            s.out_inflights.count == 2 && s.message_queues.count == 3
-        })
-        .await;
-        assert_eq!(
-            (s.out_inflights.count, s.message_queues.count),
+        let s = expect(
+            &b,
+            |s| (s.out_inflights.count, s.message_queues.count),
             (2, 3),
-            "{s:?}"
-        );
+        )
+        .await;
         // One node: its routes are its topic filters.
         assert_eq!(s.routes, s.topics, "{s:?}");
         assert_eq!(s.topics.count, 1, "{s:?}");
@@ -89,22 +90,18 @@ fn queues_inflights_and_handshakes_are_counted_and_fall_back() {
             Some(Packet::Pubrec(r)) => assert_eq!(r.packet_id, pid(9)),
             other => panic!("expected PUBREC, got {other:?}"),
         }
-        let s = stats_until(&b, |s| {
-            s.in_inflights.count == 1 && s.message_queues.count == 4
-        })
-        .await;
-        assert_eq!(
-            (s.in_inflights.count, s.message_queues.count),
+        expect(
+            &b,
+            |s| (s.in_inflights.count, s.message_queues.count),
             (1, 4),
-            "{s:?}"
-        );
+        )
+        .await;
         publisher.send(Packet::Pubrel(PubAck::new(pid(9)))).await;
         match publisher.recv().await {
             Some(Packet::Pubcomp(r)) => assert_eq!(r.packet_id, pid(9)),
             other => panic!("expected PUBCOMP, got {other:?}"),
         }
-        let s = stats_until(&b, |s| s.in_inflights.count == 0).await;
-        assert_eq!(s.in_inflights.count, 0, "{s:?}");
+        let s = expect(&b, |s| s.in_inflights.count, 0).await;
         assert_eq!(s.in_inflights.max, 1, "{s:?}");
 
         // Acknowledging a delivery moves the window on: one of the queued goes out.
@@ -114,20 +111,16 @@ fn queues_inflights_and_handshakes_are_counted_and_fall_back() {
         };
         sub.send(Packet::Puback(PubAck::new(first.packet_id.unwrap())))
             .await;
-        let s = stats_until(&b, |s| {
-            s.out_inflights.count == 2 && s.message_queues.count == 3
-        })
-        .await;
-        assert_eq!(
-            (s.out_inflights.count, s.message_queues.count),
+        expect(
+            &b,
+            |s| (s.out_inflights.count, s.message_queues.count),
             (2, 3),
-            "{s:?}"
-        );
+        )
+        .await;
 
         // Offline, the session keeps what it holds.
         sub.kill();
-        let s = stats_until(&b, |s| s.connections.count == 1).await;
-        assert_eq!(s.connections.count, 1, "{s:?}");
+        let s = expect(&b, |s| s.connections.count, 1).await;
         assert_eq!(
             (s.out_inflights.count, s.message_queues.count),
             (2, 3),
@@ -136,15 +129,12 @@ fn queues_inflights_and_handshakes_are_counted_and_fall_back() {
 
         // A clean start ends the session: nothing is held any more, the marks stay.
         let again = Client::connect(addr, Protocol::V5, "slow", true).await;
-        let s = stats_until(&b, |s| {
-            s.out_inflights.count == 0 && s.message_queues.count == 0
-        })
-        .await;
-        assert_eq!(
-            (s.out_inflights.count, s.message_queues.count),
+        let s = expect(
+            &b,
+            |s| (s.out_inflights.count, s.message_queues.count),
             (0, 0),
-            "{s:?}"
-        );
+        )
+        .await;
         assert_eq!((s.out_inflights.max, s.message_queues.max), (2, 4), "{s:?}");
         assert_eq!(s.forwards.count, 0, "one node forwards nothing: {s:?}");
         again.disconnect().await;
