@@ -115,13 +115,7 @@ impl Registry {
                         epoch,
                         reply,
                     });
-                    match time::timeout(CLAIM_WAIT, ask).await {
-                        Some(Ok(r)) => r,
-                        Some(Err(_)) => {
-                            Err(ClaimError::Unavailable("the cluster actor stopped".into()))
-                        }
-                        None => Err(ClaimError::Unavailable("no read in time".into())),
-                    }
+                    within_claim_wait(ask, "no read in time").await
                 },
                 move |result| RegistryMsg::Confirmed {
                     client_id,
@@ -149,13 +143,7 @@ impl Registry {
                     client_id: id,
                     reply,
                 });
-                match time::timeout(CLAIM_WAIT, ask).await {
-                    Some(Ok(r)) => r,
-                    Some(Err(_)) => {
-                        Err(ClaimError::Unavailable("the cluster actor stopped".into()))
-                    }
-                    None => Err(ClaimError::Unavailable("no commit in time".into())),
-                }
+                within_claim_wait(ask, "no commit in time").await
             },
             move |result| RegistryMsg::Claimed {
                 client_id,
@@ -420,6 +408,19 @@ impl Registry {
             refuse(&mut io, connect.protocol, code, timed).await;
             drop(permit);
         });
+    }
+}
+
+/// The cluster actor's answer to a claim or a confirmation, or `Unavailable` if it does not
+/// come within [`CLAIM_WAIT`] (`late` says what did not happen) or the actor stopped.
+async fn within_claim_wait<R>(
+    ask: impl std::future::Future<Output = Result<Result<R, ClaimError>, starling_rt::AskError>>,
+    late: &str,
+) -> Result<R, ClaimError> {
+    match time::timeout(CLAIM_WAIT, ask).await {
+        Some(Ok(r)) => r,
+        Some(Err(_)) => Err(ClaimError::Unavailable("the cluster actor stopped".into())),
+        None => Err(ClaimError::Unavailable(late.into())),
     }
 }
 
