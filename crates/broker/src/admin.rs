@@ -16,17 +16,13 @@ use thiserror::Error;
 use crate::gate::is_reserved;
 use crate::metrics::{add, MetricsSnapshot};
 use crate::msg::{
-    ClientInfo, ClientMsg, ClientSubscriptions, ClusterMsg, ClusterStatus, NotConnected,
-    RegistryMsg, RouterMsg,
+    ClientInfo, ClientMsg, ClientSubscriptions, ClusterMsg, ClusterStatus, ListingMsg,
+    NotConnected, RegistryMsg, RouterMsg,
 };
 use crate::settings::Shared;
 use crate::shards::Shards;
 
-/// How long one client actor may take to describe itself before it is left out of a list
-/// (a client blocked writing to a peer that reads nothing must not hang the operator).
-const INFO_WAIT: Duration = Duration::from_secs(2);
-/// Client actors asked at once for a list.
-const INFO_CHUNK: usize = 256;
+use crate::listing::INFO_WAIT;
 /// How long an operator's subscribe or unsubscribe may take in the client actor: a
 /// verdict's deadline and the shards' answers fit well within it.
 const CHANGE_WAIT: Duration = Duration::from_secs(15);
@@ -68,6 +64,7 @@ pub struct AdminPublish {
 pub struct Admin {
     shared: Arc<Shared>,
     registry: Addr<RegistryMsg>,
+    listing: Addr<ListingMsg>,
     shards: Shards,
     started: SystemTime,
     cluster: Option<Addr<ClusterMsg>>,
@@ -77,12 +74,14 @@ impl Admin {
     pub(crate) fn new(
         shared: Arc<Shared>,
         registry: Addr<RegistryMsg>,
+        listing: Addr<ListingMsg>,
         shards: Shards,
         cluster: Option<Addr<ClusterMsg>>,
     ) -> Self {
         Self {
             shared,
             registry,
+            listing,
             shards,
             started: time::wall(),
             cluster,
@@ -132,37 +131,14 @@ impl Admin {
         crate::stats::stats_of(&self.shared)
     }
 
-    /// Up to `limit` clients (online or with a session kept), in no particular order. A
-    /// client that does not answer within 2 s is left out.
-    pub async fn clients(&self, limit: usize) -> Vec<ClientInfo> {
-        self.ask_clients(limit, ClientMsg::Info).await
-    }
-
-    /// Asks up to `limit` client actors, 256 at a time; those that do not answer within
-    /// 2 s are left out.
-    async fn ask_clients<R: Send + 'static>(
-        &self,
-        limit: usize,
-        make: fn(starling_rt::Reply<R>) -> ClientMsg,
-    ) -> Vec<R> {
-        let Ok(addrs) = self
-            .registry
-            .ask(|reply| RegistryMsg::Clients { limit, reply })
+    /// Every client (online or with a session kept), in no particular order: a list kept
+    /// for up to `http.list_cache_ms` while no client came or went (listing.rs). A client
+    /// that does not answer within 2 s is left out.
+    pub async fn clients(&self) -> Arc<[ClientInfo]> {
+        self.listing
+            .ask(ListingMsg::Clients)
             .await
-        else {
-            return Vec::new();
-        };
-        let mut out = Vec::with_capacity(addrs.len());
-        for chunk in addrs.chunks(INFO_CHUNK) {
-            let asks = chunk.iter().map(|a| time::timeout(INFO_WAIT, a.ask(make)));
-            out.extend(
-                futures::future::join_all(asks)
-                    .await
-                    .into_iter()
-                    .filter_map(|r| r.and_then(Result::ok)),
-            );
-        }
-        out
+            .unwrap_or_else(|_| Arc::from([]))
     }
 
     /// One client, if the broker has a session for it.
@@ -180,11 +156,12 @@ impl Admin {
         addr.ask(ClientMsg::Kick).await.ok()
     }
 
-    /// The subscriptions of up to `limit` clients (those with none left out).
-    pub async fn subscriptions(&self, limit: usize) -> Vec<ClientSubscriptions> {
-        let mut all = self.ask_clients(limit, ClientMsg::Subscriptions).await;
-        all.retain(|s| !s.filters.is_empty());
-        all
+    /// The subscriptions of every client that has one, kept as [`Admin::clients`] is.
+    pub async fn subscriptions(&self) -> Arc<[ClientSubscriptions]> {
+        self.listing
+            .ask(ListingMsg::Subscriptions)
+            .await
+            .unwrap_or_else(|_| Arc::from([]))
     }
 
     /// One client's subscriptions, if the broker has a session for it.

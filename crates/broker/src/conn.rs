@@ -162,6 +162,7 @@ impl Conn {
                 metrics
                     .handshake(kind)
                     .observe(now.saturating_duration_since(since));
+                metrics.handshakings_rate.tick(time::unix_secs());
             }
             if done == 1 {
                 // The same two atomic adds as a gathered batch of one, without the batch.

@@ -46,6 +46,7 @@ mod flow;
 mod forward;
 mod gate;
 mod listener;
+mod listing;
 mod metrics;
 mod msg;
 mod refuse;
@@ -88,7 +89,8 @@ pub use starling_store::Location as StoreLocation;
 pub use stats::{BrokerStats, Level, StatLevel};
 
 use listener::{ListenerActor, ListenerCtx, ListenerMsg};
-use msg::{DelayedKey, RegistryMsg, Restore, RouterMsg, StoreMsg};
+use listing::ListingActor;
+use msg::{DelayedKey, ListingMsg, RegistryMsg, Restore, RouterMsg, StoreMsg};
 use registry::Registry;
 use routing::RouterActor;
 use settings::Shared;
@@ -161,6 +163,8 @@ pub struct Broker {
     registry: Addr<RegistryMsg>,
     _router: Shards,
     sys: Addr<SysMsg>,
+    /// The operator's kept lists of clients and subscriptions.
+    listing: Addr<ListingMsg>,
     /// The hook chain, for [`Broker::serve_stream`] (listeners hold their own handle).
     chain: Arc<Chain>,
     /// The storage actor, when `storage.enabled`.
@@ -291,12 +295,17 @@ impl Broker {
             ),
             Options::named("sys"),
         );
+        let listing = start_with(
+            ListingActor::new(shared.clone(), registry.clone()),
+            Options::named("listing"),
+        );
         Ok(Broker {
             shared,
             listeners,
             registry,
             _router: router,
             sys,
+            listing,
             chain,
             store,
             cluster,
@@ -379,6 +388,7 @@ impl Broker {
         Admin::new(
             self.shared.clone(),
             self.registry.clone(),
+            self.listing.clone(),
             self._router.clone(),
             self.cluster.as_ref().map(cluster::ClusterNode::actor),
         )

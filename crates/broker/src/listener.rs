@@ -260,51 +260,13 @@ pub(crate) async fn serve(
             return;
         }
     };
-    connect_event(&lctx, &connect, &info, None);
-    let password = connect.password.take();
-    let by_certificate = lctx.cn_as_username && info.tls_client_cn.is_some();
-    // RMQTT's anonymous login: a CONNECT with no username (here, nor one its certificate
-    // gives), counted at CONNECT whatever the verdict.
-    let anonymous = connect.username.is_none() && !by_certificate;
-    {
-        let r = &shared.metrics.rmqtt;
-        add(&r.client_connect, 1);
-        add(&r.client_authenticate, 1);
-        if anonymous {
-            add(&r.client_auth_anonymous, 1);
-        }
-    }
-    let verdict = if by_certificate {
-        // The verified certificate is the credential, and its CN the username.
-        Ok(Identity::new(info.tls_client_cn.clone()))
-    } else {
-        let left = deadline.saturating_duration_since(time::now());
-        authenticate(&lctx, &info, &connect, password.as_ref(), left).await
-    };
-    // The CONNECT is decoded and authenticated: its bytes no longer count as unauthenticated.
-    drop(budget);
-    let username = match verdict {
-        Ok(id) => id.username,
-        Err(code) => {
-            add(&shared.metrics.connections_refused, 1);
-            shared.metrics.rmqtt.connack(code, anonymous);
-            debug!(?code, "CONNECT refused by authentication");
-            connect_event(&lctx, &connect, &info, Some(code));
-            refuse(&mut io, connect.protocol, code, timed).await;
-            return;
-        }
-    };
-    let client_id: Arc<str> = match check_connect(&connect, &shared.limits) {
-        Ok(ClientIdentity::Given) => Arc::from(connect.client_id.as_str()),
-        Ok(ClientIdentity::MustAssign) => Arc::from(assign_client_id()),
-        Err(code) => {
-            add(&shared.metrics.connections_refused, 1);
-            shared.metrics.rmqtt.connack(code, anonymous);
-            debug!(?code, "CONNECT refused");
-            connect_event(&lctx, &connect, &info, Some(code));
-            refuse(&mut io, connect.protocol, code, timed).await;
-            return;
-        }
+    // Counted from the CONNECT read to the verdict: the part of a handshake the broker,
+    // not the peer, is working on.
+    shared.metrics.handshakings_active.shift(1);
+    let admitted = admit(&lctx, &info, &mut io, &mut connect, budget, deadline, timed).await;
+    shared.metrics.handshakings_active.shift(-1);
+    let Some((client_id, username)) = admitted else {
+        return;
     };
     // Authenticated and within the limits: the transport may buffer what the session's
     // limits allow (a WebSocket message up to the largest packet, a QUIC stream's window)
@@ -327,6 +289,67 @@ pub(crate) async fn serve(
         .registry
         .send(RegistryMsg::Connect { client_id, conn })
         .await;
+}
+
+/// Decides a read CONNECT: authentication, then the session limits and the client id.
+/// `None` when it was refused (its CONNACK written); else the client id and the username.
+async fn admit(
+    lctx: &ListenerCtx,
+    info: &ConnInfo,
+    io: &mut Box<dyn Io>,
+    connect: &mut Connect,
+    budget: Option<OwnedSemaphorePermit>,
+    deadline: time::Instant,
+    timed: impl FnOnce(),
+) -> Option<(Arc<str>, Option<String>)> {
+    let shared = &lctx.shared;
+    connect_event(lctx, connect, info, None);
+    let password = connect.password.take();
+    let by_certificate = lctx.cn_as_username && info.tls_client_cn.is_some();
+    // RMQTT's anonymous login: a CONNECT with no username (here, nor one its certificate
+    // gives), counted at CONNECT whatever the verdict.
+    let anonymous = connect.username.is_none() && !by_certificate;
+    {
+        let r = &shared.metrics.rmqtt;
+        add(&r.client_connect, 1);
+        add(&r.client_authenticate, 1);
+        if anonymous {
+            add(&r.client_auth_anonymous, 1);
+        }
+    }
+    let verdict = if by_certificate {
+        // The verified certificate is the credential, and its CN the username.
+        Ok(Identity::new(info.tls_client_cn.clone()))
+    } else {
+        let left = deadline.saturating_duration_since(time::now());
+        authenticate(lctx, info, connect, password.as_ref(), left).await
+    };
+    // The CONNECT is decoded and authenticated: its bytes no longer count as unauthenticated.
+    drop(budget);
+    let username = match verdict {
+        Ok(id) => id.username,
+        Err(code) => {
+            add(&shared.metrics.connections_refused, 1);
+            shared.metrics.rmqtt.connack(code, anonymous);
+            debug!(?code, "CONNECT refused by authentication");
+            connect_event(lctx, connect, info, Some(code));
+            refuse(io, connect.protocol, code, timed).await;
+            return None;
+        }
+    };
+    let client_id: Arc<str> = match check_connect(connect, &shared.limits) {
+        Ok(ClientIdentity::Given) => Arc::from(connect.client_id.as_str()),
+        Ok(ClientIdentity::MustAssign) => Arc::from(assign_client_id()),
+        Err(code) => {
+            add(&shared.metrics.connections_refused, 1);
+            shared.metrics.rmqtt.connack(code, anonymous);
+            debug!(?code, "CONNECT refused");
+            connect_event(lctx, connect, info, Some(code));
+            refuse(io, connect.protocol, code, timed).await;
+            return None;
+        }
+    };
+    Some((client_id, username))
 }
 
 /// Decides a CONNECT's credentials through the hook chain: `Err` is the CONNACK code to

@@ -7,9 +7,11 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 mod histogram;
+mod rate;
 mod rmqtt;
 pub(crate) use histogram::{Histogram, Local};
 pub use histogram::{HistogramSnapshot, BOUNDS_US};
+pub(crate) use rate::Rate;
 pub use rmqtt::RmqttSnapshot;
 use starling_net::ListenerKind;
 use starling_rt::time;
@@ -85,6 +87,11 @@ pub(crate) struct Metrics {
     /// Connections between accept and the registry taking their CONNECT (transport
     /// handshake, CONNECT read, authentication): RMQTT's `handshakings`.
     pub handshakings: Gauge,
+    /// Among `handshakings`, those past their CONNECT read: being authenticated and
+    /// checked against the limits (RMQTT's `handshakings_active`).
+    pub handshakings_active: Gauge,
+    /// CONNACKs written per second, accepted or refused (RMQTT's `handshakings_rate`).
+    pub handshakings_rate: Rate,
     /// What the client actors' sessions hold, moved by each actor at the end of its turn
     /// by what changed in that turn (RMQTT's `message_queues`, `out_inflights`,
     /// `in_inflights`): queued messages, outbound QoS 1/2 messages awaiting their
@@ -122,6 +129,7 @@ impl Metrics {
     pub(crate) fn connack_written(&self, kind: ListenerKind, accepted: time::Instant) {
         let took = time::now().saturating_duration_since(accepted);
         self.handshake(kind).observe(took);
+        self.handshakings_rate.tick(time::unix_secs());
     }
 
     pub(crate) fn latencies(&self) -> Latencies {

@@ -175,6 +175,14 @@ pub(crate) enum AuthzKind {
     Read,
 }
 
+/// What the listing actor answers (listing.rs): whole lists for the operator, kept for a
+/// while and shared.
+pub(crate) enum ListingMsg {
+    Clients(Reply<Arc<[ClientInfo]>>),
+    /// The clients with at least one subscription.
+    Subscriptions(Reply<Arc<[ClientSubscriptions]>>),
+}
+
 // --- to the registry ------------------------------------------------------------------
 
 pub(crate) enum RegistryMsg {

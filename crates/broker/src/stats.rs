@@ -20,6 +20,12 @@ pub struct BrokerStats {
     /// Connections accepted whose CONNECT the registry has not taken yet (transport
     /// handshake, CONNECT read, authentication).
     pub handshakings: Level,
+    /// Among `handshakings`, those whose CONNECT was read and is being decided
+    /// (authentication, the session limits).
+    pub handshakings_active: Level,
+    /// CONNACKs written (accepted or refused) in the last whole second; the mark is the
+    /// busiest second's.
+    pub handshakings_rate: Level,
     /// Sessions, connected or not.
     pub sessions: Level,
     pub subscriptions: Level,
@@ -60,7 +66,7 @@ pub struct StatLevel {
 
 impl BrokerStats {
     /// Every count, in the order the API lists them.
-    pub fn levels(&self) -> [StatLevel; 14] {
+    pub fn levels(&self) -> [StatLevel; 16] {
         let l = |name, stem, help, count_elsewhere, level| StatLevel {
             name,
             stem,
@@ -82,6 +88,20 @@ impl BrokerStats {
                 "Connections accepted and not past their CONNECT yet",
                 false,
                 self.handshakings,
+            ),
+            l(
+                "handshakings_active",
+                "handshakings_active",
+                "Connections whose CONNECT is being authenticated and checked",
+                false,
+                self.handshakings_active,
+            ),
+            l(
+                "handshakings_rate",
+                "handshakings_rate",
+                "Handshakes ended by a CONNACK in the last whole second",
+                false,
+                self.handshakings_rate,
             ),
             l(
                 "sessions",
@@ -199,6 +219,11 @@ pub(crate) fn stats_of(shared: &Shared) -> BrokerStats {
     BrokerStats {
         connections: a(&m.clients_connected, &m.clients_connected_max),
         handshakings: g(&m.handshakings),
+        handshakings_active: g(&m.handshakings_active),
+        handshakings_rate: {
+            let (count, max) = m.handshakings_rate.read(starling_rt::time::unix_secs());
+            Level { count, max }
+        },
         sessions: a(&m.sessions, &m.sessions_max),
         subscriptions: g(&m.subscriptions),
         subscriptions_shared: g(&m.subscriptions_shared),

@@ -1,5 +1,6 @@
 //! An operator's subscriptions for a connected client (`Admin::subscribe`, the HTTP API's
-//! `POST /mqtt/subscribe`): real ones in its session, under its ACL, with no SUBACK.
+//! `POST /mqtt/subscribe`): real ones in its session, under its ACL, with no SUBACK; and the
+//! operator's lists of clients, kept while no client comes or goes.
 
 mod common;
 
@@ -7,7 +8,7 @@ use std::time::Duration;
 
 use common::{broker, connect_packet, on_actix, temp_dir, Client};
 use starling_broker::hooks::{Action, Answer, AuthzProvider, AuthzRequest, Hooks, Verdict};
-use starling_broker::{AdminError, Broker};
+use starling_broker::{AdminError, Broker, ClientInfo};
 use starling_codec::{Protocol, QoS, ReasonCode};
 use starling_config::{Config, ListenerKind};
 
@@ -175,5 +176,74 @@ fn an_operators_subscription_waits_for_a_later_verdict() {
             .await
             .expect("published");
         assert_eq!(sub.recv_publish().await.topic, "ok/1");
+    })
+}
+
+/// The queue length `list` shows for client `id`.
+fn queued(list: &[ClientInfo], id: &str) -> Option<usize> {
+    list.iter()
+        .find(|c| c.client_id == id)
+        .map(|c| c.mqueue_len)
+}
+
+#[test]
+fn a_kept_client_list_is_given_again_until_a_client_comes_or_goes() {
+    on_actix(async {
+        for (cache_ms, kept) in [(60_000, true), (0, false)] {
+            let (b, addr) = broker(&format!("[http]\nlist_cache_ms = {cache_ms}\n")).await;
+            let admin = b.admin();
+            // A persistent subscriber with a window of 1 that acknowledges nothing: of 4
+            // QoS 1 messages, 3 wait in its queue.
+            let mut c = connect_packet(Protocol::V5, "slow", false);
+            c.properties.session_expiry_interval = Some(3600);
+            c.properties.receive_maximum = Some(1);
+            let (mut sub, _) = Client::open(addr, c).await;
+            sub.subscribe(1, "t/#", QoS::AtLeastOnce).await;
+            let mut publisher = Client::connect(addr, Protocol::V5, "pub", true).await;
+            assert_eq!(queued(&admin.clients().await, "slow"), Some(0));
+            for _ in 0..4 {
+                publisher
+                    .publish("t/a", b"m", QoS::AtLeastOnce, false)
+                    .await;
+            }
+            for _ in 0..500 {
+                if admin.stats().await.message_queues.count == 3 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(admin.stats().await.message_queues.count, 3);
+            // Publishes are not among what a kept list waits for: it still shows the
+            // empty queue; without keeping, the queue as it is.
+            let want = if kept { 0 } else { 3 };
+            assert_eq!(
+                queued(&admin.clients().await, "slow"),
+                Some(want),
+                "{cache_ms}"
+            );
+
+            // A client that connects makes the next list new.
+            let late = Client::connect(addr, Protocol::V5, "late", true).await;
+            let list = admin.clients().await;
+            assert_eq!(queued(&list, "slow"), Some(3), "{cache_ms}: {list:?}");
+            assert_eq!(queued(&list, "late"), Some(0), "{cache_ms}: {list:?}");
+            // And one that leaves, too.
+            late.disconnect().await;
+            let mut gone = false;
+            for _ in 0..500 {
+                if queued(&admin.clients().await, "late").is_none() {
+                    gone = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(
+                gone,
+                "{cache_ms}: a disconnected clean session stays listed"
+            );
+            publisher.disconnect().await;
+            drop(sub);
+            b.shutdown().await;
+        }
     })
 }

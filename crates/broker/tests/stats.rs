@@ -1,5 +1,5 @@
-//! RMQTT's state counts follow what the broker holds: connections in their handshake,
-//! messages queued in sessions, outbound messages in flight, inbound QoS 2 messages
+//! RMQTT's state counts follow what the broker holds: connections in their handshake (and
+//! among them those being authenticated), the handshakes of the last second, messages queued in sessions, outbound messages in flight, inbound QoS 2 messages
 //! awaiting PUBREL; each falls back when what it counts goes, and its `.max` keeps the
 //! high mark.
 
@@ -9,9 +9,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{broker, connect_packet, pid, Client};
+use starling_broker::hooks::{AuthnAnswer, AuthnProvider, ConnectRequest, Hooks, Verdict};
 use starling_broker::{Broker, BrokerStats};
-use starling_codec::{Packet, Properties, Protocol, PubAck, Publish, QoS};
+use starling_codec::{Packet, Properties, Protocol, PubAck, Publish, QoS, ReasonCode};
+use starling_config::{Config, ListenerKind};
 use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
 
 /// The stats once `pick` of them is `want` (the gauges move at the end of an actor's
 /// burst, a little after the packets a test sees); panics with the last read if it never
@@ -139,5 +142,76 @@ fn queues_inflights_and_handshakes_are_counted_and_fall_back() {
         assert_eq!(s.forwards.count, 0, "one node forwards nothing: {s:?}");
         again.disconnect().await;
         publisher.disconnect().await;
+    })
+}
+
+/// Holds the CONNECT of user "held" until the test lets it through (then leaves it to the
+/// listener, which allows anonymous and unknown users here); ignores everyone else.
+struct HoldUntil(watch::Receiver<bool>);
+
+impl AuthnProvider for HoldUntil {
+    fn authenticate(&self, req: &ConnectRequest<'_>) -> Verdict<AuthnAnswer> {
+        if req.username != Some("held") {
+            return Verdict::Now(AuthnAnswer::Ignore);
+        }
+        let mut open = self.0.clone();
+        Verdict::later(async move {
+            let _ = open.wait_for(|v| *v).await;
+            AuthnAnswer::Ignore
+        })
+    }
+}
+
+#[test]
+fn a_connect_being_authenticated_is_active_and_connacks_have_a_rate() {
+    common::on_actix(async {
+        let text = "[[listeners]]\nkind = \"tcp\"\nbind = \"127.0.0.1:0\"\n\
+                    [mqtt]\nsys_interval_secs = 86400\n[storage]\nenabled = false\n";
+        let (config, _) = Config::from_str(text).expect("test config");
+        let (open, gate) = watch::channel(false);
+        let b = Broker::start_with(config, Hooks::new().authenticate_with(HoldUntil(gate)))
+            .await
+            .expect("broker starts");
+        let addr = b.local_addr(ListenerKind::Tcp).expect("tcp listener");
+
+        // A connection that has not sent its CONNECT is handshaking but not active.
+        let idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let s = expect(&b, |s| s.handshakings.count, 1).await;
+        assert_eq!(s.handshakings_active.count, 0, "{s:?}");
+        drop(idle);
+        expect(&b, |s| s.handshakings.count, 0).await;
+
+        // A CONNECT that its authenticator holds is both, until its verdict.
+        let mut held = connect_packet(Protocol::V5, "held", true);
+        held.username = Some("held".into());
+        let connecting = Client::open(addr, held);
+        let watching = async {
+            let s = expect(
+                &b,
+                |s| (s.handshakings.count, s.handshakings_active.count),
+                (1, 1),
+            )
+            .await;
+            assert_eq!(s.handshakings_rate.max, 0, "no CONNACK yet: {s:?}");
+            open.send(true).unwrap();
+        };
+        let ((c, ack), ()) = futures::join!(connecting, watching);
+        assert_eq!(ack.reason_code, ReasonCode::Success);
+        let s = expect(&b, |s| s.handshakings_active.count, 0).await;
+        assert_eq!(s.handshakings_active.max, 1, "{s:?}");
+
+        // Five more CONNACKs: the rate of a whole second counts them (the six may straddle
+        // a second's end, so the busiest second has at least three), then falls to 0.
+        let mut clients = vec![c];
+        for i in 0..5 {
+            clients.push(Client::connect(addr, Protocol::V5, &format!("r{i}"), true).await);
+        }
+        let s = expect(&b, |s| s.handshakings_rate.max >= 3, true).await;
+        assert!(s.handshakings_rate.max <= 6, "{s:?}");
+        let s = expect(&b, |s| s.handshakings_rate.count, 0).await;
+        assert!(s.handshakings_rate.max >= 3, "the mark stays: {s:?}");
+        for c in clients {
+            c.disconnect().await;
+        }
     })
 }

@@ -155,6 +155,7 @@ fn validate_http(h: &HttpConfig, warnings: &mut Vec<Warning>) -> Result<(), Conf
     range("http.max_connections", h.max_connections, 1, 10_000)?;
     range("http.workers", h.workers, 1, 16)?;
     range("http.max_rows", h.max_rows, 1, 100_000)?;
+    range("http.list_cache_ms", h.list_cache_ms, 0, 60_000)?;
     if let Some(t) = &h.bearer_token {
         if t.trim().is_empty() || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(ConfigError::Invalid {

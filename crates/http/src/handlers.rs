@@ -3,7 +3,7 @@
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
 use base64::Engine;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use starling_broker::{AdminPublish, ClientInfo};
 use starling_codec::{PayloadFormat, Properties, QoS};
@@ -260,26 +260,51 @@ async fn health(s: State) -> HttpResponse {
     }))
 }
 
-fn client_json(s: &ApiState, c: &ClientInfo) -> Value {
-    json!({
-        "node_id": s.admin.node_id(),
-        "clientid": c.client_id,
-        "username": c.username.as_deref().unwrap_or(""),
-        "superuser": false,
-        "proto_ver": c.proto_ver,
-        "ip_address": c.peer.map(|p| p.ip().to_string()),
-        "port": c.peer.map(|p| p.port()),
-        "connected": c.connected,
-        "connected_at": c.connected_at.map(format_utc).unwrap_or_default(),
-        "keepalive": c.keepalive,
-        "clean_start": c.clean_start,
-        "expiry_interval": c.expiry_interval,
-        "subscriptions_cnt": c.subscriptions,
-        "inflight": c.inflight,
-        "max_inflight": c.max_inflight,
-        "mqueue_len": c.mqueue_len,
-        "max_mqueue": c.max_mqueue,
-    })
+/// A client as `GET /clients` shows it, in RMQTT's fields; serialized straight from the
+/// broker's `ClientInfo` (a listing renders thousands of them a second when polled).
+#[derive(Serialize)]
+struct ClientRow<'a> {
+    node_id: u64,
+    clientid: &'a str,
+    /// `""` when anonymous.
+    username: &'a str,
+    superuser: bool,
+    proto_ver: Option<u8>,
+    ip_address: Option<std::net::IpAddr>,
+    port: Option<u16>,
+    connected: bool,
+    /// `""` while offline.
+    connected_at: String,
+    keepalive: u16,
+    clean_start: bool,
+    expiry_interval: u32,
+    subscriptions_cnt: usize,
+    inflight: usize,
+    max_inflight: usize,
+    mqueue_len: usize,
+    max_mqueue: usize,
+}
+
+fn client_row<'a>(s: &ApiState, c: &'a ClientInfo) -> ClientRow<'a> {
+    ClientRow {
+        node_id: s.admin.node_id(),
+        clientid: &c.client_id,
+        username: c.username.as_deref().unwrap_or(""),
+        superuser: false,
+        proto_ver: c.proto_ver,
+        ip_address: c.peer.map(|p| p.ip()),
+        port: c.peer.map(|p| p.port()),
+        connected: c.connected,
+        connected_at: c.connected_at.map(format_utc).unwrap_or_default(),
+        keepalive: c.keepalive,
+        clean_start: c.clean_start,
+        expiry_interval: c.expiry_interval,
+        subscriptions_cnt: c.subscriptions,
+        inflight: c.inflight,
+        max_inflight: c.max_inflight,
+        mqueue_len: c.mqueue_len,
+        max_mqueue: c.max_mqueue,
+    }
 }
 
 /// `GET /clients` search: every given condition must hold. Other parameters are ignored,
@@ -304,13 +329,12 @@ struct ClientSearch {
 impl ClientSearch {
     fn matches(&self, c: &ClientInfo, gte: Option<u64>, lte: Option<u64>) -> bool {
         let user = c.username.as_deref().unwrap_or("");
-        let ip = c.peer.map(|p| p.ip().to_string());
         self.clientid.as_ref().is_none_or(|v| *v == c.client_id)
             && self.username.as_ref().is_none_or(|v| v == user)
             && self
                 .ip_address
                 .as_ref()
-                .is_none_or(|v| Some(v) == ip.as_ref())
+                .is_none_or(|v| c.peer.is_some_and(|p| p.ip().to_string() == *v))
             && self.connected.is_none_or(|v| v == c.connected)
             && self.clean_start.is_none_or(|v| v == c.clean_start)
             && self.proto_ver.is_none_or(|v| Some(v) == c.proto_ver)
@@ -347,22 +371,28 @@ async fn clients(s: State, q: web::Query<ClientSearch>) -> HttpResponse {
         ._limit
         .filter(|&n| n > 0 && n <= s.max_rows)
         .unwrap_or(s.max_rows);
-    let found: Vec<Value> = match &q.clientid {
+    let listed = match &q.clientid {
         // The one client: one ask, not a scan.
-        Some(id) => s.admin.client(id).await.into_iter().collect::<Vec<_>>(),
-        None => s.admin.clients(usize::MAX).await,
-    }
-    .iter()
-    .filter(|c| q.matches(c, gte, lte))
-    .take(limit)
-    .map(|c| client_json(&s, c))
-    .collect();
+        Some(id) => s
+            .admin
+            .client(id)
+            .await
+            .into_iter()
+            .collect::<std::sync::Arc<[_]>>(),
+        None => s.admin.clients().await,
+    };
+    let found: Vec<ClientRow<'_>> = listed
+        .iter()
+        .filter(|c| q.matches(c, gte, lte))
+        .take(limit)
+        .map(|c| client_row(&s, c))
+        .collect();
     HttpResponse::Ok().json(found)
 }
 
 async fn client(s: State, id: web::Path<String>) -> HttpResponse {
     match s.admin.client(&id).await {
-        Some(c) => HttpResponse::Ok().json(client_json(&s, &c)),
+        Some(c) => HttpResponse::Ok().json(client_row(&s, &c)),
         None => error(
             StatusCode::NOT_FOUND,
             format_args!("no session for client {id:?}"),

@@ -139,9 +139,9 @@ fn limit_of(s: &ApiState, asked: Option<usize>) -> usize {
 
 async fn subscriptions(s: State, q: web::Query<SubSearch>) -> HttpResponse {
     let limit = limit_of(&s, q._limit);
-    let all = match &q.clientid {
+    let all: std::sync::Arc<[_]> = match &q.clientid {
         Some(id) => s.admin.client_subscriptions(id).await.into_iter().collect(),
-        None => s.admin.subscriptions(usize::MAX).await,
+        None => s.admin.subscriptions().await,
     };
     HttpResponse::Ok().json(sub_rows(&s, &all, &q, limit))
 }
@@ -164,7 +164,7 @@ async fn client_subscriptions(s: State, id: web::Path<String>) -> HttpResponse {
 /// The distinct filters subscribed on this node, each once (`[{node_id, topic}]`).
 async fn route_rows(s: &ApiState, topic: Option<&str>, limit: usize) -> Vec<Value> {
     let mut filters = std::collections::BTreeSet::new();
-    for c in s.admin.subscriptions(usize::MAX).await {
+    for c in s.admin.subscriptions().await.iter() {
         for (raw, o, id) in &c.filters {
             filters.insert(sub(raw, o, *id, false).topic.to_owned());
         }

@@ -581,6 +581,11 @@ pub struct HttpConfig {
     pub workers: u16,
     /// Rows a list returns at most, whatever `_limit` asks. 1..=100000, default 10000.
     pub max_rows: u32,
+    /// How long a gathered list of clients or subscriptions may be given again while no
+    /// client connected, disconnected or changed its subscriptions, in milliseconds (its
+    /// queued and in-flight counts may be that old). 0 asks every client actor for every
+    /// request. 0..=60000, default 1000.
+    pub list_cache_ms: u32,
 }
 
 impl Default for HttpConfig {
@@ -593,6 +598,7 @@ impl Default for HttpConfig {
             max_connections: 256,
             workers: 1,
             max_rows: 10_000,
+            list_cache_ms: 1000,
         }
     }
 }
