@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use starling_codec::{Properties, QoS, ReasonCode};
+use starling_hooks::{About, Chain, HookKind};
 use starling_router::{parse_subscription, validate_topic_filter, validate_topic_name};
 use starling_rt::{time, Addr};
 use starling_session::{Expiry, Message};
@@ -68,6 +69,16 @@ pub struct Admin {
     shards: Shards,
     started: SystemTime,
     cluster: Option<Addr<ClusterMsg>>,
+    chain: Arc<Chain>,
+}
+
+/// A provider of the hook chain, as an operator sees it: RMQTT's plugin
+/// (`GET /api/v1/plugins`). Every provider is fixed at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginInfo {
+    pub about: About,
+    /// The hooks it is on, in chain order.
+    pub hooks: Vec<HookKind>,
 }
 
 impl Admin {
@@ -77,6 +88,7 @@ impl Admin {
         listing: Addr<ListingMsg>,
         shards: Shards,
         cluster: Option<Addr<ClusterMsg>>,
+        chain: Arc<Chain>,
     ) -> Self {
         Self {
             shared,
@@ -85,6 +97,7 @@ impl Admin {
             shards,
             started: time::wall(),
             cluster,
+            chain,
         }
     }
 
@@ -100,6 +113,22 @@ impl Admin {
             .await
             .map(Some)
             .map_err(|_| AdminError::Stopping)
+    }
+
+    /// The hook chain's providers, each once (a provider on two hooks is one plugin), in
+    /// chain order.
+    pub fn plugins(&self) -> Vec<PluginInfo> {
+        let mut out: Vec<PluginInfo> = Vec::new();
+        for (hook, about) in self.chain.providers() {
+            match out.iter_mut().find(|p| p.about.name == about.name) {
+                Some(p) => p.hooks.push(hook),
+                None => out.push(PluginInfo {
+                    about,
+                    hooks: vec![hook],
+                }),
+            }
+        }
+        out
     }
 
     /// `node.id`.

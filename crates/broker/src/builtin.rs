@@ -16,7 +16,7 @@ use starling_auth::{
 };
 use starling_codec::ReasonCode;
 use starling_hooks::{
-    Action, Answer, AuthnAnswer, AuthnProvider, AuthzProvider, AuthzRequest, ClientRef,
+    About, Action, Answer, AuthnAnswer, AuthnProvider, AuthzProvider, AuthzRequest, ClientRef,
     ConnectRequest, Hooks, Identity, Refusal, Verdict,
 };
 use starling_rt::blocking::BlockingPool;
@@ -124,6 +124,19 @@ impl AuthnProvider for PasswordProvider {
             }
         })
     }
+
+    fn about(&self) -> About {
+        let a = &self.shared.config.auth;
+        let file = a.password_file.as_ref().map(|f| f.display().to_string());
+        About::named("starling-password-file")
+            .version(env!("CARGO_PKG_VERSION"))
+            .descr("Authenticates CONNECTs by the users and password hashes of auth.password_file")
+            .setting("password_file", file.unwrap_or_default())
+            .setting("users", self.file.len())
+            .setting("verify_threads", self.logins.pool.threads())
+            .setting("failed_logins_max", a.failed_logins_max)
+            .setting("failed_login_ban_secs", a.failed_login_ban_secs)
+    }
 }
 
 /// The ACL file: the first rule that matches decides; what no rule speaks of is ignored
@@ -173,6 +186,17 @@ impl AuthzProvider for AclProvider {
 
     fn answers_later(&self) -> bool {
         false
+    }
+
+    fn about(&self) -> About {
+        let a = &self.shared.config.auth;
+        let file = a.acl_file.as_ref().map(|f| f.display().to_string());
+        About::named("starling-acl")
+            .version(env!("CARGO_PKG_VERSION"))
+            .descr("Authorizes publishes, subscribes and deliveries by the rules of auth.acl_file")
+            .setting("acl_file", file.unwrap_or_default())
+            .setting("rules", self.shared.acl.len())
+            .setting("acl_default", format!("{:?}", a.acl_default).to_lowercase())
     }
 }
 

@@ -74,7 +74,7 @@ use starling_rt::{start_with, time, Addr, Options};
 use starling_session::Message;
 use starling_store::{Limits as StoreLimits, Location, Recovered, Store};
 
-pub use admin::{Admin, AdminError, AdminPublish};
+pub use admin::{Admin, AdminError, AdminPublish, PluginInfo};
 pub use conn::Io;
 pub use error::{BrokerError, StoreOpenError};
 pub use metrics::{
@@ -391,6 +391,7 @@ impl Broker {
             self.listing.clone(),
             self._router.clone(),
             self.cluster.as_ref().map(cluster::ClusterNode::actor),
+            self.chain.clone(),
         )
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use starling_config::ListenerKind;
-use starling_hooks::{Event, EventKind, EventMask, EventProvider, What};
+use starling_hooks::{About, Event, EventKind, EventMask, EventProvider, What};
 use starling_net::ListenerCounters;
 use starling_rt::{time, Actor, Ctx, TrySendError};
 
@@ -247,6 +247,14 @@ impl EventProvider for SysEvents {
                 let _ = shard.send(m).await;
             });
         }
+    }
+
+    fn about(&self) -> About {
+        About::named("starling-sys-events")
+            .version(env!("CARGO_PKG_VERSION"))
+            .descr(
+                "Publishes $SYS/brokers/{node}/clients/{clientid}/connected and .../disconnected",
+            )
     }
 }
 

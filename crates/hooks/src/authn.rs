@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use starling_codec::{Protocol, ReasonCode};
 
+use crate::about::{type_about, About};
 use crate::verdict::Verdict;
 
 /// What a CONNECT presents, for authentication. Borrowed: a provider that answers later
@@ -72,4 +73,10 @@ pub enum AuthnAnswer {
 pub trait AuthnProvider: Send + Sync + 'static {
     /// Decides `req`.
     fn authenticate(&self, req: &ConnectRequest<'_>) -> Verdict<AuthnAnswer>;
+
+    /// How it presents itself to an operator (`GET /api/v1/plugins`); by default, its
+    /// type's name.
+    fn about(&self) -> About {
+        type_about::<Self>()
+    }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use starling_codec::QoS;
 
+use crate::about::{type_about, About};
 use crate::verdict::Verdict;
 
 /// The client an operation comes from.
@@ -120,6 +121,12 @@ pub enum Answer {
 pub trait AuthzProvider: Send + Sync + 'static {
     /// Decides `req`.
     fn authorize(&self, req: &AuthzRequest<'_>) -> Verdict<Answer>;
+
+    /// How it presents itself to an operator (`GET /api/v1/plugins`); by default, its
+    /// type's name.
+    fn about(&self) -> About {
+        type_about::<Self>()
+    }
 
     /// Whether this provider could deny `client` a delivery; when no provider could (and
     /// the default allows), that client's deliveries are not checked at all. The default

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use starling_codec::{Protocol, ReasonCode};
 
+use crate::about::{About, HookKind};
 use crate::authn::{AuthnAnswer, AuthnProvider, ConnectRequest, Identity, Refusal};
 use crate::authz::{Answer, AuthzProvider, AuthzRequest, ClientRef, OwnedAuthzRequest};
 use crate::event::{Event, EventKind, EventMask, EventProvider};
@@ -115,6 +116,18 @@ impl fmt::Debug for Chain {
 }
 
 impl Chain {
+    /// Every provider with the hook it is on, in chain order: the authenticators, the
+    /// authorizers, then the event providers.
+    pub fn providers(&self) -> Vec<(HookKind, About)> {
+        let authn = self
+            .authn
+            .iter()
+            .map(|p| (HookKind::Authenticate, p.about()));
+        let authz = self.authz.iter().map(|p| (HookKind::Authorize, p.about()));
+        let events = self.events.iter().map(|p| (HookKind::Observe, p.about()));
+        authn.chain(authz).chain(events).collect()
+    }
+
     /// Decides a CONNECT: the authenticators in order, the first that does not ignore it
     /// decides; if all ignore it, `policy` does (a password without a user name is refused
     /// with 0x86).

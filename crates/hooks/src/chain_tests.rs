@@ -246,3 +246,41 @@ fn events_reach_only_the_providers_that_want_their_kind() {
         vec![EventKind::SessionCreated, EventKind::SessionTerminated]
     );
 }
+
+/// Says who it is.
+struct Named;
+
+impl AuthnProvider for Named {
+    fn authenticate(&self, _req: &ConnectRequest<'_>) -> Verdict<AuthnAnswer> {
+        Verdict::Now(AuthnAnswer::Ignore)
+    }
+
+    fn about(&self) -> About {
+        About::named("named")
+            .descr("says who it is")
+            .setting("answers", "ignore")
+    }
+}
+
+#[test]
+fn the_chain_lists_its_providers_in_order_with_what_they_say_of_themselves() {
+    let (prefix, _) = Prefix::new("a/", Answer::Allow);
+    let chain = Hooks::new()
+        .authorize_with(prefix)
+        .authenticate_with(Named)
+        .build(true);
+    let listed = chain.providers();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[0].0, HookKind::Authenticate);
+    assert_eq!(
+        listed[0].1,
+        About {
+            name: "named".into(),
+            descr: "says who it is".into(),
+            version: None,
+            settings: vec![("answers".into(), "ignore".into())],
+        }
+    );
+    // One that says nothing of itself is its type's name, without its module path.
+    assert_eq!(listed[1], (HookKind::Authorize, About::named("Prefix")));
+}

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use starling_codec::{PacketId, Protocol, QoS, ReasonCode};
 
+use crate::about::{type_about, About};
+
 /// Who an event is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subject {
@@ -245,4 +247,10 @@ pub trait EventProvider: Send + Sync + 'static {
 
     /// One event.
     fn on_event(&self, event: &Event);
+
+    /// How it presents itself to an operator (`GET /api/v1/plugins`); by default, its
+    /// type's name.
+    fn about(&self) -> About {
+        type_about::<Self>()
+    }
 }

@@ -22,12 +22,14 @@
 //! password file, the ACL, the `$SYS` client events) first, then the embedder's, in the
 //! order they were added.
 
+mod about;
 mod authn;
 mod authz;
 mod chain;
 mod event;
 mod verdict;
 
+pub use about::{About, HookKind};
 pub use authn::{AuthnAnswer, AuthnProvider, ConnectRequest, Identity, Refusal};
 pub use authz::{Action, Answer, AuthzProvider, AuthzRequest, ClientRef, OwnedAuthzRequest};
 pub use chain::{AuthnPolicy, Chain, Hooks};

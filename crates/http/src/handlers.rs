@@ -105,6 +105,33 @@ const ENDPOINTS: &[(&str, &str, &str)] = &[
         "/api/v1/metrics/prometheus/sum",
         "summed counters in Prometheus text format",
     ),
+    (
+        "GET",
+        "/api/v1/plugins",
+        "the hook chain's providers (RMQTT's plugins) of each node",
+    ),
+    ("GET", "/api/v1/plugins/{node}", "the providers of one node"),
+    ("GET", "/api/v1/plugins/{node}/{plugin}", "one provider"),
+    (
+        "GET",
+        "/api/v1/plugins/{node}/{plugin}/config",
+        "one provider's settings",
+    ),
+    (
+        "PUT",
+        "/api/v1/plugins/{node}/{plugin}/config/reload",
+        "refused (409): providers are fixed at start-up",
+    ),
+    (
+        "PUT",
+        "/api/v1/plugins/{node}/{plugin}/load",
+        "refused (409): providers are fixed at start-up",
+    ),
+    (
+        "PUT",
+        "/api/v1/plugins/{node}/{plugin}/unload",
+        "refused (409): providers are fixed at start-up",
+    ),
 ];
 
 pub(crate) fn routes(cfg: &mut web::ServiceConfig) {

@@ -16,6 +16,7 @@ mod auth;
 mod cluster;
 mod dashboard;
 mod handlers;
+mod plugins;
 mod reply;
 mod stats;
 mod subs;
@@ -75,7 +76,8 @@ impl HttpApi {
                         .configure(actions::routes)
                         .configure(stats::routes)
                         .configure(subs::routes)
-                        .configure(cluster::routes),
+                        .configure(cluster::routes)
+                        .configure(plugins::routes),
                 )
                 .configure(dashboard::routes)
                 .default_service(web::to(reply::not_found))

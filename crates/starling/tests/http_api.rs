@@ -294,6 +294,43 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
         served += 1;
     }
     assert!(served >= 12, "{listed}");
+
+    // The hook chain's providers, as RMQTT's plugins: the ACL this config names (with its
+    // one rule) and the $SYS events; no password file is configured, so none is listed.
+    let (code, body) = curl(port, "GET", "/plugins", None, true);
+    assert_eq!(code, 200, "{body}");
+    let nodes = json(&body);
+    assert_eq!(nodes[0]["node"], 1, "{body}");
+    let names: Vec<&str> = nodes[0]["plugins"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|p| p["name"].as_str().expect("a name"))
+        .collect();
+    assert_eq!(names, ["starling-acl", "starling-sys-events"], "{body}");
+    let acl_plugin = json(&curl(port, "GET", "/plugins/1/starling-acl", None, true).1);
+    assert_eq!(
+        acl_plugin["attrs"]["hooks"],
+        serde_json::json!(["authorize"])
+    );
+    assert_eq!(acl_plugin["immutable"], true);
+    let (code, body) = curl(port, "GET", "/plugins/1/starling-acl/config", None, true);
+    assert_eq!(code, 200, "{body}");
+    let settings = json(&body);
+    assert_eq!(settings["rules"], "1", "{body}");
+    assert_eq!(settings["acl_file"], acl.display().to_string(), "{body}");
+    for (method, path, code) in [
+        ("GET", "/plugins/2", 404),
+        ("GET", "/plugins/1/rmqtt-web-hook", 404),
+        ("GET", "/plugins/1/rmqtt-web-hook/config", 404),
+        ("PUT", "/plugins/1/starling-acl/config/reload", 409),
+        ("PUT", "/plugins/1/starling-acl/unload", 409),
+        ("PUT", "/plugins/1/starling-sys-events/load", 409),
+    ] {
+        let (got, body) = curl(port, method, path, None, true);
+        assert_eq!(got, code, "{method} {path}: {body}");
+        assert_eq!(json(&body)["code"], code, "{method} {path}: {body}");
+    }
     // A path that exists, asked with a method it does not take: 405, not 404.
     let (code, body) = curl(port, "PUT", "/clients/watcher", None, true);
     assert_eq!(
