@@ -207,11 +207,10 @@ pub(crate) enum RegistryMsg {
     },
     /// The client actor of one client id.
     Client(Arc<str>, Reply<Option<starling_rt::Addr<ClientMsg>>>),
-    /// The cluster's answer to this node's claim of `client_id` for `conn` (an epoch, or
-    /// why not).
+    /// The cluster's answer to this node's claim of `client_id` (an epoch, or why not); the
+    /// CONNECT waits in `claiming`.
     Claimed {
         client_id: Arc<str>,
-        conn: Box<NewConn>,
         result: Result<Claim, ClaimError>,
     },
     /// The cluster's answer to a reconnect of `client_id`, which this node claimed with
@@ -237,11 +236,9 @@ pub(crate) enum RegistryMsg {
     },
     /// A CONNECT waiting for the previous owner's session waited long enough.
     HandoverTimeout { client_id: Arc<str>, epoch: u64 },
-    /// The handed-over session of `client_id` is routed here: its CONNECT goes on.
-    HandoverReady {
-        client_id: Arc<str>,
-        conn: Box<NewConn>,
-    },
+    /// The handed-over session of `client_id` is routed here: its CONNECT (in
+    /// `resuming`) goes on.
+    HandoverReady { client_id: Arc<str> },
     /// Sessions read back from the store at start, each with the username it belongs to:
     /// give each a client actor, route its subscriptions again, then answer.
     Restore(

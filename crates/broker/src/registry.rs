@@ -53,6 +53,15 @@ pub(crate) struct Registry {
     /// CONNECTs for client ids this node claimed, waiting for the cluster to confirm the
     /// claim still stands (a newer CONNECT for the id takes the older one's place).
     confirming: HashMap<Arc<str>, Box<NewConn>>,
+    /// CONNECTs waiting for this node's claim of their client id to commit. A newer
+    /// CONNECT for the id takes the older one's place, as in `confirming`: the claim is
+    /// this node's either way, and the client's latest connection is the one it serves (an
+    /// older one answered later would take the session from it).
+    claiming: HashMap<Arc<str>, Box<NewConn>>,
+    /// CONNECTs whose handed-over session is being routed here (its subscriptions), the
+    /// last step before they resume it; a newer CONNECT takes the older one's place here
+    /// too.
+    resuming: HashMap<Arc<str>, Box<NewConn>>,
 }
 
 /// Sessions kept for claims not yet answered, at most (each is a session's whole state).
@@ -83,6 +92,8 @@ impl Registry {
             handovers: HashMap::new(),
             early: HashMap::new(),
             confirming: HashMap::new(),
+            claiming: HashMap::new(),
+            resuming: HashMap::new(),
         }
     }
 
@@ -99,7 +110,12 @@ impl Registry {
             waiting.1 = conn;
             return;
         }
-        if let Some(waiting) = self.confirming.get_mut(&client_id) {
+        if let Some(waiting) = self
+            .confirming
+            .get_mut(&client_id)
+            .or_else(|| self.claiming.get_mut(&client_id))
+            .or_else(|| self.resuming.get_mut(&client_id))
+        {
             *waiting = conn;
             return;
         }
@@ -128,7 +144,8 @@ impl Registry {
         self.claim(client_id, conn, cluster, ctx);
     }
 
-    /// Claims `client_id` for `conn`: committed off this actor's turn.
+    /// Claims `client_id` for `conn`: committed off this actor's turn, the CONNECT waiting
+    /// in `claiming`.
     fn claim(
         &mut self,
         client_id: Arc<str>,
@@ -136,6 +153,8 @@ impl Registry {
         cluster: Addr<ClusterMsg>,
         ctx: &mut Ctx<Self>,
     ) {
+        let replaced = self.claiming.insert(client_id.clone(), conn);
+        debug_assert!(replaced.is_none(), "one claim in flight per client id");
         let id = client_id.clone();
         ctx.spawn_then(
             async move {
@@ -145,21 +164,20 @@ impl Registry {
                 });
                 within_claim_wait(ask, "no commit in time").await
             },
-            move |result| RegistryMsg::Claimed {
-                client_id,
-                conn,
-                result,
-            },
+            move |result| RegistryMsg::Claimed { client_id, result },
         );
     }
 
     async fn claimed(
         &mut self,
         client_id: Arc<str>,
-        conn: Box<NewConn>,
         result: Result<Claim, ClaimError>,
         ctx: &mut Ctx<Self>,
     ) {
+        let Some(conn) = self.claiming.remove(&client_id) else {
+            debug_assert!(false, "a claim's answer with no CONNECT waiting");
+            return;
+        };
         match result {
             Ok(Claim { epoch, previous }) => {
                 let e = self.claimed.entry(client_id.clone()).or_default();
@@ -307,11 +325,12 @@ impl Registry {
         };
         let addr = self.start_restored(session, h.owner.map(Arc::from), ctx);
         add(&self.shared.metrics.cluster_sessions_received, 1);
+        self.resuming.insert(client_id.clone(), conn);
         ctx.spawn_then(
             async move {
                 let _ = addr.ask(ClientMsg::Resubscribe).await;
             },
-            move |()| RegistryMsg::HandoverReady { client_id, conn },
+            move |()| RegistryMsg::HandoverReady { client_id },
         );
         None
     }
@@ -550,11 +569,9 @@ impl Actor for Registry {
             RegistryMsg::Client(client_id, reply) => {
                 let _ = reply.send(self.clients.get(&client_id).map(|e| e.addr.clone()));
             }
-            RegistryMsg::Claimed {
-                client_id,
-                conn,
-                result,
-            } => self.claimed(client_id, conn, result, ctx).await,
+            RegistryMsg::Claimed { client_id, result } => {
+                self.claimed(client_id, result, ctx).await
+            }
             RegistryMsg::Confirmed {
                 client_id,
                 epoch,
@@ -587,8 +604,10 @@ impl Actor for Registry {
                     }
                 }
             }
-            RegistryMsg::HandoverReady { client_id, conn } => {
-                self.connect_here(client_id, conn, ctx).await;
+            RegistryMsg::HandoverReady { client_id } => {
+                if let Some(conn) = self.resuming.remove(&client_id) {
+                    self.connect_here(client_id, conn, ctx).await;
+                }
             }
             RegistryMsg::Shutdown(reply) => {
                 // All at once: one slow peer's last write must not hold up the others.
