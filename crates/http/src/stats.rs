@@ -116,21 +116,30 @@ pub(crate) fn exposition(
     lat: &Latencies,
     nodes: &[(String, bool)],
 ) -> String {
-    let mut out = String::new();
+    // Written in place, with no string made per family or sample: a scrape is about 640
+    // lines, and an API flood may ask for it a hundred times a second.
+    let mut out = String::with_capacity(48 << 10);
     let mut family = |name: &str, help: &str, kind: MetricKind, v: u64| {
         // Prometheus wants base units: microseconds go out as seconds.
-        let (name, value) = match name.strip_suffix("_us") {
-            Some(stem) => (format!("{stem}_seconds"), format!("{}", v as f64 / 1e6)),
-            None => (name.to_owned(), v.to_string()),
+        let (stem, seconds) = match name.strip_suffix("_us") {
+            Some(stem) => (stem, true),
+            None => (name, false),
         };
-        let (name, kind) = match kind {
-            MetricKind::Counter => (format!("starling_{name}_total"), "counter"),
-            MetricKind::Gauge => (format!("starling_{name}"), "gauge"),
+        let (suffix, kind) = match (kind, seconds) {
+            (MetricKind::Counter, true) => ("_seconds_total", "counter"),
+            (MetricKind::Counter, false) => ("_total", "counter"),
+            (MetricKind::Gauge, true) => ("_seconds", "gauge"),
+            (MetricKind::Gauge, false) => ("", "gauge"),
         };
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
+        let _ = writeln!(out, "# HELP starling_{stem}{suffix} {help}");
+        let _ = writeln!(out, "# TYPE starling_{stem}{suffix} {kind}");
         for (node, _) in nodes {
-            let _ = writeln!(out, "{name}{{node=\"{node}\"}} {value}");
+            let _ = write!(out, "starling_{stem}{suffix}{{node=\"{node}\"}} ");
+            let _ = if seconds {
+                writeln!(out, "{}", v as f64 / 1e6)
+            } else {
+                writeln!(out, "{v}")
+            };
         }
     };
     for (name, help, kind, v) in m.every() {
@@ -167,18 +176,35 @@ fn histograms(out: &mut String, lat: &Latencies, nodes: &[(String, bool)]) {
         let _ = writeln!(out, "# TYPE {name} histogram");
         for (node, _) in nodes {
             for (listener, h) in &series {
-                let labels = match listener {
-                    Some(l) => format!("node=\"{node}\",listener=\"{l}\""),
-                    None => format!("node=\"{node}\""),
-                };
+                let labels = Labels { node, listener };
                 for (le, n) in h.cumulative() {
-                    let le = le.map_or_else(|| "+Inf".to_owned(), |b| b.to_string());
-                    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {n}");
+                    let _ = write!(out, "{name}_bucket{{{labels},le=\"");
+                    let _ = match le {
+                        Some(b) => write!(out, "{b}"),
+                        None => out.write_str("+Inf"),
+                    };
+                    let _ = writeln!(out, "\"}} {n}");
                 }
                 let sum = h.sum_us as f64 / 1e6;
                 let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
                 let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count());
             }
+        }
+    }
+}
+
+/// A histogram series' labels, written where they are used.
+struct Labels<'a> {
+    node: &'a str,
+    listener: &'a Option<&'a str>,
+}
+
+impl std::fmt::Display for Labels<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "node=\"{}\"", self.node)?;
+        match self.listener {
+            Some(l) => write!(f, ",listener=\"{l}\""),
+            None => Ok(()),
         }
     }
 }
