@@ -19,6 +19,9 @@ pub enum Fault {
     Isolate(usize),
     /// Traffic between two nodes dropped both ways.
     Link(usize, usize),
+    /// These nodes cut off from the others both ways, still linked among themselves: a
+    /// minority of more than one node (two of five), which can talk but not commit.
+    Split(Vec<usize>),
     /// Traffic from the first node to the second dropped; the other way works.
     OneWay(usize, usize),
     /// Node crash-stopped, restarted when the fault is reverted.
@@ -39,6 +42,10 @@ impl fmt::Display for Fault {
         match self {
             Fault::Isolate(n) => write!(f, "isolate node{n}"),
             Fault::Link(a, b) => write!(f, "cut node{a}<->node{b}"),
+            Fault::Split(side) => {
+                let names: Vec<String> = side.iter().map(|n| format!("node{n}")).collect();
+                write!(f, "split {{{}}} from the rest", names.join(","))
+            }
             Fault::OneWay(a, b) => write!(f, "cut node{a}->node{b}"),
             Fault::Kill(n) => write!(f, "kill node{n}"),
             Fault::Delay(a, b) => write!(f, "delay {a:?}..{b:?}"),
@@ -106,6 +113,13 @@ impl Nemesis {
         match *fault {
             Fault::Isolate(n) => cluster.isolate(n),
             Fault::Link(a, b) => cluster.clog_link(a, b),
+            Fault::Split(ref side) => {
+                for &a in side {
+                    for b in (0..cluster.len()).filter(|b| !side.contains(b)) {
+                        cluster.clog_link(a, b);
+                    }
+                }
+            }
             Fault::OneWay(a, b) => cluster.clog_one_way(a, b),
             Fault::Kill(n) => cluster.kill(n),
             Fault::Delay(lo, hi) => NetSim::current()
@@ -118,7 +132,9 @@ impl Nemesis {
     /// Takes `fault` back: heals, restarts, resumes.
     pub fn revert(cluster: &Cluster, fault: &Fault, knobs: &Knobs) {
         match *fault {
-            Fault::Isolate(_) | Fault::Link(..) | Fault::OneWay(..) => cluster.heal_network(),
+            Fault::Isolate(_) | Fault::Link(..) | Fault::Split(_) | Fault::OneWay(..) => {
+                cluster.heal_network()
+            }
             Fault::Kill(n) => cluster.restart(n),
             Fault::Delay(..) => NetSim::current().update_config(|c| {
                 c.send_latency = knobs.latency.0

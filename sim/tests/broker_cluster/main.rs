@@ -37,8 +37,10 @@
 //! machines from 0 (its `node0` is raft id 1).
 //!
 //! A second test runs the same scenario and checks on five nodes (a subscriber on each of
-//! nodes 2 to 5, the mover between nodes 2 and 3), with an overloaded node among the
-//! faults: paused for 50-400 ms out of every 60-500 ms while the fault lasts.
+//! nodes 2 to 5, the mover between nodes 2 and 3), with two more kinds of fault: an
+//! overloaded node, paused for 50-400 ms out of every 60-500 ms while the fault lasts, and
+//! a two-node minority cut off from the other three (the leader in it half the time), whose
+//! two nodes still reach each other but cannot commit.
 //!
 //! A third test runs a deliberately lossy configuration (a subscriber queue of two with
 //! back-pressure off, slow subscribers) and asserts that check 1 catches it.
@@ -437,6 +439,11 @@ async fn scenario(variant: Variant) {
         .iter()
         .filter(|r| matches!(r.fault, Fault::Overload { .. }))
         .count();
+    let splits = nemesis
+        .history
+        .iter()
+        .filter(|r| matches!(r.fault, Fault::Split(_)))
+        .count();
     let g = lock(&oracle);
     let clean = g.moves.iter().filter(|m| m.clean).count();
     let present = g.moves.iter().filter(|m| m.session_present).count();
@@ -447,7 +454,7 @@ async fn scenario(variant: Variant) {
         .map(|m| (m.connack - m.started).as_millis())
         .collect();
     println!(
-        "[sim] seed {}: {} sent, {confirmed} confirmed, {} unconfirmed; {} moves ({clean} clean, {present} with their session, clean CONNACK after {:?} ms; last {:?}); subscriber reconnects {}; {} faults ({overloads} overloads)",
+        "[sim] seed {}: {} sent, {confirmed} confirmed, {} unconfirmed; {} moves ({clean} clean, {present} with their session, clean CONNACK after {:?} ms; last {:?}); subscriber reconnects {}; {} faults ({overloads} overloads, {splits} two-node minorities)",
         knobs.seed,
         g.sent.len(),
         g.settled.len() - confirmed,

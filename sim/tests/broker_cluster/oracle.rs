@@ -177,7 +177,10 @@ pub(crate) struct FaultLog {
 pub(crate) type Faults = Arc<Mutex<FaultLog>>;
 
 pub(crate) fn is_partition(f: &Fault) -> bool {
-    matches!(f, Fault::Isolate(_) | Fault::Link(..) | Fault::OneWay(..))
+    matches!(
+        f,
+        Fault::Isolate(_) | Fault::Link(..) | Fault::Split(_) | Fault::OneWay(..)
+    )
 }
 
 #[test]

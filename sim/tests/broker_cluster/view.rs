@@ -110,8 +110,9 @@ pub(crate) async fn wait_leader(setup: &Setup, within: Duration) -> Option<u64> 
 }
 
 /// One fault for a cluster of `nodes` whose leader is `leader` (index), if known; an
-/// overloaded node among the kinds if `overload` (without it, the draws are those the
-/// corpus's seeds were found with).
+/// overloaded node among the kinds if `overload`, and from five nodes on a two-node
+/// minority cut off from the rest, the leader in it half the time (without these, the
+/// draws are those the three-node corpus's seeds were found with).
 pub(crate) fn draw(
     nodes: usize,
     overload: bool,
@@ -121,7 +122,8 @@ pub(crate) fn draw(
     let mut r = thread_rng();
     let a = r.gen_range(0..nodes);
     let b = (a + r.gen_range(1..nodes)) % nodes;
-    let kinds = if overload { 5 } else { 4 };
+    let split = nodes >= 5;
+    let kinds = 4 + u32::from(overload) + u32::from(split);
     let pick = r.gen_range(0..kinds + leader_weight);
     match pick {
         0 => Fault::Isolate(a),
@@ -136,6 +138,14 @@ pub(crate) fn draw(
             busy: ms(r.gen_range(50..400)),
             idle: ms(r.gen_range(10..100)),
         },
+        p if split && p == 4 + u32::from(overload) => {
+            let first = match leader {
+                Some(l) if r.gen_bool(0.5) => l,
+                _ => a,
+            };
+            let second = (first + r.gen_range(1..nodes)) % nodes;
+            Fault::Split(vec![first, second])
+        }
         _ => Fault::Isolate(leader.unwrap_or(a)),
     }
 }
