@@ -98,6 +98,11 @@ pub struct CommonArgs {
     /// No live progress line.
     #[arg(long)]
     pub no_progress: bool,
+    /// Client ids start with this instead of `sb<pid>`, so that a second run reconnects
+    /// the first run's client ids (a reconnect to a session or, in a cluster, to a client
+    /// id the node already claimed).
+    #[arg(long)]
+    pub id_prefix: Option<String>,
 }
 
 /// `conn` options.
@@ -258,6 +263,8 @@ pub struct RunConfig {
     pub progress: bool,
     /// Subscribers keep a persistent session.
     pub persistent: bool,
+    /// Client ids start with this (`sb<pid>` unless --id-prefix says).
+    pub id_prefix: String,
 }
 
 impl RunConfig {
@@ -354,6 +361,10 @@ impl Command {
             broker_pid: common.broker_pid,
             progress: !common.no_progress,
             persistent: false,
+            id_prefix: common
+                .id_prefix
+                .clone()
+                .unwrap_or_else(|| format!("sb{}", std::process::id())),
         };
         let Some(msg) = msg else {
             return Ok(cfg);

@@ -310,10 +310,10 @@ fn expected_live(scenario: Scenario, sent: u64, ready: u64, publishers: u32) -> 
 /// The clients of a scenario, subscribers first so that they are subscribed
 /// before any publisher is ready, with what each subscriber expects.
 fn build_clients(cfg: &RunConfig) -> (Vec<ClientSpec>, Vec<Option<Expect>>) {
-    let pid = std::process::id();
     let (publishers, subscribers) = cfg.scenario.roles(cfg.clients);
+    let ids = &cfg.id_prefix;
     let base = |i: u64, role: &str| ClientSpec {
-        client_id: format!("sb{pid}{role}{i}"),
+        client_id: format!("{ids}{role}{i}"),
         target: cfg.target,
         source: cfg.source_for(i),
         transport: cfg.transport,
