@@ -2,8 +2,8 @@
 # Side-by-side broker benchmark: the same starling-bench scenarios against
 # Starling, Mosquitto and (when on PATH) RMQTT (`rmqttd`) and rumqttd, in one
 # run on one machine. Each broker is pinned to CPU 0 and the load to CPU 1,
-# the broker is restarted before every scenario, and each figure is the
-# median of REPS runs. Prints a table of Starling/peer ratios and writes it
+# the broker is restarted before every run, the brokers take turns run by run,
+# and each figure is the median of REPS runs. Prints a table of Starling/peer ratios and writes it
 # between the markers of docs/benchmarks.md.
 #
 # Knobs (environment): REPS (3), DURATION (10 s per run), CLIENTS (100),
@@ -211,14 +211,16 @@ for scenario in $SCENARIOS; do
   line=$(echo "$SCENARIO_TABLE" | awk -F'|' -v s="$scenario" '$1 == s')
   [ -n "$line" ] || { log "unknown scenario $scenario"; exit 2; }
   IFS='|' read -r _ args field _ <<<"$line"
-  for broker in $BROKERS; do
-    values=()
-    for rep in $(seq "$REPS"); do
+  # The brokers take turns, a run each per repetition, so that a machine that speeds up
+  # or slows down over the minutes of a row moves every broker's runs alike.
+  declare -A VALUES=()
+  for rep in $(seq "$REPS"); do
+    for broker in $BROKERS; do
       PORT=$((PORT + 1))
       dir="$OUT/$broker/$scenario/$rep"
       started=$(start_broker "$broker" "$PORT" "$dir")
       if [ -z "$started" ]; then
-        values+=(n/a)
+        VALUES[$broker]+=" n/a"
         continue
       fi
       read -r pid port <<<"$started"
@@ -226,12 +228,17 @@ for scenario in $SCENARIOS; do
       # shellcheck disable=SC2086 # args is a word list on purpose
       taskset -c "$LOAD_CPU" "$BENCH" $args -p "$port" -d "$DURATION" \
         --broker-pid "$pid" --no-progress >"$dir/result.json" 2>"$dir/summary.txt" || true
-      values+=("$(json_field "$dir/result.json" "$field")")
+      value=$(json_field "$dir/result.json" "$field")
+      VALUES[$broker]+=" $value"
       stop_broker "$pid"
-      log "$broker $scenario #$rep: $field = ${values[-1]}"
+      log "$broker $scenario #$rep: $field = $value"
     done
-    RESULT[$broker,$scenario]=$(median "${values[@]}")
   done
+  for broker in $BROKERS; do
+    # shellcheck disable=SC2086 # the values are a word list on purpose
+    RESULT[$broker,$scenario]=$(median ${VALUES[$broker]})
+  done
+  unset VALUES
 done
 
 # --- table ------------------------------------------------------------------
@@ -275,8 +282,8 @@ SECTION="$OUT/section.md"
   echo "## Broker throughput and latency"
   echo
   echo "Written by \`just bench-compare\` ($(date -u +%Y-%m-%d), $(nproc) CPUs, $(uname -m));"
-  echo "broker on CPU $BROKER_CPU, load on CPU $LOAD_CPU, restarted per scenario,"
-  echo "median of $REPS runs of $DURATION s, $PAYLOAD-byte payloads, MQTT 3.1.1."
+  echo "broker on CPU $BROKER_CPU, load on CPU $LOAD_CPU, restarted per run, the brokers"
+  echo "taking turns run by run; median of $REPS runs of $DURATION s, $PAYLOAD-byte payloads, MQTT 3.1.1."
   echo "Ratios above 1 mean Starling is ahead (higher throughput, lower latency or memory)."
   echo "Machine load (1-minute load average at the start of each run, min/median/max):"
   echo "$(python3 -c 'import sys, statistics
