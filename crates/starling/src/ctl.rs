@@ -1,5 +1,5 @@
 //! `starling ctl`: the common HTTP API calls from the command line (clients, kick, publish,
-//! stats), against the node that `--config` names (its `[http]` bind and bearer token), so
+//! stats, plugins), against the node that `--config` names (its `[http]` bind and bearer token), so
 //! that an operator does not need curl. One HTTP/1.1 request per call over a plain TCP
 //! connection: the API is served on loopback or a trusted network, and a client crate
 //! for four calls would outweigh them.
@@ -39,6 +39,9 @@ pub enum CtlCommand {
     },
     /// Prints the node's stats and metrics (`GET /api/v1/stats`, `/metrics`).
     Stats,
+    /// Lists the hook chain's providers (`GET /api/v1/plugins`), one JSON object per line
+    /// with its settings under `config` (`.../{plugin}/config`).
+    Plugins,
 }
 
 /// Where the API of the configured node is: its bind, with an unspecified address read as
@@ -192,6 +195,19 @@ pub fn run(http: &HttpConfig, command: &CtlCommand) -> anyhow::Result<()> {
             for path in ["/stats", "/metrics"] {
                 let (st, body) = request(http, "GET", path, None)?;
                 println!("{}", ok(st, body)?);
+            }
+        }
+        CtlCommand::Plugins => {
+            for node in get_json(http, "/plugins")?.as_array().into_iter().flatten() {
+                let id = &node["node"];
+                for p in node["plugins"].as_array().into_iter().flatten() {
+                    let name = p["name"].as_str().context("a plugin without a name")?;
+                    let config = get_json(http, &format!("/plugins/{id}/{}/config", encode(name)))?;
+                    let mut line = p.clone();
+                    line["node"] = id.clone();
+                    line["config"] = config;
+                    println!("{line}");
+                }
             }
         }
     }

@@ -532,6 +532,16 @@ fn the_http_api_lists_kicks_publishes_and_counts_with_real_clients() {
     let out = ctl(&["publish", "api/ctl", "from ctl", "--qos", "1"]);
     assert!(out.status.success(), "{out:?}");
     next_line(&lines, "msg api/ctl from ctl");
+    let out = ctl(&["plugins"]);
+    assert!(out.status.success(), "{out:?}");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let acl_line = listed
+        .lines()
+        .map(json)
+        .find(|p| p["name"] == "starling-acl")
+        .unwrap_or_else(|| panic!("no starling-acl in {listed}"));
+    assert_eq!(acl_line["config"]["rules"], "1", "{listed}");
+    assert_eq!(listed.lines().count(), 2, "{listed}");
     let out = ctl(&["stats"]);
     assert!(out.status.success(), "{out:?}");
     assert!(
