@@ -15,6 +15,7 @@ use starling_session::{Expiry, Message};
 use thiserror::Error;
 
 use crate::gate::is_reserved;
+use crate::listing::INFO_WAIT;
 use crate::metrics::{add, MetricsSnapshot};
 use crate::msg::{
     ClientInfo, ClientMsg, ClientSubscriptions, ClusterMsg, ClusterStatus, ListingMsg,
@@ -23,7 +24,6 @@ use crate::msg::{
 use crate::settings::Shared;
 use crate::shards::Shards;
 
-use crate::listing::INFO_WAIT;
 /// How long an operator's subscribe or unsubscribe may take in the client actor: a
 /// verdict's deadline and the shards' answers fit well within it.
 const CHANGE_WAIT: Duration = Duration::from_secs(15);

@@ -105,13 +105,7 @@ async fn ask_all<R: Send + 'static>(
     registry: &Addr<RegistryMsg>,
     make: fn(Reply<R>) -> ClientMsg,
 ) -> Vec<R> {
-    let Ok(addrs) = registry
-        .ask(|reply| RegistryMsg::Clients {
-            limit: usize::MAX,
-            reply,
-        })
-        .await
-    else {
+    let Ok(addrs) = registry.ask(RegistryMsg::Clients).await else {
         return Vec::new();
     };
     let mut out = Vec::with_capacity(addrs.len());

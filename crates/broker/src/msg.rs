@@ -200,11 +200,8 @@ pub(crate) enum RegistryMsg {
     },
     /// Close every connection (v5 0x8B) and stop every client actor.
     Shutdown(Reply<()>),
-    /// Every client actor, for an operator's list (at most `limit`).
-    Clients {
-        limit: usize,
-        reply: Reply<Vec<starling_rt::Addr<ClientMsg>>>,
-    },
+    /// Every client actor, for an operator's list.
+    Clients(Reply<Vec<starling_rt::Addr<ClientMsg>>>),
     /// The client actor of one client id.
     Client(Arc<str>, Reply<Option<starling_rt::Addr<ClientMsg>>>),
     /// The cluster's answer to this node's claim of `client_id` (an epoch, or why not); the

@@ -562,8 +562,8 @@ impl Actor for Registry {
                 }
                 let _ = reply.send(());
             }
-            RegistryMsg::Clients { limit, reply } => {
-                let all = self.clients.values().take(limit).map(|e| e.addr.clone());
+            RegistryMsg::Clients(reply) => {
+                let all = self.clients.values().map(|e| e.addr.clone());
                 let _ = reply.send(all.collect());
             }
             RegistryMsg::Client(client_id, reply) => {

@@ -28,6 +28,22 @@ pub(crate) async fn connect_by(
     None
 }
 
+/// Connects `o`'s client to `node` (retrying as long as it takes), checks that the session
+/// a previous connection left there is still there, and makes the next connection resume
+/// it. `None`: it never connected.
+async fn resume_on(node: usize, o: &mut ConnectOpts) -> Option<MqttClient> {
+    let forever = Instant::now() + Duration::from_secs(3600);
+    let (c, connack) = connect_by(mqtt_addr(node), o, forever).await?;
+    check!(
+        o.clean_start || connack.session_present,
+        "{}: its session on node{} is gone",
+        o.client_id,
+        node + 1
+    );
+    o.clean_start = false;
+    Some(c)
+}
+
 pub(crate) fn ack(id: std::num::NonZeroU16) -> PubAck {
     PubAck::new(id)
 }
@@ -63,16 +79,9 @@ pub(crate) async fn subscriber(k: usize, node: usize, variant: Variant, oracle: 
     let mut unreleased: BTreeSet<u16> = BTreeSet::new();
     let mut subscribed = false;
     loop {
-        let forever = Instant::now() + Duration::from_secs(3600);
-        let Some((mut c, connack)) = connect_by(mqtt_addr(node), &o, forever).await else {
+        let Some(mut c) = resume_on(node, &mut o).await else {
             return;
         };
-        check!(
-            o.clean_start || connack.session_present,
-            "sub{k}: its persistent session on node{} is gone",
-            node + 1
-        );
-        o.clean_start = false;
         if !subscribed && c.send(&subscribe_all(1)).await.is_err() {
             continue;
         }
@@ -177,16 +186,9 @@ pub(crate) async fn publisher(k: usize, node: usize, pace: Duration, oracle: Sha
     let mut seq = 0u64;
     let mut next_id = 0u32;
     loop {
-        let forever = Instant::now() + Duration::from_secs(3600);
-        let Some((mut c, connack)) = connect_by(mqtt_addr(node), &o, forever).await else {
+        let Some(mut c) = resume_on(node, &mut o).await else {
             return;
         };
-        check!(
-            o.clean_start || connack.session_present,
-            "pub{k}: its session on node{} is gone",
-            node + 1
-        );
-        o.clean_start = false;
         // Resend what is not acknowledged (MQTT 5 §4.4): PUBLISH with DUP, or PUBREL.
         let mut up = true;
         for (id, p) in &pending {
