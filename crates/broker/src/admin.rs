@@ -19,7 +19,7 @@ use crate::listing::INFO_WAIT;
 use crate::metrics::{add, MetricsSnapshot};
 use crate::msg::{
     ClientInfo, ClientMsg, ClientSubscriptions, ClusterMsg, ClusterStatus, ListingMsg,
-    NotConnected, RegistryMsg, RouterMsg,
+    MembershipError, NotConnected, RegistryMsg, RouterMsg,
 };
 use crate::settings::Shared;
 use crate::shards::Shards;
@@ -113,6 +113,43 @@ impl Admin {
             .await
             .map(Some)
             .map_err(|_| AdminError::Stopping)
+    }
+
+    /// Adds `node` to the cluster (`starling cluster join`): its record, then as a learner,
+    /// then as a voter once it has caught up. Only the leader does it.
+    ///
+    /// # Errors
+    /// [`MembershipError`]: not clustered, not the leader (with the leader to ask), a wrong
+    /// request, or raft not carrying it out in time.
+    pub async fn cluster_add_member(
+        &self,
+        node: u64,
+        member: starling_cluster::Member,
+    ) -> Result<(), MembershipError> {
+        let Some(c) = &self.cluster else {
+            return Err(MembershipError::NotClustered);
+        };
+        c.ask(|reply| ClusterMsg::AddMember {
+            node,
+            member,
+            reply,
+        })
+        .await
+        .unwrap_or_else(|_| Err(MembershipError::Failed("the broker is stopping".to_owned())))
+    }
+
+    /// Has this node leave the cluster (`starling cluster leave`); once it has, the node
+    /// stops ([`crate::Broker::left`]).
+    ///
+    /// # Errors
+    /// As [`Admin::cluster_add_member`].
+    pub async fn cluster_leave(&self) -> Result<(), MembershipError> {
+        let Some(c) = &self.cluster else {
+            return Err(MembershipError::NotClustered);
+        };
+        c.ask(ClusterMsg::Leave)
+            .await
+            .unwrap_or_else(|_| Err(MembershipError::Failed("the broker is stopping".to_owned())))
     }
 
     /// The hook chain's providers, each once (a provider on two hooks is one plugin), in

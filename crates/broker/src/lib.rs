@@ -80,7 +80,8 @@ pub use error::{BrokerError, StoreOpenError};
 pub use metrics::{
     HistogramSnapshot, Latencies, MetricKind, MetricsSnapshot, RmqttSnapshot, BOUNDS_US,
 };
-pub use msg::{ClientInfo, ClientSubscriptions, ClusterStatus, MemberStatus};
+pub use msg::{ClientInfo, ClientSubscriptions, ClusterStatus, MemberStatus, MembershipError};
+pub use starling_cluster::Member;
 /// The hook seam, for embedders: providers to start the broker with
 /// ([`Broker::start_with`]).
 pub use starling_hooks as hooks;
@@ -431,6 +432,15 @@ impl Broker {
         self.shared.metrics.handshakings.shift(1);
         listener::serve(io, info, None, None, lctx, accepted).await;
         self.shared.metrics.handshakings.shift(-1);
+    }
+
+    /// Resolves once this node has left its cluster (`starling cluster leave`); never
+    /// without a cluster. The daemon then stops, as on SIGTERM.
+    pub async fn left(&self) {
+        match &self.cluster {
+            Some(c) => c.left().await,
+            None => std::future::pending().await,
+        }
     }
 
     /// Stops accepting, closes every connection (MQTT 5: DISCONNECT 0x8B) and stops the

@@ -560,6 +560,45 @@ pub(crate) enum ClusterMsg {
     },
     Tick,
     Status(Reply<ClusterStatus>),
+    /// The transport's peers: the actor makes them follow the members and raft's
+    /// configuration.
+    Peers(Box<starling_raft::PeerControl>),
+    /// Raft's status, asked on every tick (`None`: the driver did not answer).
+    RaftStatus(Option<Box<starling_raft::Status>>),
+    /// An operator adds `node` (`starling cluster join`): its record through the log, then
+    /// it becomes a learner, and a voter once it has caught up. The leader does it.
+    AddMember {
+        node: u64,
+        member: starling_cluster::Member,
+        reply: Reply<Result<(), MembershipError>>,
+    },
+    /// An operator has this node leave the cluster (`starling cluster leave`).
+    Leave(Reply<Result<(), MembershipError>>),
+    /// The leader's removal of a departed member from raft's configuration finished.
+    Removed(u64),
+    /// This node's leave is done: it stops.
+    Left,
+}
+
+/// Why an operator's membership change did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MembershipError {
+    #[error("this node is not in a cluster (cluster.enabled is false)")]
+    NotClustered,
+    /// Membership changes go through the leader: ask it (its API address, when known).
+    #[error("node {node} is not the leader (leader: {})", leader.map_or("unknown".to_owned(), |l| l.to_string()))]
+    NotLeader {
+        node: u64,
+        leader: Option<u64>,
+        leader_http: Option<String>,
+    },
+    /// The request itself is wrong (node id 0, this node, the last voter leaving).
+    #[error("{0}")]
+    Refused(String),
+    /// Raft did not carry it out in time; the change may be partly made (the message says
+    /// how far it got), and asking again is safe.
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// What a proposal of the cluster actor carried: each kind has its own raft request ids,
@@ -594,6 +633,11 @@ pub struct ClusterStatus {
     pub routes_converged: bool,
     /// Times this node saw the leader or term change since it started.
     pub leader_changes: u64,
+    /// This node's own record, as it states it in the log (what `starling cluster join`
+    /// sends the leader).
+    pub this: starling_cluster::Member,
+    /// This node left the cluster (`starling cluster leave`) and is stopping.
+    pub left: bool,
 }
 
 /// One member as a node sees it.

@@ -1,17 +1,74 @@
 //! `GET /api/v1/cluster`: this node's view of the raft cluster (not an RMQTT path; RMQTT
 //! has no equivalent). What `starling cluster status` prints. A node alone answers too,
-//! with `enabled: false`.
+//! with `enabled: false`. `POST /api/v1/cluster/members` (on the leader) adds a node and
+//! `POST /api/v1/cluster/leave` has this node leave: what `starling cluster join` and
+//! `leave` ask for.
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
+use serde::Deserialize;
 use serde_json::json;
-use starling_broker::ClusterStatus;
+use starling_broker::{ClusterStatus, Member, MembershipError};
 
-use crate::reply::{error, resource};
+use crate::reply::{error, present, resource};
 use crate::ApiState;
 
 pub(crate) fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(resource("/cluster", "GET").route(web::get().to(status)));
+    cfg.service(resource("/cluster", "GET").route(web::get().to(status)))
+        .service(resource("/cluster/members", "POST").route(web::post().to(add_member)))
+        .service(resource("/cluster/leave", "POST").route(web::post().to(leave)));
+}
+
+/// A node to add: its id and its record (what its own `GET /cluster` shows under `self`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddMember {
+    id: u64,
+    mqtt: String,
+    cluster: String,
+    #[serde(default, deserialize_with = "present")]
+    http: Option<String>,
+}
+
+/// A refused membership change: 409 when the node is the wrong one to ask (not clustered,
+/// not the leader, with the leader to ask instead), 400 for a wrong request, 503 when raft
+/// did not carry it out in time.
+fn membership_error(e: &MembershipError) -> HttpResponse {
+    match e {
+        MembershipError::NotLeader {
+            leader,
+            leader_http,
+            ..
+        } => HttpResponse::Conflict().json(json!({
+            "code": 409,
+            "message": e.to_string(),
+            "leader": leader,
+            "leader_http": leader_http,
+        })),
+        MembershipError::NotClustered => error(StatusCode::CONFLICT, e),
+        MembershipError::Refused(_) => error(StatusCode::BAD_REQUEST, e),
+        MembershipError::Failed(_) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+}
+
+async fn add_member(s: web::Data<ApiState>, body: web::Json<AddMember>) -> HttpResponse {
+    let b = body.into_inner();
+    let member = Member {
+        mqtt: b.mqtt,
+        cluster: b.cluster,
+        http: b.http,
+    };
+    match s.admin.cluster_add_member(b.id, member).await {
+        Ok(()) => HttpResponse::Ok().json(json!({ "joined": b.id })),
+        Err(e) => membership_error(&e),
+    }
+}
+
+async fn leave(s: web::Data<ApiState>) -> HttpResponse {
+    match s.admin.cluster_leave().await {
+        Ok(()) => HttpResponse::Ok().json(json!({ "left": s.admin.node_id() })),
+        Err(e) => membership_error(&e),
+    }
 }
 
 pub(crate) fn status_json(s: &ClusterStatus) -> serde_json::Value {
@@ -26,6 +83,12 @@ pub(crate) fn status_json(s: &ClusterStatus) -> serde_json::Value {
         "routes": s.routes,
         "routes_converged": s.routes_converged,
         "leader_changes": s.leader_changes,
+        "left": s.left,
+        "self": {
+            "mqtt": s.this.mqtt,
+            "cluster": s.this.cluster,
+            "http": s.this.http,
+        },
         "members": s.members.iter().map(|m| json!({
             "id": m.id,
             "mqtt": m.mqtt,

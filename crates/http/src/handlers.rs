@@ -36,6 +36,16 @@ const ENDPOINTS: &[(&str, &str, &str)] = &[
         "/api/v1/cluster",
         "this node's view of the cluster: members, their health, the leader",
     ),
+    (
+        "POST",
+        "/api/v1/cluster/members",
+        "add a node to the cluster (on the leader): `starling cluster join`",
+    ),
+    (
+        "POST",
+        "/api/v1/cluster/leave",
+        "this node leaves the cluster, then stops: `starling cluster leave`",
+    ),
     ("GET", "/api/v1/clients", "clients, searched"),
     ("GET", "/api/v1/clients/{clientid}", "one client"),
     (

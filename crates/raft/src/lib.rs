@@ -19,7 +19,8 @@ pub use driver::{start, Client, Consistency, Metrics, RaftHandle};
 pub use error::{ConfigError, Error, RequestError, Result};
 pub use node::{Effect, Membership, Node, PeerProgress, ProposeError, Role, Status};
 pub use quic::{
-    node_name, DataLinks, DataSendError, NodeTls, QuicMetrics, QuicNet, QuicOptions, QuicTransport,
+    node_name, DataLinks, DataSendError, NodeTls, PeerControl, QuicMetrics, QuicNet, QuicOptions,
+    QuicTransport,
 };
 pub use sm::{RequestId, StateMachine};
 #[cfg(feature = "testkit")]

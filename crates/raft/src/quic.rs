@@ -21,11 +21,17 @@
 //! - **Queues.** [`Transport::send`] never waits: each peer has a bounded queue per stream
 //!   (`queue_max` messages); when it is full the message is dropped and counted. raft
 //!   retransmits whatever is lost.
+//! - **Peers.** The peers to dial start as [`QuicNet::transport`]'s list and change while
+//!   the node runs through [`PeerControl`] (a member joins or leaves the cluster). Any node
+//!   whose certificate the cluster CA signed may connect in, listed or not, and one not
+//!   listed is dialed back at the address it connected from (each endpoint dials from the
+//!   socket it accepts on): a node being added hears from the leader before it has learnt
+//!   anyone's address, and must answer it. A peer removed is not learnt again that way.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use raft::eraftpb::{Message, MessageType};
@@ -149,7 +155,7 @@ pub enum DataSendError {
 /// be acknowledged by the application.
 #[derive(Clone, Default)]
 pub struct DataLinks {
-    peers: Arc<BTreeMap<u64, mpsc::Sender<Vec<u8>>>>,
+    peers: PeerTable,
     metrics: Arc<QuicMetrics>,
 }
 
@@ -160,19 +166,20 @@ impl DataLinks {
     /// [`DataSendError::Full`] with the frame when the peer's queue is full;
     /// [`DataSendError::Closed`] for an unknown peer or a stopped node.
     pub fn try_send(&self, peer: u64, frame: Vec<u8>) -> Result<(), DataSendError> {
-        let Some(tx) = self.peers.get(&peer) else {
+        let peers = read(&self.peers);
+        let Some(q) = peers.queues.get(&peer) else {
             return Err(DataSendError::Closed);
         };
-        match tx.try_send(frame) {
+        match q.data_tx.try_send(frame) {
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(f)) => Err(DataSendError::Full(f)),
             Err(mpsc::error::TrySendError::Closed(_)) => Err(DataSendError::Closed),
         }
     }
 
-    /// The peers frames can go to.
-    pub fn peers(&self) -> impl Iterator<Item = u64> + '_ {
-        self.peers.keys().copied()
+    /// The peers frames can go to now.
+    pub fn peers(&self) -> Vec<u64> {
+        read(&self.peers).queues.keys().copied().collect()
     }
 
     pub fn metrics(&self) -> &QuicMetrics {
@@ -188,9 +195,8 @@ pub struct QuicNet {
     opts: QuicOptions,
     endpoint: QuicEndpoint,
     metrics: Arc<QuicMetrics>,
-    /// Every member's id and address, set by [`QuicNet::transport`].
-    peers: BTreeMap<u64, SocketAddr>,
-    data: DataLinks,
+    /// Every peer's queues, filled by [`QuicNet::transport`], changed by [`PeerControl`].
+    peers: PeerTable,
 }
 
 impl QuicNet {
@@ -212,8 +218,7 @@ impl QuicNet {
             opts,
             endpoint,
             metrics: Arc::default(),
-            peers: BTreeMap::new(),
-            data: DataLinks::default(),
+            peers: PeerTable::default(),
         })
     }
 
@@ -227,44 +232,37 @@ impl QuicNet {
     }
 
     /// The sending half for the driver, towards `peers` (id and address of each member;
-    /// this node's own entry is skipped, messages to ids not listed are dropped, and only
-    /// these ids may connect in). One link task per peer starts now, dialing in the
-    /// background.
+    /// this node's own entry is skipped, messages to ids not listed are dropped). One link
+    /// task per peer starts now, dialing in the background. [`QuicNet::peer_control`]
+    /// changes the list later.
     pub fn transport(&mut self, peers: BTreeMap<u64, SocketAddr>) -> QuicTransport {
-        self.peers = peers;
-        let mut queues = BTreeMap::new();
-        let mut data = BTreeMap::new();
-        for (&id, &addr) in &self.peers {
-            if id == self.opts.id {
-                continue;
-            }
-            let (raft_tx, raft_rx) = mpsc::channel(self.opts.queue_max);
-            let (bulk_tx, bulk_rx) = mpsc::channel(self.opts.queue_max);
-            let (data_tx, data_rx) = mpsc::channel(self.opts.queue_max);
-            data.insert(id, data_tx);
-            let link = Link {
-                peer: id,
-                addr,
-                endpoint: self.endpoint.clone(),
-                opts: self.opts.clone(),
-                metrics: self.metrics.clone(),
-            };
-            starling_rt::spawn(link.run(raft_rx, bulk_rx, data_rx));
-            queues.insert(id, PeerQueues { raft_tx, bulk_tx });
+        let control = self.peer_control();
+        for (id, addr) in peers {
+            control.set(id, addr);
         }
-        self.data = DataLinks {
-            peers: Arc::new(data),
-            metrics: self.metrics.clone(),
-        };
         QuicTransport {
-            peers: queues,
+            peers: self.peers.clone(),
             metrics: self.metrics.clone(),
         }
     }
 
-    /// The sending half of the data streams (after [`QuicNet::transport`]).
+    /// Adds, moves and removes peers while the node runs.
+    pub fn peer_control(&self) -> PeerControl {
+        PeerControl {
+            me: self.opts.id,
+            peers: self.peers.clone(),
+            endpoint: self.endpoint.clone(),
+            opts: self.opts.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// The sending half of the data streams (towards the peers of the moment).
     pub fn data(&self) -> DataLinks {
-        self.data.clone()
+        DataLinks {
+            peers: self.peers.clone(),
+            metrics: self.metrics.clone(),
+        }
     }
 
     /// Accepts peers' connections and delivers their messages to `raft`, in a background
@@ -280,7 +278,7 @@ impl QuicNet {
         let endpoint = self.endpoint.clone();
         let ctx = Arc::new(Inbound {
             me: self.opts.id,
-            peers: self.peers.keys().copied().collect(),
+            peers: self.peer_control(),
             frame_bytes_max: self.opts.frame_bytes_max,
             metrics: self.metrics.clone(),
             raft,
@@ -305,14 +303,118 @@ impl QuicNet {
     }
 }
 
+/// One peer's address and the queues of its link task (which ends once they are dropped).
 struct PeerQueues {
+    addr: SocketAddr,
     raft_tx: mpsc::Sender<Message>,
     bulk_tx: mpsc::Sender<Message>,
+    data_tx: mpsc::Sender<Vec<u8>>,
+}
+
+/// The peers of the moment. It is the transport's own routing table, read by whoever
+/// sends (the driver's turn, the data links' holders) and written only on a membership
+/// change; no actor's state lives in it, only the queues of the link tasks. A lock held
+/// for one map lookup is cheaper than telling every holder of a [`DataLinks`] of each
+/// change, and a sender never waits on it for longer than that.
+type PeerTable = Arc<RwLock<Peers>>;
+
+#[derive(Default)]
+struct Peers {
+    queues: BTreeMap<u64, PeerQueues>,
+    /// Removed by [`PeerControl::remove`]: not learnt again from an inbound connection.
+    removed: std::collections::BTreeSet<u64>,
+}
+
+fn read(t: &PeerTable) -> std::sync::RwLockReadGuard<'_, Peers> {
+    // A panic while holding the lock leaves a map that is still whole (inserts and removes
+    // only): read it anyway.
+    t.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write(t: &PeerTable) -> std::sync::RwLockWriteGuard<'_, Peers> {
+    t.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Changes the peers of a running [`QuicNet`]: cheap to clone.
+#[derive(Clone)]
+pub struct PeerControl {
+    me: u64,
+    peers: PeerTable,
+    endpoint: QuicEndpoint,
+    opts: QuicOptions,
+    metrics: Arc<QuicMetrics>,
+}
+
+impl PeerControl {
+    /// Dials `id` at `addr` from now on: a new peer gets a link task; a known one at
+    /// another address gets a new link there (what was queued for the old one is
+    /// dropped). This node's own id is ignored. Returns whether anything changed.
+    pub fn set(&self, id: u64, addr: SocketAddr) -> bool {
+        self.insert(id, addr, false)
+    }
+
+    /// Dials `id` at `addr` unless it is dialed already or was removed: a node that
+    /// connected in from there without being listed.
+    fn learn(&self, id: u64, addr: SocketAddr) -> bool {
+        self.insert(id, addr, true)
+    }
+
+    fn insert(&self, id: u64, addr: SocketAddr, learnt: bool) -> bool {
+        if id == self.me {
+            return false;
+        }
+        let mut peers = write(&self.peers);
+        if learnt && (peers.queues.contains_key(&id) || peers.removed.contains(&id)) {
+            return false;
+        }
+        if peers.queues.get(&id).is_some_and(|q| q.addr == addr) {
+            return false;
+        }
+        peers.removed.remove(&id);
+        let (raft_tx, raft_rx) = mpsc::channel(self.opts.queue_max);
+        let (bulk_tx, bulk_rx) = mpsc::channel(self.opts.queue_max);
+        let (data_tx, data_rx) = mpsc::channel(self.opts.queue_max);
+        let link = Link {
+            peer: id,
+            addr,
+            endpoint: self.endpoint.clone(),
+            opts: self.opts.clone(),
+            metrics: self.metrics.clone(),
+        };
+        starling_rt::spawn(link.run(raft_rx, bulk_rx, data_rx));
+        // Replacing drops the old queues: the old link task ends.
+        peers.queues.insert(
+            id,
+            PeerQueues {
+                addr,
+                raft_tx,
+                bulk_tx,
+                data_tx,
+            },
+        );
+        true
+    }
+
+    /// Stops dialing `id` (its link task ends). Returns whether it was a peer.
+    pub fn remove(&self, id: u64) -> bool {
+        let mut peers = write(&self.peers);
+        peers.removed.insert(id);
+        peers.queues.remove(&id).is_some()
+    }
+
+    /// The peers and their addresses now.
+    pub fn list(&self) -> BTreeMap<u64, SocketAddr> {
+        read(&self.peers)
+            .queues
+            .iter()
+            .map(|(id, q)| (*id, q.addr))
+            .collect()
+    }
 }
 
 /// The driver's sending half: never waits, drops when a peer's queue is full.
 pub struct QuicTransport {
-    peers: BTreeMap<u64, PeerQueues>,
+    peers: PeerTable,
     metrics: Arc<QuicMetrics>,
 }
 
@@ -324,7 +426,8 @@ impl QuicTransport {
 
 impl Transport for QuicTransport {
     fn send(&mut self, msg: Message) {
-        let Some(q) = self.peers.get(&msg.to) else {
+        let peers = read(&self.peers);
+        let Some(q) = peers.queues.get(&msg.to) else {
             self.metrics
                 .dropped_unknown_peer
                 .fetch_add(1, Ordering::Relaxed);
@@ -395,6 +498,13 @@ impl Link {
                 self.metrics
                     .data_dropped_link_down
                     .fetch_add(1, Ordering::Relaxed);
+            }
+            if matches!(
+                raft_rx.try_recv(),
+                Err(mpsc::error::TryRecvError::Disconnected)
+            ) {
+                // No longer a peer (`PeerControl::remove`), or the node is stopping.
+                return;
             }
             // Full jitter in [backoff/2, backoff): peers restarting together do not dial in
             // lockstep.
@@ -502,7 +612,7 @@ async fn read_frame(recv: &mut QuicRecv, max: usize, body: &mut Vec<u8>) -> Resu
 /// What an accepted connection needs to deliver messages.
 struct Inbound {
     me: u64,
-    peers: Vec<u64>,
+    peers: PeerControl,
     frame_bytes_max: usize,
     metrics: Arc<QuicMetrics>,
     raft: RaftHandle,
@@ -515,12 +625,17 @@ impl Inbound {
             .peer_certificates()
             .and_then(|c| c.first().and_then(starling_net::common_name))
             .and_then(|cn| parse_node_name(&cn));
-        let Some(from) = from.filter(|id| self.peers.contains(id) && *id != self.me) else {
-            // Signed by our CA but not a member we know: refuse.
+        // Any node the cluster CA signed for: a node being added hears from the leader
+        // before it knows the leader's address (docs/clustering.md, "Membership").
+        let Some(from) = from.filter(|id| *id != self.me) else {
+            // No node name, or ours.
             self.metrics.refused.fetch_add(1, Ordering::Relaxed);
             conn.close(1, b"unknown node");
             return;
         };
+        if self.peers.learn(from, conn.remote_address()) {
+            tracing::debug!(node_id = self.me, peer = from, addr = %conn.remote_address(), "peer learnt from its connection");
+        }
         while let Ok((_send, recv)) = conn.accept_bi().await {
             let ctx = self.clone();
             let conn = conn.clone();

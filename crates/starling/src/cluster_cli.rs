@@ -2,13 +2,19 @@
 //! node's HTTP API (`GET /api/v1/cluster`, with its `[http]` bind and bearer token). Whether
 //! each member is heard is known only to the leader, so a follower's answer is completed
 //! with the leader's (through the leader's own API address, with the same token).
+//! `starling cluster join ADDR` adds the node `--config` names to the cluster of the member
+//! whose API is at ADDR (the leader does it: a follower's answer names it, and the request
+//! goes there); `starling cluster leave` has the node `--config` names leave, after which it
+//! stops. Every node of a cluster is taken to share one bearer token.
 
-use anyhow::Context;
+use std::net::SocketAddr;
+
+use anyhow::{bail, Context};
 use clap::Subcommand;
-use serde_json::Value;
+use serde_json::{json, Value};
 use starling_config::{Config, HttpConfig};
 
-use crate::ctl::get_json;
+use crate::ctl::{get_json, ok, request};
 
 #[derive(Subcommand, Debug)]
 pub enum ClusterCommand {
@@ -18,10 +24,25 @@ pub enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Adds the node that --config names (started with `cluster.bootstrap = false`) to the
+    /// cluster of the member whose HTTP API is at ADDR; returns once it is a voter.
+    Join {
+        /// The HTTP API address (`host:port`) of any member of the cluster.
+        addr: SocketAddr,
+    },
+    /// Has the node that --config names leave its cluster; the node then stops.
+    Leave,
 }
+
+/// How many times a join follows a "not the leader" answer (to the leader it names, or
+/// after a pause when it names none), and the pause.
+const LEADER_TRIES: usize = 20;
+const LEADER_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
 pub fn run(config: &Config, command: &ClusterCommand) -> anyhow::Result<()> {
     match command {
+        ClusterCommand::Join { addr } => return join(config, *addr),
+        ClusterCommand::Leave => return leave(config),
         ClusterCommand::Status { json } => {
             let mut st = get_json(&config.http, "/cluster")?;
             if st["enabled"] == false {
@@ -63,6 +84,80 @@ pub fn run(config: &Config, command: &ClusterCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The API of the node at `bind`, with the token of `config`.
+fn api_at(config: &Config, bind: SocketAddr) -> HttpConfig {
+    HttpConfig {
+        bind,
+        ..config.http.clone()
+    }
+}
+
+fn join(config: &Config, addr: SocketAddr) -> anyhow::Result<()> {
+    let me = get_json(&config.http, "/cluster").context("the node to add (--config)")?;
+    if me["enabled"] == false {
+        bail!(
+            "node {} is not in a cluster: set cluster.enabled = true (and bootstrap = false) in its config",
+            me["node"]
+        );
+    }
+    let id = me["node"].as_u64().context("the node's id")?;
+    let this = &me["self"];
+    let body = json!({
+        "id": id,
+        "mqtt": this["mqtt"],
+        "cluster": this["cluster"],
+        "http": this["http"],
+    });
+    let mut at = addr;
+    for _ in 0..LEADER_TRIES {
+        let (status, answer) = request(
+            &api_at(config, at),
+            "POST",
+            "/cluster/members",
+            Some(&body.to_string()),
+        )
+        .with_context(|| format!("the member at {at}"))?;
+        if status == 409 {
+            match leader_api(&answer) {
+                // Not the leader: ask the one it names.
+                Some(Some(leader)) => {
+                    at = leader;
+                    continue;
+                }
+                // No leader known there yet, or not its address (an election, a record
+                // not applied yet): ask again shortly.
+                Some(None) => {
+                    std::thread::sleep(LEADER_RETRY);
+                    continue;
+                }
+                None => {}
+            }
+        }
+        ok(status, answer).with_context(|| format!("adding node {id} through {at}"))?;
+        println!("node {id} joined the cluster (through the leader's API at {at})");
+        return Ok(());
+    }
+    bail!(
+        "no leader took the request after {LEADER_TRIES} tries (an election under way?); try again"
+    )
+}
+
+fn leave(config: &Config) -> anyhow::Result<()> {
+    let (status, answer) = request(&config.http, "POST", "/cluster/leave", None)
+        .context("the node to remove (--config)")?;
+    let v: Value = serde_json::from_str(&ok(status, answer)?).context("the answer")?;
+    println!("node {} left the cluster and is stopping", v["left"]);
+    Ok(())
+}
+
+/// In a "not the leader" answer, the leader's API address if it names one (`None` in the
+/// outer option: not such an answer).
+fn leader_api(answer: &str) -> Option<Option<SocketAddr>> {
+    let v: Value = serde_json::from_str(answer).ok()?;
+    v.get("leader")?;
+    Some(v["leader_http"].as_str().and_then(|a| a.parse().ok()))
 }
 
 /// Copies the leader's `active` and `matched` of each member into `st`.
@@ -136,6 +231,19 @@ fn table(st: &Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_not_the_leader_answer_names_the_leader_to_ask_or_none() {
+        let named = r#"{"code":409,"message":"x","leader":1,"leader_http":"127.0.0.1:6061"}"#;
+        assert_eq!(
+            leader_api(named),
+            Some(Some("127.0.0.1:6061".parse().unwrap()))
+        );
+        let unknown = r#"{"code":409,"message":"x","leader":null,"leader_http":null}"#;
+        assert_eq!(leader_api(unknown), Some(None));
+        let other = r#"{"code":409,"message":"this node is not in a cluster"}"#;
+        assert_eq!(leader_api(other), None);
+    }
 
     #[test]
     fn the_table_names_the_leader_and_each_members_health() {

@@ -75,7 +75,7 @@ pub(crate) fn get_json(http: &HttpConfig, path: &str) -> anyhow::Result<serde_js
 }
 
 /// One request; the status and body of the answer.
-fn request(
+pub(crate) fn request(
     http: &HttpConfig,
     method: &str,
     path: &str,
@@ -84,7 +84,8 @@ fn request(
     let addr = target(http);
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
         .with_context(|| format!("the HTTP API at {addr} (http.bind; is http.enabled on?)"))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    // A join waits for the new node to catch up (up to 30 s on the leader).
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
     let mut req =
         format!("{method} /api/v1{path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     if let Some(t) = &http.bearer_token {
@@ -132,7 +133,7 @@ fn dechunk(mut s: &str) -> anyhow::Result<String> {
 }
 
 /// Fails with the API's message for a status that is not a success.
-fn ok(status: u16, body: String) -> anyhow::Result<String> {
+pub(crate) fn ok(status: u16, body: String) -> anyhow::Result<String> {
     if (200..300).contains(&status) {
         return Ok(body);
     }

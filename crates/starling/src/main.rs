@@ -208,7 +208,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             backend = starling_rt::BACKEND,
             "starling started"
         );
-        signals.serve(&broker).await;
+        tokio::select! {
+            () = signals.serve(&broker) => {}
+            () = broker.left() => tracing::info!("this node left its cluster"),
+        }
         tracing::info!("starling stopping");
         if let Some(api) = api {
             api.stop().await;

@@ -23,6 +23,7 @@ use holds::HoldOp;
 
 mod confirm;
 mod holds;
+mod membership;
 mod status;
 use crate::msg::{Claim, ClaimError, ClusterMsg, Proposal, RegistryMsg, RouterMsg, Stored};
 use crate::settings::Shared;
@@ -83,6 +84,24 @@ pub(crate) struct ClusterActor {
     /// of the read in flight (`confirm`).
     confirm_queue: Vec<Confirm>,
     confirm_in_flight: Option<Vec<Confirm>>,
+    /// The transport's peers, kept to the members (`membership`).
+    peers: Option<starling_raft::PeerControl>,
+    /// `cluster.peers` of the configuration, and the last cluster address each member's
+    /// record gave (kept after it leaves, while raft may still need to reach it).
+    config_peers: BTreeMap<u64, std::net::SocketAddr>,
+    known_addrs: BTreeMap<u64, std::net::SocketAddr>,
+    /// Raft's status as last asked (every tick), and whether a question is in flight.
+    raft_status: Option<Box<starling_raft::Status>>,
+    status_in_flight: bool,
+    /// Members whose record a `Leave` removed: the leader takes them out of raft's
+    /// configuration (one at a time: `removing`).
+    departed: BTreeSet<u64>,
+    removing: Option<u64>,
+    /// This node is leaving or left (an operator's `starling cluster leave`, or its record
+    /// removed by a `Leave`): it no longer states its own record.
+    leaving: bool,
+    /// Told once this node has left, for the daemon to stop.
+    left: tokio::sync::watch::Sender<bool>,
 }
 
 /// A SUBSCRIBE's read barrier: answered by a read that started once the retained changes
@@ -124,7 +143,9 @@ impl ClusterActor {
         shards: Shards,
         shared: Arc<Shared>,
         clients: [u64; 5],
+        left: tokio::sync::watch::Sender<bool>,
     ) -> Self {
+        let config_peers = shared.config.cluster.peers.clone();
         ClusterActor {
             node,
             me,
@@ -158,6 +179,15 @@ impl ClusterActor {
             hold_client: clients[4],
             confirm_queue: Vec::new(),
             confirm_in_flight: None,
+            peers: None,
+            config_peers,
+            known_addrs: BTreeMap::new(),
+            raft_status: None,
+            status_in_flight: false,
+            departed: BTreeSet::new(),
+            removing: None,
+            leaving: false,
+            left,
         }
     }
 
@@ -196,6 +226,11 @@ impl ClusterActor {
             // A restarted node learns `joined` from its own log before raft's handle
             // arrives: a batch taken now would stay in flight with nobody proposing it,
             // and the book sends no other while one is in flight.
+            return;
+        }
+        if self.leaving {
+            // A node that left states nothing more: its record, routes and claims are gone
+            // from the log and must stay gone.
             return;
         }
         if !self.joined {
@@ -458,12 +493,19 @@ impl ClusterActor {
                             if node == self.node && m == self.me {
                                 self.joined = true;
                             }
+                            self.departed.remove(&node);
                             self.members.insert(node, m);
                         }
                         None => {
+                            if node == self.node {
+                                self.joined = false;
+                                self.leaving = true;
+                            }
+                            self.departed.insert(node);
                             self.members.remove(&node);
                         }
                     };
+                    self.sync_peers();
                 }
                 Change::Route { filter, nodes } => self.route(filter, nodes).await,
                 Change::Owner { client_id, owner } => self.owner_changed(client_id, owner).await,
@@ -508,8 +550,16 @@ impl ClusterActor {
                 _ => {}
             }
         }
+        if self.joined && !members.contains_key(&self.node) {
+            self.leaving = true;
+        }
         self.joined = members.get(&self.node) == Some(&self.me);
+        // Who left is not in a snapshot: those whose record goes now are taken as departed.
+        for gone in self.members.keys().filter(|n| !members.contains_key(n)) {
+            self.departed.insert(*gone);
+        }
         self.members = members;
+        self.sync_peers();
         self.book.replicated_reset();
         let gone: Vec<String> = self
             .routes
@@ -736,8 +786,27 @@ impl Actor for ClusterActor {
                     }
                 }
             }
-            ClusterMsg::Tick => self.propose_due(ctx),
+            ClusterMsg::Tick => {
+                self.propose_due(ctx);
+                self.ask_status(ctx);
+            }
             ClusterMsg::Status(reply) => self.status(reply),
+            ClusterMsg::Peers(p) => {
+                self.peers = Some(*p);
+                self.sync_peers();
+            }
+            ClusterMsg::RaftStatus(st) => self.raft_status(st, ctx),
+            ClusterMsg::AddMember {
+                node,
+                member,
+                reply,
+            } => self.add_member(node, member, reply),
+            ClusterMsg::Leave(reply) => self.leave(reply, ctx),
+            ClusterMsg::Removed(node) => self.removed(node, ctx),
+            ClusterMsg::Left => {
+                self.leaving = true;
+                let _ = self.left.send(true);
+            }
         }
     }
 }

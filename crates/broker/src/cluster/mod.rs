@@ -47,6 +47,7 @@ pub(crate) struct ClusterNode {
     actor: Addr<ClusterMsg>,
     raft: RaftHandle,
     net: QuicNet,
+    left: tokio::sync::watch::Receiver<bool>,
 }
 
 impl ClusterNode {
@@ -95,6 +96,7 @@ impl ClusterNode {
             .map_err(|e| fail(&format!("raft log {}", dir.display()), &e))?;
 
         let me = member(config);
+        let (left_tx, left) = tokio::sync::watch::channel(false);
         let mut rng = starling_rt::rng::rng();
         let actor = start_with(
             ClusterActor::new(
@@ -109,6 +111,7 @@ impl ClusterNode {
                     rng.next_u64(),
                     rng.next_u64(),
                 ],
+                left_tx,
             ),
             Options::named("cluster").capacity(CLUSTER_MAILBOX),
         );
@@ -136,6 +139,9 @@ impl ClusterNode {
             shared.clone(),
         ));
         let _ = actor.send(ClusterMsg::Links(links.clone())).await;
+        let _ = actor
+            .send(ClusterMsg::Peers(Box::new(net.peer_control())))
+            .await;
         for shard in shards.all() {
             let wiring = ShardCluster {
                 node: id,
@@ -146,11 +152,23 @@ impl ClusterNode {
         }
         let _ = actor.send(ClusterMsg::Raft(raft.clone())).await;
         tracing::info!(node_id = id, cluster_addr = %net.local_addr(), peers = c.peers.len(), "cluster endpoint up");
-        Ok(Some(ClusterNode { actor, raft, net }))
+        Ok(Some(ClusterNode {
+            actor,
+            raft,
+            net,
+            left,
+        }))
     }
 
     pub(crate) fn actor(&self) -> Addr<ClusterMsg> {
         self.actor.clone()
+    }
+
+    /// Resolves once this node has left the cluster (`starling cluster leave`).
+    pub(crate) async fn left(&self) {
+        let mut left = self.left.clone();
+        // An error: the actor is gone, so the node is stopping anyway.
+        let _ = left.wait_for(|l| *l).await;
     }
 
     /// Stops raft and closes the endpoint.
@@ -172,9 +190,17 @@ fn member(config: &Config) -> Member {
             .map(|l| l.bind.to_string())
             .unwrap_or_default()
     });
+    // How the others dial it: its own `cluster.peers` entry when it has one (`bind` may be
+    // a wildcard address), else its bind.
+    let cluster = config
+        .cluster
+        .peers
+        .get(&config.node.id)
+        .copied()
+        .unwrap_or(config.cluster.bind);
     Member {
         mqtt,
-        cluster: config.cluster.bind.to_string(),
+        cluster: cluster.to_string(),
         http: config.http.enabled.then(|| config.http.bind.to_string()),
     }
 }

@@ -4,6 +4,8 @@
 // Real processes on the wall clock, never under the simulator.
 #![allow(clippy::disallowed_methods, dead_code)]
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

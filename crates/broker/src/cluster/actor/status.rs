@@ -16,6 +16,8 @@ impl ClusterActor {
         let routes = self.routes.len();
         let routes_converged = self.book.converged();
         let raft = self.raft.clone();
+        let this = self.me.clone();
+        let left = *self.left.borrow();
         starling_rt::spawn(async move {
             let (st, leader_changes) = match raft {
                 Some(r) => (
@@ -73,6 +75,8 @@ impl ClusterActor {
                 routes,
                 routes_converged,
                 leader_changes,
+                this,
+                left,
             });
         });
     }

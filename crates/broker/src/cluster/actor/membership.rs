@@ -1,0 +1,389 @@
+//! Membership while the cluster runs: an operator's join (`starling cluster join`) and
+//! leave (`starling cluster leave`), the leader removing from raft's configuration the
+//! members whose record left the log, and the transport's peers following the members.
+//!
+//! - **Join**, on the leader: the new node's record is committed first (so every node
+//!   dials it), then it becomes a learner, and a voter once the leader sees it hold the log
+//!   as it was when it was added. A node that never catches up stays a learner: it counts
+//!   in no quorum, so a wrong address or a node that is down cannot cost the cluster its
+//!   majority.
+//! - **Leave**, on the leaving node: it hands leadership away if it has it, commits a
+//!   `Leave` of its own record (its routes, client ids and holds go with it on every
+//!   node), then waits for the leader to take it out of raft's configuration (a little
+//!   while at most: a removed node may not hear the commit) and stops.
+//! - **Peers** are the members' cluster addresses, plus raft's voters and learners without
+//!   a record yet (the first members, by their `cluster.peers` entry); a member that left
+//!   and is out of raft's configuration is no longer dialed.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use starling_cluster::{decode, encode, Command, Member, Output};
+use starling_raft::{RaftHandle, RequestError, RequestId, Role, Status};
+use starling_rt::{time, Ctx, Reply};
+
+use super::ClusterActor;
+use crate::msg::{ClusterMsg, MembershipError};
+
+/// How long a new learner has to catch up before the join gives up (it stays a learner).
+const CATCH_UP: Duration = Duration::from_secs(30);
+/// How long a leaving node waits to see itself out of raft's configuration, when its
+/// acknowledgement of its removal is needed (one other voter), and when it is not.
+const LEAVE_WAIT: Duration = Duration::from_secs(10);
+const LEAVE_WAIT_SHORT: Duration = Duration::from_secs(1);
+/// How long a leader handing leadership away waits for another node to take it.
+const TRANSFER_WAIT: Duration = Duration::from_secs(5);
+const POLL: Duration = Duration::from_millis(100);
+
+impl ClusterActor {
+    /// Raft's status arrived (every tick): the peers follow it, and the leader removes
+    /// departed members from the configuration.
+    pub(super) fn raft_status(&mut self, st: Option<Box<Status>>, ctx: &mut Ctx<Self>) {
+        self.status_in_flight = false;
+        let Some(st) = st else { return };
+        self.raft_status = Some(st);
+        self.sync_peers();
+        self.remove_departed(ctx);
+    }
+
+    /// Asks raft for its status, unless a question is in flight.
+    pub(super) fn ask_status(&mut self, ctx: &mut Ctx<Self>) {
+        let Some(raft) = self.raft.clone() else {
+            return;
+        };
+        if self.status_in_flight {
+            return;
+        }
+        self.status_in_flight = true;
+        ctx.spawn_then(async move { raft.status().await.ok() }, |st| {
+            ClusterMsg::RaftStatus(st.map(Box::new))
+        });
+    }
+
+    /// Makes the transport dial exactly the members, and the nodes in raft's configuration.
+    pub(super) fn sync_peers(&mut self) {
+        let Some(peers) = &self.peers else { return };
+        for (id, m) in &self.members {
+            if let Ok(a) = m.cluster.parse::<SocketAddr>() {
+                self.known_addrs.insert(*id, a);
+            }
+        }
+        let mut want: BTreeSet<u64> = self.members.keys().copied().collect();
+        // Until raft has answered once, the configured peers stand (a restarted node
+        // replays its members before raft runs).
+        match &self.raft_status {
+            Some(st) => want.extend(st.voters.iter().chain(&st.learners)),
+            None => want.extend(self.config_peers.keys()),
+        }
+        want.remove(&self.node);
+        for id in &want {
+            let addr = self
+                .members
+                .get(id)
+                .and_then(|m| m.cluster.parse().ok())
+                .or_else(|| self.known_addrs.get(id).copied())
+                .or_else(|| self.config_peers.get(id).copied());
+            if let Some(addr) = addr {
+                if peers.set(*id, addr) {
+                    tracing::info!(node_id = self.node, peer = id, %addr, "cluster peer dialed");
+                }
+            }
+        }
+        // Only members that left are dropped: a node that connected in unlisted (one being
+        // added, heard before its record is) stays dialed.
+        for id in peers.list().into_keys() {
+            if self.departed.contains(&id) && !want.contains(&id) && peers.remove(id) {
+                tracing::info!(node_id = self.node, peer = id, "cluster peer dropped");
+            }
+        }
+    }
+
+    /// On the leader: takes out of raft's configuration one member whose record a `Leave`
+    /// removed, if no removal is in flight.
+    fn remove_departed(&mut self, ctx: &mut Ctx<Self>) {
+        let (Some(st), Some(raft)) = (&self.raft_status, &self.raft) else {
+            return;
+        };
+        if st.role != Role::Leader || self.removing.is_some() {
+            return;
+        }
+        let Some(&gone) = self
+            .departed
+            .iter()
+            .find(|id| **id != self.node && (st.voters.contains(id) || st.learners.contains(id)))
+        else {
+            return;
+        };
+        self.removing = Some(gone);
+        let raft = raft.clone();
+        let node_id = self.node;
+        ctx.spawn_then(
+            async move {
+                match raft.remove_node(gone).await {
+                    Ok(_) => tracing::info!(node_id, removed = gone, "departed member out of raft's configuration"),
+                    Err(e) => tracing::warn!(node_id, removed = gone, error = %e, "removing a departed member failed; retrying"),
+                }
+                gone
+            },
+            ClusterMsg::Removed,
+        );
+    }
+
+    pub(super) fn removed(&mut self, node: u64, ctx: &mut Ctx<Self>) {
+        if self.removing == Some(node) {
+            self.removing = None;
+        }
+        self.ask_status(ctx);
+    }
+
+    /// An operator's join of `node`: run on its own task, answered from there.
+    pub(super) fn add_member(
+        &mut self,
+        node: u64,
+        member: Member,
+        reply: Reply<Result<(), MembershipError>>,
+    ) {
+        let Some(raft) = self.raft.clone() else {
+            let _ = reply.send(Err(MembershipError::Failed(
+                "raft is not running yet".to_owned(),
+            )));
+            return;
+        };
+        let me = self.node;
+        let members = self.members.clone();
+        let request = self.membership_request();
+        starling_rt::spawn(async move {
+            let r = join(&raft, me, node, member, request, |leader| {
+                members.get(&leader).and_then(|m| m.http.clone())
+            })
+            .await;
+            match &r {
+                Ok(()) => tracing::info!(node_id = me, joined = node, "member added"),
+                // The operator's tool asks the leader next.
+                Err(e @ MembershipError::NotLeader { .. }) => {
+                    tracing::debug!(node_id = me, node, error = %e, "join asked of a follower");
+                }
+                Err(e) => tracing::warn!(node_id = me, node, error = %e, "join not done"),
+            }
+            let _ = reply.send(r);
+        });
+    }
+
+    /// An operator's leave of this node: run on its own task; `ClusterMsg::Left` follows
+    /// once it is done.
+    pub(super) fn leave(&mut self, reply: Reply<Result<(), MembershipError>>, ctx: &mut Ctx<Self>) {
+        let Some(raft) = self.raft.clone() else {
+            let _ = reply.send(Err(MembershipError::Failed(
+                "raft is not running yet".to_owned(),
+            )));
+            return;
+        };
+        let me = self.node;
+        let request = self.membership_request();
+        ctx.spawn_then(
+            async move {
+                let r = leave(&raft, me, request).await;
+                let done = r.is_ok();
+                match &r {
+                    Ok(()) => tracing::info!(node_id = me, "left the cluster; stopping"),
+                    Err(e) => tracing::warn!(node_id = me, error = %e, "leave not done"),
+                }
+                let _ = reply.send(r);
+                done
+            },
+            |done| {
+                if done {
+                    ClusterMsg::Left
+                } else {
+                    ClusterMsg::Tick
+                }
+            },
+        );
+    }
+
+    /// A request id of its own for an operator's proposal: a client id drawn now, so that
+    /// raft's deduplication never confuses it with another.
+    fn membership_request(&mut self) -> RequestId {
+        use rand::RngCore;
+        RequestId {
+            client_id: starling_rt::rng::rng().next_u64(),
+            seq: 1,
+        }
+    }
+}
+
+/// The leader's answer to a wrong node: who leads, and its API address if known.
+fn not_leader(me: u64, st: &Status, http_of: impl Fn(u64) -> Option<String>) -> MembershipError {
+    MembershipError::NotLeader {
+        node: me,
+        leader: st.leader,
+        leader_http: st.leader.and_then(http_of),
+    }
+}
+
+fn failed(what: &str, e: RequestError) -> MembershipError {
+    MembershipError::Failed(format!("{what}: {e}"))
+}
+
+async fn status(raft: &RaftHandle) -> Result<Status, MembershipError> {
+    raft.status().await.map_err(|e| failed("raft status", e))
+}
+
+async fn propose(raft: &RaftHandle, id: RequestId, c: &Command) -> Result<(), MembershipError> {
+    let out = raft
+        .propose(id, encode(c))
+        .await
+        .map_err(|e| failed("proposal", e))?;
+    match decode::<Output>(&out) {
+        Ok(Output::Done) => Ok(()),
+        Ok(other) => Err(MembershipError::Failed(format!(
+            "proposal refused: {other:?}"
+        ))),
+        Err(e) => Err(MembershipError::Failed(format!("proposal's answer: {e}"))),
+    }
+}
+
+async fn join(
+    raft: &RaftHandle,
+    me: u64,
+    node: u64,
+    member: Member,
+    request: RequestId,
+    http_of: impl Fn(u64) -> Option<String>,
+) -> Result<(), MembershipError> {
+    if node == 0 {
+        return Err(MembershipError::Refused(
+            "node id 0 is not a node".to_owned(),
+        ));
+    }
+    if node == me {
+        return Err(MembershipError::Refused(format!(
+            "node {node} is this node: run `starling cluster join` with the new node's --config"
+        )));
+    }
+    if member.cluster.parse::<SocketAddr>().is_err() {
+        return Err(MembershipError::Refused(format!(
+            "node {node}'s cluster address {:?} is not host:port with an IP address",
+            member.cluster
+        )));
+    }
+    let st = status(raft).await?;
+    if st.role != Role::Leader {
+        return Err(not_leader(me, &st, http_of));
+    }
+    propose(raft, request, &Command::Join { node, member }).await?;
+    if st.voters.contains(&node) {
+        return Ok(());
+    }
+    if !st.learners.contains(&node) {
+        raft.add_learner(node)
+            .await
+            .map_err(|e| failed(&format!("adding node {node} as a learner"), e))?;
+    }
+    // The log as it is once the learner is in: holding it, the node is a voter that does
+    // not slow the quorum down.
+    let target = status(raft).await?.commit;
+    let deadline = time::now() + CATCH_UP;
+    loop {
+        let st = status(raft).await?;
+        if st.role != Role::Leader {
+            return Err(MembershipError::Failed(format!(
+                "leadership moved while node {node} caught up: it is a learner; run join again"
+            )));
+        }
+        if st
+            .progress
+            .get(&node)
+            .is_some_and(|p| p.matched >= target && p.recent_active)
+        {
+            break;
+        }
+        if time::now() >= deadline {
+            return Err(MembershipError::Failed(format!(
+                "node {node} did not catch up within {}s and stays a learner (it counts in no \
+                 quorum): check that it runs with cluster.bootstrap = false, has a certificate \
+                 from this cluster's CA, and is reachable at its cluster address; then run \
+                 join again, or leave to drop it",
+                CATCH_UP.as_secs()
+            )));
+        }
+        time::sleep(POLL).await;
+    }
+    raft.add_voter(node)
+        .await
+        .map_err(|e| failed(&format!("making node {node} a voter"), e))?;
+    Ok(())
+}
+
+async fn leave(raft: &RaftHandle, me: u64, request: RequestId) -> Result<(), MembershipError> {
+    let st = status(raft).await?;
+    if !st.voters.contains(&me) && !st.learners.contains(&me) {
+        return Err(MembershipError::Refused(format!(
+            "node {me} is not in the cluster's configuration"
+        )));
+    }
+    if st.voters.iter().all(|v| *v == me) {
+        return Err(MembershipError::Refused(format!(
+            "node {me} is the last voter: a cluster cannot lose its last member"
+        )));
+    }
+    hand_over_leadership(raft, me).await?;
+    propose(raft, request, &Command::Leave { node: me }).await?;
+    // The leader now takes this node out of the configuration. A removed node rarely hears
+    // that its removal committed, so the wait is bounded: short when the other voters are
+    // a quorum without it, longer when its acknowledgement counts (two voters).
+    let others = st.voters.iter().filter(|v| **v != me).count();
+    let wait = if others >= 2 {
+        LEAVE_WAIT_SHORT
+    } else {
+        LEAVE_WAIT
+    };
+    let deadline = time::now() + wait;
+    while time::now() < deadline {
+        let st = status(raft).await?;
+        if !st.voters.contains(&me) && !st.learners.contains(&me) {
+            break;
+        }
+        if st.role == Role::Leader {
+            // Leadership came back meanwhile: a leader cannot remove itself here.
+            let _ = hand_over_leadership(raft, me).await;
+        }
+        time::sleep(POLL).await;
+    }
+    Ok(())
+}
+
+/// If this node leads, hands leadership to the voter that holds most of the log, and waits
+/// until it took it.
+async fn hand_over_leadership(raft: &RaftHandle, me: u64) -> Result<(), MembershipError> {
+    let deadline = time::now() + TRANSFER_WAIT;
+    loop {
+        let st = status(raft).await?;
+        if st.role != Role::Leader {
+            return Ok(());
+        }
+        let to = st
+            .voters
+            .iter()
+            .filter(|v| **v != me)
+            .filter_map(|v| st.progress.get(v).map(|p| (p.recent_active, p.matched, *v)))
+            .max()
+            .map(|(_, _, v)| v);
+        let Some(to) = to else {
+            return Err(MembershipError::Refused(format!(
+                "node {me} leads and no other voter can take over"
+            )));
+        };
+        if time::now() >= deadline {
+            return Err(MembershipError::Failed(format!(
+                "node {me} leads and node {to} did not take leadership within {}s",
+                TRANSFER_WAIT.as_secs()
+            )));
+        }
+        raft.transfer_leader(to)
+            .await
+            .map_err(|e| failed("leadership transfer", e))?;
+        time::sleep(POLL * 3).await;
+    }
+}

@@ -1,0 +1,208 @@
+//! Membership of a running cluster, with real processes: the three example nodes run; a
+//! fourth, started alone with `cluster.bootstrap = false` and only its own address, is
+//! added with `starling cluster join` through a member that may be a follower, becomes a
+//! voter heard by the leader, and gets publishes made on node 1 at its subscriber; node 2
+//! then leaves with `starling cluster leave` and its process stops by itself, the others
+//! show three members and still forward to node 4; then the leader leaves (it hands
+//! leadership away first), and the last two elect a leader and forward to each other.
+
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::cluster::{
+    acked_lines, free_udp_port, gather, health, missing, node_certs, publisher, running_cluster,
+    wait_status,
+};
+use common::{free_port, starling, watcher, Daemon};
+
+/// The ids of the members a status lists.
+fn member_ids(st: &serde_json::Value) -> BTreeSet<u64> {
+    st["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["id"].as_u64())
+        .collect()
+}
+
+/// Whether every member of `st` is a voter heard by the leader, and there is a leader.
+fn all_voters_heard(st: &serde_json::Value) -> bool {
+    st["leader"].as_u64().is_some()
+        && member_ids(st)
+            .iter()
+            .all(|id| health(st, *id) == Some(true))
+        && st["members"].as_array().is_some_and(|m| {
+            m.iter()
+                .all(|m| m["voter"] == true && m["mqtt"].is_string())
+        })
+}
+
+/// Node 4's file: alone in its peer list, waiting to be added.
+fn fourth_node(dir: &Path) -> (PathBuf, u16) {
+    let (mqtt, http, cluster) = (free_port(), free_port(), free_udp_port());
+    let text = format!(
+        r#"[node]
+id = 4
+name = "starling4@127.0.0.1"
+data_dir = "data/node4"
+
+[[listeners]]
+kind = "tcp"
+bind = "127.0.0.1:{mqtt}"
+
+[http]
+enabled = true
+bind = "127.0.0.1:{http}"
+
+[cluster]
+enabled = true
+bootstrap = false
+certs_dir = "certs"
+
+[cluster.peers]
+4 = "127.0.0.1:{cluster}"
+"#
+    );
+    let path = dir.join("node4.toml");
+    std::fs::write(&path, text).expect("write node4.toml");
+    node_certs(dir, "4");
+    (path, mqtt)
+}
+
+/// `starling cluster ARGS --config config`, which must succeed; its output.
+fn cluster_cli(config: &Path, args: &[&str]) -> String {
+    let out = starling()
+        .arg("cluster")
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .expect("starling cluster runs");
+    assert!(
+        out.status.success(),
+        "starling cluster {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits for a daemon that left to stop on its own, successfully.
+fn stops_by_itself(d: &mut Daemon, which: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(st) = d.child.try_wait().expect("try_wait") {
+            assert!(st.success(), "{which} stopped with {st}");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{which} still runs 30 s after it left"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `count` QoS 1 and `count` QoS 2 messages on `topic` through the broker at `port`, each
+/// reaching the watcher `rx`.
+fn forwarded(port: u16, topic: &str, count: usize, rx: &std::sync::mpsc::Receiver<String>) {
+    let mut p = publisher(port, topic, count);
+    let acked = acked_lines(&mut p, |_| {});
+    assert_eq!(acked.len(), 2 * count, "every publish acknowledged");
+    let want: BTreeSet<(String, String)> =
+        acked.into_iter().map(|a| (topic.to_owned(), a)).collect();
+    let mut seen = BTreeSet::new();
+    gather(rx, &mut seen, &want, Duration::from_secs(20));
+    assert_eq!(missing(&want, &seen), 0, "messages on {topic} lost");
+}
+
+#[test]
+fn a_node_joins_a_running_cluster_and_members_leave_it() {
+    let Some((files, ports, nodes)) = running_cluster("membership", "") else {
+        return;
+    };
+    let mut nodes: Vec<Daemon> = nodes;
+    let dir = files[0].parent().expect("dir").to_path_buf();
+    let (node4_file, node4_mqtt) = fourth_node(&dir);
+    let mut node4 = Daemon::start(&node4_file);
+    node4.expect("cluster endpoint up");
+
+    // Through node 2's API (a follower, or the leader): the request follows the leader.
+    let node2_api = format!("127.0.0.1:{}", ports[1].http);
+    let said = cluster_cli(&node4_file, &["join", &node2_api]);
+    assert!(said.contains("node 4 joined"), "{said}");
+    let st = wait_status(
+        &node4_file,
+        Duration::from_secs(30),
+        "four voters heard by the leader, seen from node 4",
+        |st| member_ids(st) == BTreeSet::from([1, 2, 3, 4]) && all_voters_heard(st),
+    );
+    assert_eq!(st["self"]["mqtt"], format!("127.0.0.1:{node4_mqtt}"));
+    // Joining again changes nothing and is not an error.
+    cluster_cli(&node4_file, &["join", &node2_api]);
+
+    // A subscriber on the new node gets what node 1 takes: node 1 forwards to a peer it
+    // was not configured with.
+    let (mut sub, rx) = watcher(node4_mqtt, "on-node-4", "joined/#");
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(20)).ok().as_deref(),
+        Some("subscribed")
+    );
+    forwarded(ports[0].mqtt, "joined/a", 50, &rx);
+
+    // Node 2 leaves: its process stops, the others show three voters.
+    let said = cluster_cli(&files[1], &["leave"]);
+    assert!(said.contains("left the cluster"), "{said}");
+    stops_by_itself(&mut nodes[1], "node 2");
+    wait_status(
+        &files[0],
+        Duration::from_secs(30),
+        "three voters after node 2 left",
+        |st| member_ids(st) == BTreeSet::from([1, 3, 4]) && all_voters_heard(st),
+    );
+    forwarded(ports[0].mqtt, "joined/b", 50, &rx);
+    let _ = sub.kill();
+
+    // The leader leaves: it hands leadership over first, and the other two go on.
+    let st = wait_status(&files[0], Duration::from_secs(10), "a leader", |st| {
+        st["leader"].as_u64().is_some()
+    });
+    let leader = st["leader"].as_u64().expect("leader");
+    let leader_file = match leader {
+        4 => node4_file.clone(),
+        n => files[n as usize - 1].clone(),
+    };
+    cluster_cli(&leader_file, &["leave"]);
+    match leader {
+        4 => stops_by_itself(&mut node4, "node 4"),
+        n => stops_by_itself(&mut nodes[n as usize - 1], &format!("node {n}")),
+    }
+    let rest: Vec<u64> = [1, 3, 4].into_iter().filter(|n| *n != leader).collect();
+    let node_of = |n: u64| -> (PathBuf, u16) {
+        match n {
+            4 => (node4_file.clone(), node4_mqtt),
+            n => (files[n as usize - 1].clone(), ports[n as usize - 1].mqtt),
+        }
+    };
+    let (a_file, a_mqtt) = node_of(rest[0]);
+    let (_, b_mqtt) = node_of(rest[1]);
+    let want: BTreeSet<u64> = rest.iter().copied().collect();
+    wait_status(
+        &a_file,
+        Duration::from_secs(30),
+        "two voters and a new leader after the leader left",
+        |st| member_ids(st) == want && all_voters_heard(st),
+    );
+    let (mut sub, rx) = watcher(b_mqtt, "on-the-last-two", "last/#");
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(20)).ok().as_deref(),
+        Some("subscribed")
+    );
+    forwarded(a_mqtt, "last/a", 50, &rx);
+    let _ = sub.kill();
+}

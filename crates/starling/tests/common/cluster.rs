@@ -1,0 +1,221 @@
+//! The example cluster of `config/cluster/` as real processes, for the cluster tests: its
+//! files with free ports put in, `starling cluster status` read and waited on, and the
+//! python clients that publish and count acknowledgements.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::{free_port, have, starling, temp_dir, Daemon};
+
+/// Ports of one node: MQTT, HTTP API, cluster (UDP).
+#[derive(Clone, Copy)]
+pub struct Ports {
+    pub mqtt: u16,
+    pub http: u16,
+    pub cluster: u16,
+}
+
+pub fn free_udp_port() -> u16 {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    s.local_addr().expect("addr").port()
+}
+
+pub fn repo_file(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
+}
+
+/// The example files with this run's ports and `extra` appended, and the certificates
+/// they name.
+pub fn configs(dir: &Path, extra: &str) -> (Vec<PathBuf>, Vec<Ports>) {
+    let ports: Vec<Ports> = (0..3)
+        .map(|_| Ports {
+            mqtt: free_port(),
+            http: free_port(),
+            cluster: free_udp_port(),
+        })
+        .collect();
+    let mut files = Vec::new();
+    for i in 1..=3usize {
+        let mut text = std::fs::read_to_string(repo_file(&format!("config/cluster/node{i}.toml")))
+            .expect("the example config");
+        for (j, p) in ports.iter().enumerate() {
+            let j = j + 1;
+            text = text
+                .replace(
+                    &format!("\"127.0.0.1:{}\"", 1882 + j),
+                    &format!("\"127.0.0.1:{}\"", p.mqtt),
+                )
+                .replace(
+                    &format!("\"127.0.0.1:{}\"", 6060 + j),
+                    &format!("\"127.0.0.1:{}\"", p.http),
+                )
+                .replace(
+                    &format!("\"127.0.0.1:{}\"", 7000 + j),
+                    &format!("\"127.0.0.1:{}\"", p.cluster),
+                );
+        }
+        let ps = ports[i - 1];
+        for port in [ps.mqtt, ps.http, ps.cluster] {
+            assert!(
+                text.contains(&format!(":{port}\"")),
+                "node{i}.toml took its ports"
+            );
+        }
+        text.push_str(extra);
+        let path = dir.join(format!("node{i}.toml"));
+        std::fs::write(&path, text).expect("write config");
+        files.push(path);
+    }
+    node_certs(dir, "1,2,3");
+    (files, ports)
+}
+
+/// The certificates of `nodes` (`1,2,3`) in `dir/certs`, from its CA (made once).
+pub fn node_certs(dir: &Path, nodes: &str) {
+    let out = starling()
+        .args(["cert", "cluster"])
+        .arg(dir.join("certs"))
+        .args(["--nodes", nodes, "--name", "127.0.0.1"])
+        .output()
+        .expect("starling cert cluster runs");
+    assert!(out.status.success(), "starling cert cluster: {out:?}");
+}
+
+/// `starling cluster status --json` through the node of `config`.
+pub fn status(config: &Path) -> Option<serde_json::Value> {
+    let out = starling()
+        .args(["cluster", "status", "--json", "--config"])
+        .arg(config)
+        .output()
+        .expect("starling cluster status runs");
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// Waits until `cond` holds on node `config`'s status, up to `within`; the last status.
+pub fn wait_status(
+    config: &Path,
+    within: Duration,
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + within;
+    let mut last = None;
+    loop {
+        if let Some(st) = status(config) {
+            if cond(&st) {
+                return st;
+            }
+            last = Some(st);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; last status: {last:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+pub fn health(st: &serde_json::Value, id: u64) -> Option<bool> {
+    st["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["id"].as_u64() == Some(id))?["active"]
+        .as_bool()
+}
+
+/// The `acked PAYLOAD` lines of a publisher, until it ends; `on_ack(n)` after each.
+pub fn acked_lines(p: &mut Child, mut on_ack: impl FnMut(usize)) -> BTreeSet<String> {
+    let mut acked = BTreeSet::new();
+    for line in BufReader::new(p.stdout.take().expect("piped"))
+        .lines()
+        .map_while(Result::ok)
+    {
+        if let Some(payload) = line.strip_prefix("acked ") {
+            acked.insert(payload.to_owned());
+            on_ack(acked.len());
+        }
+    }
+    let _ = p.wait();
+    acked
+}
+
+pub fn publisher(port: u16, topic: &str, count: usize) -> Child {
+    publisher_with(port, topic, count, &[])
+}
+
+pub fn publisher_with(port: u16, topic: &str, count: usize, extra: &[&str]) -> Child {
+    Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/clients/publish_acked.py"
+        ))
+        .args(["--port", &port.to_string(), "--topic", topic])
+        .args(["--count", &count.to_string()])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python3 runs")
+}
+
+/// Payloads of `topic` a watcher printed (`msg TOPIC PAYLOAD`), gathered until `want` are
+/// all there or `within` passes.
+pub fn gather(
+    rx: &mpsc::Receiver<String>,
+    seen: &mut BTreeSet<(String, String)>,
+    want: &BTreeSet<(String, String)>,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    while !want.is_subset(seen) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let mut w = line.splitn(3, ' ');
+                if let (Some("msg"), Some(t), Some(p)) = (w.next(), w.next(), w.next()) {
+                    seen.insert((t.to_owned(), p.to_owned()));
+                }
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+pub fn missing(want: &BTreeSet<(String, String)>, seen: &BTreeSet<(String, String)>) -> usize {
+    want.difference(seen).count()
+}
+
+/// The three example nodes with `extra` in their configs, started, with a leader that
+/// hears all (`None` when paho-mqtt, which the tests' clients need, is missing and CI is
+/// not set). The daemons stop when the last value is dropped.
+pub fn running_cluster(name: &str, extra: &str) -> Option<(Vec<PathBuf>, Vec<Ports>, Vec<Daemon>)> {
+    if !have(
+        "python3",
+        &["-c", "import paho.mqtt"],
+        "pip install paho-mqtt",
+    ) {
+        return None;
+    }
+    let dir = temp_dir(name);
+    let (files, ports) = configs(&dir, extra);
+    let mut nodes: Vec<Daemon> = files.iter().map(|f| Daemon::start(f)).collect();
+    for n in &mut nodes {
+        n.expect("cluster endpoint up");
+    }
+    wait_status(
+        &files[1],
+        Duration::from_secs(30),
+        "a leader hearing all",
+        |st| st["leader"].as_u64().is_some() && (1..=3).all(|id| health(st, id) == Some(true)),
+    );
+    Some((files, ports, nodes))
+}
