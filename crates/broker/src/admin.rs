@@ -115,6 +115,15 @@ impl Admin {
             .map_err(|_| AdminError::Stopping)
     }
 
+    /// The replicated routes as this node applied them: each filter with the nodes that
+    /// have subscribers for it, in filter order (empty without a cluster).
+    pub async fn cluster_routes(&self) -> Vec<(String, Vec<u64>)> {
+        match &self.cluster {
+            Some(c) => c.ask(ClusterMsg::Routes).await.unwrap_or_default(),
+            None => Vec::new(),
+        }
+    }
+
     /// Adds `node` to the cluster (`starling cluster join`): its record, then as a learner,
     /// then as a voter once it has caught up. Only the leader does it.
     ///

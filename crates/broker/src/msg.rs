@@ -560,6 +560,8 @@ pub(crate) enum ClusterMsg {
     },
     Tick,
     Status(Reply<ClusterStatus>),
+    /// The replicated routes as this node applied them (filter → nodes), in filter order.
+    Routes(Reply<Vec<(String, Vec<u64>)>>),
     /// The transport's peers: the actor makes them follow the members and raft's
     /// configuration.
     Peers(Box<starling_raft::PeerControl>),
@@ -576,8 +578,8 @@ pub(crate) enum ClusterMsg {
     Leave(Reply<Result<(), MembershipError>>),
     /// The leader's removal of a departed member from raft's configuration finished.
     Removed(u64),
-    /// This node's leave is done: it stops.
-    Left,
+    /// An operator's leave of this node finished (`true`: it left, and stops).
+    LeaveDone(bool),
 }
 
 /// Why an operator's membership change did not happen.

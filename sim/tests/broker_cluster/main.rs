@@ -93,6 +93,8 @@ const MOVER: &str = "mover";
 const SEEDS: u64 = 200;
 /// Seeds of the five-node run (each costs about twice a three-node one).
 const SEEDS_5: u64 = 100;
+/// Seeds of the membership run.
+const SEEDS_MEMBERSHIP: u64 = 100;
 /// Seeds the lossy companion may take to be caught (it is caught by the first, so far).
 const LOSSY_SEEDS: u64 = 5;
 
@@ -114,6 +116,10 @@ struct Variant {
     name: &'static str,
     /// Broker nodes: the publishers on the first, a subscriber on each of the others.
     nodes: usize,
+    /// Nodes that start outside the cluster (`bootstrap = false`), after the others: the
+    /// membership variant adds the first (with a subscriber) and adds then removes the
+    /// second while the faults go on.
+    joiners: usize,
     /// Faults include a node overloaded (paused most of the time, as a node whose actors
     /// are swamped answers late).
     overload: bool,
@@ -127,6 +133,7 @@ struct Variant {
 const SOUND: Variant = Variant {
     name: "sound",
     nodes: 3,
+    joiners: 0,
     overload: false,
     mqtt: "max_mqueue_len = 100000\n",
     ack_delay: Duration::ZERO,
@@ -140,6 +147,13 @@ const SOUND5: Variant = Variant {
     ..SOUND
 };
 
+/// Three nodes, and two that join while the faults go on, one of which leaves again.
+const MEMBERSHIP: Variant = Variant {
+    name: "membership",
+    joiners: 2,
+    ..SOUND
+};
+
 /// A broker that loses acknowledged messages: a subscriber's queue holds two, back-pressure
 /// is off so nothing slows the publishers, one delivery in flight at a time, and the
 /// subscribers take 100 ms per message. A forwarded batch is acknowledged once the
@@ -148,6 +162,7 @@ const SOUND5: Variant = Variant {
 const LOSSY: Variant = Variant {
     name: "lossy",
     nodes: 3,
+    joiners: 0,
     overload: false,
     mqtt: "max_mqueue_len = 2\nmax_inflight = 1\nbackpressure = false\nmqueue_drop_policy = \"drop_new\"\n",
     ack_delay: Duration::from_millis(100),
@@ -176,6 +191,11 @@ struct Setup {
     shards: u32,
     store: bool,
     admins: Mutex<BTreeMap<usize, Admin>>,
+    /// The nodes (indices) in the cluster now: the first `variant.nodes`, then those the
+    /// operator added and not removed.
+    members: Mutex<BTreeSet<usize>>,
+    /// The nodes (indices) that left their cluster and stopped.
+    left: Mutex<BTreeSet<usize>>,
 }
 
 impl Setup {
@@ -203,7 +223,13 @@ fn run_dir(variant: &Variant) -> PathBuf {
 fn node_config(setup: &Setup, node: usize) -> String {
     let id = node + 1;
     let base = setup.base.display();
-    let peers: String = (0..setup.variant.nodes)
+    // A node that joins later names only itself: it learns the others from the leader.
+    let (bootstrap, listed) = if node < setup.variant.nodes {
+        (true, 0..setup.variant.nodes)
+    } else {
+        (false, node..node + 1)
+    };
+    let peers: String = listed
         .map(|n| {
             format!(
                 "{} = \"{}\"\n",
@@ -218,7 +244,7 @@ fn node_config(setup: &Setup, node: usize) -> String {
          [mqtt]\n{mqtt}\
          [router]\nshards = {shards}\n\
          [storage]\nenabled = {store}\n\
-         [cluster]\nenabled = true\ncerts_dir = \"{base}/certs\"\nbootstrap = true\n\
+         [cluster]\nenabled = true\ncerts_dir = \"{base}/certs\"\nbootstrap = {bootstrap}\n\
          [cluster.peers]\n{peers}",
         mqtt = setup.variant.mqtt,
         shards = setup.shards,
@@ -240,12 +266,16 @@ async fn node_main(setup: Arc<Setup>, node: usize) {
     };
     let broker = broker.expect("broker node starts");
     lock(&setup.admins).insert(node, broker.admin());
-    let _broker = broker;
+    // As the daemon does: a node that left its cluster stops.
+    broker.left().await;
+    lock(&setup.left).insert(node);
+    broker.shutdown().await;
     // The node lives as long as this future.
     std::future::pending::<()>().await;
 }
 
 mod clients;
+mod membership;
 mod oracle;
 mod view;
 
@@ -276,7 +306,7 @@ async fn scenario(variant: Variant) {
     let _ = std::fs::remove_dir_all(&base);
     let certs = base.join("certs");
     let nodes = variant.nodes;
-    for id in 1..=nodes as u64 {
+    for id in 1..=(nodes + variant.joiners) as u64 {
         starling_raft::certs::issue_node(&certs, id, &[]).expect("node certificate");
     }
     let setup = Arc::new(Setup {
@@ -285,9 +315,11 @@ async fn scenario(variant: Variant) {
         shards: ck.shards,
         store: ck.store,
         admins: Mutex::new(BTreeMap::new()),
+        members: Mutex::new((0..nodes).collect()),
+        left: Mutex::new(BTreeSet::new()),
     });
     let s = setup.clone();
-    let cluster = Cluster::build(nodes, move |i| node_main(s.clone(), i));
+    let cluster = Cluster::build(nodes + variant.joiners, move |i| node_main(s.clone(), i));
 
     // Check 4 before anything else: a leader the nodes agree on.
     let first = wait_leader(&setup, Duration::from_secs(30)).await;
@@ -325,6 +357,17 @@ async fn scenario(variant: Variant) {
             PUBLISHER_NODE,
             ck.pace,
             oracle.clone(),
+        ));
+    }
+
+    if variant.joiners > 0 {
+        let late = clients.node("sub-late");
+        clients.node("operator").spawn(membership::operator(
+            setup.clone(),
+            oracle.clone(),
+            late,
+            subscriber_nodes.len(),
+            knobs.chaos,
         ));
     }
 
@@ -391,6 +434,28 @@ async fn scenario(variant: Variant) {
             }
         }
         sleep(ms(200)).await;
+    }
+
+    // Check 5: the operator's joins and leave are done, and the members agree on who they
+    // are.
+    if variant.joiners > 0 {
+        let agreed_by = Instant::now() + Duration::from_secs(120);
+        loop {
+            let done = lock(&oracle).membership_done;
+            let agreed = if done {
+                membership::agreed_members(&setup).await
+            } else {
+                Err("the operator is not done".to_owned())
+            };
+            match agreed {
+                Ok(()) => break,
+                Err(e) => check!(
+                    Instant::now() < agreed_by,
+                    "membership 120 s after the heal: {e}\nfaults:\n{schedule}"
+                ),
+            }
+            sleep(ms(200)).await;
+        }
     }
 
     // Check 3: the mover's last move (after the heal) is done, and every connection it
@@ -480,6 +545,10 @@ async fn lossy() {
     scenario(LOSSY).await
 }
 
+async fn with_joiners() {
+    scenario(MEMBERSHIP).await
+}
+
 /// Checks 1 to 4 of the module's list on the default seeds and the corpus (sim/seeds.txt):
 /// the seeds of the five broker bugs this suite found (docs/simulation.md, "The broker
 /// cluster suite") replay first.
@@ -506,6 +575,21 @@ fn five_nodes_keep_every_promise_under_partitions_and_overload() {
         )
         .seeds(SEEDS_5),
         sound5,
+    );
+}
+
+/// Checks 1 to 5 while nodes join and leave: a fourth node is added during the faults and
+/// gets a subscriber, a fifth is added and leaves again; afterwards the members agree on
+/// the membership, all voters, on [`SEEDS_MEMBERSHIP`] seeds.
+#[test]
+fn nodes_join_and_leave_under_partitions_and_keep_every_promise() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "nodes_join_and_leave_under_partitions_and_keep_every_promise",
+        )
+        .seeds(SEEDS_MEMBERSHIP),
+        with_joiners,
     );
 }
 

@@ -52,6 +52,8 @@ pub(crate) struct Oracle {
     pub(crate) healed: bool,
     pub(crate) publishers_done: usize,
     pub(crate) mover_done: bool,
+    /// The membership variant's operator added and removed its nodes.
+    pub(crate) membership_done: bool,
     pub(crate) subscriber_reconnects: u64,
 }
 

@@ -6,7 +6,8 @@ use super::*;
 
 pub(crate) async fn statuses(setup: &Setup) -> Vec<ClusterStatus> {
     let mut out = Vec::new();
-    for node in 0..setup.variant.nodes {
+    let members: Vec<usize> = lock(&setup.members).iter().copied().collect();
+    for node in members {
         let Some(a) = setup.admin(node) else { continue };
         if let Ok(Ok(Some(s))) = timeout(Duration::from_secs(1), a.cluster_status()).await {
             out.push(s);
@@ -19,11 +20,12 @@ pub(crate) async fn statuses(setup: &Setup) -> Vec<ClusterStatus> {
 /// drop counters, and the state of the subscribers' sessions on it.
 pub(crate) async fn diagnose(setup: &Setup) -> String {
     let mut out = String::new();
-    let mut ids: Vec<String> = (0..setup.variant.nodes - 1)
+    let all = setup.variant.nodes + setup.variant.joiners;
+    let mut ids: Vec<String> = (0..setup.variant.nodes - 1 + setup.variant.joiners.min(1))
         .map(|k| format!("sub{k}"))
         .collect();
     ids.push(MOVER.to_owned());
-    for node in 0..setup.variant.nodes {
+    for node in 0..all {
         let Some(a) = setup.admin(node) else { continue };
         let status = timeout(Duration::from_secs(1), a.cluster_status()).await;
         let m = a.metrics();
@@ -101,7 +103,8 @@ pub(crate) fn claimed_leader(all: &[ClusterStatus]) -> Option<usize> {
 pub(crate) async fn wait_leader(setup: &Setup, within: Duration) -> Option<u64> {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
-        if let Some(l) = agreed_leader(&statuses(setup).await, setup.variant.nodes) {
+        let members = lock(&setup.members).len();
+        if let Some(l) = agreed_leader(&statuses(setup).await, members) {
             return Some(l);
         }
         sleep(ms(100)).await;
@@ -165,7 +168,7 @@ pub(crate) async fn chaos(
     while Instant::now() < end {
         let leader = claimed_leader(&statuses(setup).await);
         let v = &setup.variant;
-        let fault = draw(v.nodes, v.overload, leader, ck.leader_weight);
+        let fault = draw(v.nodes + v.joiners, v.overload, leader, ck.leader_weight);
         let lasted = ms(thread_rng().gen_range(every / 2..every * 2 + 1));
         let calm = ms(thread_rng().gen_range(0..every + 1));
         nemesis.history.push(Record {

@@ -94,14 +94,16 @@ pub(crate) struct ClusterActor {
     raft_status: Option<Box<starling_raft::Status>>,
     status_in_flight: bool,
     /// Members whose record a `Leave` removed: the leader takes them out of raft's
-    /// configuration (one at a time: `removing`).
-    departed: BTreeSet<u64>,
+    /// configuration (one at a time: `removing`), once each has the `Leave` itself.
+    departed: BTreeMap<u64, membership::Departed>,
     removing: Option<u64>,
     /// This node is leaving or left (an operator's `starling cluster leave`, or its record
     /// removed by a `Leave`): it no longer states its own record.
     leaving: bool,
     /// Told once this node has left, for the daemon to stop.
     left: tokio::sync::watch::Sender<bool>,
+    /// An operator's leave of this node is under way (it tells `left` itself when done).
+    leave_running: bool,
 }
 
 /// A SUBSCRIBE's read barrier: answered by a read that started once the retained changes
@@ -184,10 +186,11 @@ impl ClusterActor {
             known_addrs: BTreeMap::new(),
             raft_status: None,
             status_in_flight: false,
-            departed: BTreeSet::new(),
+            departed: BTreeMap::new(),
             removing: None,
             leaving: false,
             left,
+            leave_running: false,
         }
     }
 
@@ -499,9 +502,9 @@ impl ClusterActor {
                         None => {
                             if node == self.node {
                                 self.joined = false;
-                                self.leaving = true;
+                                self.left_here();
                             }
-                            self.departed.insert(node);
+                            self.departed.insert(node, membership::Departed::now());
                             self.members.remove(&node);
                         }
                     };
@@ -551,12 +554,12 @@ impl ClusterActor {
             }
         }
         if self.joined && !members.contains_key(&self.node) {
-            self.leaving = true;
+            self.left_here();
         }
         self.joined = members.get(&self.node) == Some(&self.me);
         // Who left is not in a snapshot: those whose record goes now are taken as departed.
         for gone in self.members.keys().filter(|n| !members.contains_key(n)) {
-            self.departed.insert(*gone);
+            self.departed.insert(*gone, membership::Departed::now());
         }
         self.members = members;
         self.sync_peers();
@@ -791,6 +794,14 @@ impl Actor for ClusterActor {
                 self.ask_status(ctx);
             }
             ClusterMsg::Status(reply) => self.status(reply),
+            ClusterMsg::Routes(reply) => {
+                let routes = self
+                    .routes
+                    .iter()
+                    .map(|(f, nodes)| (f.clone(), nodes.iter().copied().collect()))
+                    .collect();
+                let _ = reply.send(routes);
+            }
             ClusterMsg::Peers(p) => {
                 self.peers = Some(*p);
                 self.sync_peers();
@@ -803,10 +814,7 @@ impl Actor for ClusterActor {
             } => self.add_member(node, member, reply),
             ClusterMsg::Leave(reply) => self.leave(reply, ctx),
             ClusterMsg::Removed(node) => self.removed(node, ctx),
-            ClusterMsg::Left => {
-                self.leaving = true;
-                let _ = self.left.send(true);
-            }
+            ClusterMsg::LeaveDone(done) => self.leave_done(done),
         }
     }
 }

@@ -19,6 +19,8 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use starling_rt::time::Instant;
+
 use starling_cluster::{decode, encode, Command, Member, Output};
 use starling_raft::{RaftHandle, RequestError, RequestId, Role, Status};
 use starling_rt::{time, Ctx, Reply};
@@ -35,6 +37,37 @@ const LEAVE_WAIT_SHORT: Duration = Duration::from_secs(1);
 /// How long a leader handing leadership away waits for another node to take it.
 const TRANSFER_WAIT: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(100);
+/// How long the leader waits for a departed member to hold its own `Leave` before it takes
+/// it out of the configuration anyway (it is down, or cut off).
+const DEPARTED_GRACE: Duration = Duration::from_secs(30);
+/// Status polls (one per tick) that must show a departed member holding its `Leave` before
+/// it is removed: the first shows the entry replicated, the next that a heartbeat since
+/// has told it the entry is committed.
+const DEPARTED_ACKS: u8 = 2;
+
+/// A member whose record a `Leave` removed, until it is out of raft's configuration. A
+/// member removed from the configuration before it applied its own `Leave` would never
+/// learn it left (nobody replicates to it any more): it would stay up, alone, trying to
+/// rejoin an election it is no longer part of.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Departed {
+    /// The log as this node had applied it at its first status after the `Leave` (so at
+    /// least the `Leave`'s index).
+    mark: Option<u64>,
+    /// Status polls in a row that showed the member holding `mark`.
+    acks: u8,
+    at: Instant,
+}
+
+impl Departed {
+    pub(crate) fn now() -> Departed {
+        Departed {
+            mark: None,
+            acks: 0,
+            at: time::now(),
+        }
+    }
+}
 
 impl ClusterActor {
     /// Raft's status arrived (every tick): the peers follow it, and the leader removes
@@ -42,6 +75,11 @@ impl ClusterActor {
     pub(super) fn raft_status(&mut self, st: Option<Box<Status>>, ctx: &mut Ctx<Self>) {
         self.status_in_flight = false;
         let Some(st) = st else { return };
+        for (id, d) in self.departed.iter_mut() {
+            let mark = *d.mark.get_or_insert(st.applied);
+            let held = st.progress.get(id).is_some_and(|p| p.matched >= mark);
+            d.acks = if held { d.acks.saturating_add(1) } else { 0 };
+        }
         self.raft_status = Some(st);
         self.sync_peers();
         self.remove_departed(ctx);
@@ -93,7 +131,7 @@ impl ClusterActor {
         // Only members that left are dropped: a node that connected in unlisted (one being
         // added, heard before its record is) stays dialed.
         for id in peers.list().into_keys() {
-            if self.departed.contains(&id) && !want.contains(&id) && peers.remove(id) {
+            if self.departed.contains_key(&id) && !want.contains(&id) && peers.remove(id) {
                 tracing::info!(node_id = self.node, peer = id, "cluster peer dropped");
             }
         }
@@ -108,10 +146,14 @@ impl ClusterActor {
         if st.role != Role::Leader || self.removing.is_some() {
             return;
         }
-        let Some(&gone) = self
+        let now = time::now();
+        let Some(gone) = self
             .departed
             .iter()
-            .find(|id| **id != self.node && (st.voters.contains(id) || st.learners.contains(id)))
+            .filter(|(id, _)| **id != self.node)
+            .filter(|(id, _)| st.voters.contains(id) || st.learners.contains(id))
+            .find(|(_, d)| d.acks >= DEPARTED_ACKS || now.duration_since(d.at) >= DEPARTED_GRACE)
+            .map(|(id, _)| *id)
         else {
             return;
         };
@@ -173,6 +215,12 @@ impl ClusterActor {
     /// An operator's leave of this node: run on its own task; `ClusterMsg::Left` follows
     /// once it is done.
     pub(super) fn leave(&mut self, reply: Reply<Result<(), MembershipError>>, ctx: &mut Ctx<Self>) {
+        if self.leaving {
+            // Its `Leave` is applied already (an earlier request that timed out, say).
+            let _ = reply.send(Ok(()));
+            let _ = self.left.send(true);
+            return;
+        }
         let Some(raft) = self.raft.clone() else {
             let _ = reply.send(Err(MembershipError::Failed(
                 "raft is not running yet".to_owned(),
@@ -180,7 +228,15 @@ impl ClusterActor {
             return;
         };
         let me = self.node;
-        let request = self.membership_request();
+        self.leave_running = true;
+        // Under the request id of this node's own `Join`s, with the next number: raft's
+        // deduplication then refuses any of them still on its way (a retry after a leader
+        // change, say), which applied after the `Leave` would bring the node back.
+        self.seq += 1;
+        let request = RequestId {
+            client_id: self.join_client,
+            seq: self.seq,
+        };
         ctx.spawn_then(
             async move {
                 let r = leave(&raft, me, request).await;
@@ -192,14 +248,25 @@ impl ClusterActor {
                 let _ = reply.send(r);
                 done
             },
-            |done| {
-                if done {
-                    ClusterMsg::Left
-                } else {
-                    ClusterMsg::Tick
-                }
-            },
+            ClusterMsg::LeaveDone,
         );
+    }
+
+    /// This node's own `Leave` is applied: it states nothing more, and it stops unless an
+    /// operator's leave in progress says so itself.
+    pub(super) fn left_here(&mut self) {
+        self.leaving = true;
+        if !self.leave_running {
+            let _ = self.left.send(true);
+        }
+    }
+
+    /// An operator's leave finished (`true`: done).
+    pub(super) fn leave_done(&mut self, done: bool) {
+        self.leave_running = false;
+        if done || self.leaving {
+            let _ = self.left.send(true);
+        }
     }
 
     /// A request id of its own for an operator's proposal: a client id drawn now, so that
@@ -340,18 +407,28 @@ async fn leave(raft: &RaftHandle, me: u64, request: RequestId) -> Result<(), Mem
         LEAVE_WAIT
     };
     let deadline = time::now() + wait;
-    while time::now() < deadline {
+    let give_up = time::now() + LEAVE_WAIT * 3;
+    loop {
         let st = status(raft).await?;
         if !st.voters.contains(&me) && !st.learners.contains(&me) {
-            break;
+            return Ok(());
         }
+        let now = time::now();
         if st.role == Role::Leader {
-            // Leadership came back meanwhile: a leader cannot remove itself here.
+            // Leadership came back meanwhile: a leader cannot remove itself, and one that
+            // stopped leading would leave the others to notice it is gone first.
+            if now >= give_up {
+                return Err(MembershipError::Failed(format!(
+                    "node {me} left the cluster's record but still leads: no other voter takes \
+                     over; stopping it makes the others elect a leader, which removes it"
+                )));
+            }
             let _ = hand_over_leadership(raft, me).await;
+        } else if now >= deadline {
+            return Ok(());
         }
         time::sleep(POLL).await;
     }
-    Ok(())
 }
 
 /// If this node leads, hands leadership to the voter that holds most of the log, and waits
