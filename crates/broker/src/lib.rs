@@ -231,9 +231,13 @@ impl Broker {
         let router = start_shards(&shared, store.as_ref(), recovered.next_delayed_id, seq_base);
         // Before the sessions are routed again: their subscriptions are the node's routes.
         let cluster = cluster::ClusterNode::start(&shared, &router).await?;
+        // `retained_reads = "local"`: a SUBSCRIBE keeps what its install read from this
+        // node's replica.
+        let linearizable =
+            shared.config.cluster.retained_reads == starling_config::RetainedReads::Linearizable;
         let router = match &cluster {
-            Some(_) => router.clustered(),
-            None => router,
+            Some(_) if linearizable => router.clustered(),
+            _ => router,
         };
         let sessions = std::mem::take(&mut recovered.sessions);
         let default_allow = shared.config.auth.acl_default == starling_config::AclDefault::Allow;

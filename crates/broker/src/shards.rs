@@ -87,7 +87,10 @@ impl Shards {
     /// change this node's shards took before: a retained message acknowledged through any
     /// node before the SUBSCRIBE, or published by this client just before it, is found.
     /// The subscriptions are installed already (so no live publish waits for this). Without
-    /// a quorum, after a bound, `r.retained` stays as this node had it.
+    /// a quorum within a bound, no retained message is given (this node's may be old): a
+    /// new subscription that wanted them is refused with 0x80 Unspecified error and taken
+    /// back, and one that existed already stays as it was installed, its result 0x80 too
+    /// (`cluster.retained_reads = "local"` reads this node's at once instead).
     pub(crate) async fn cluster_retained(
         &self,
         client_id: &str,
@@ -97,19 +100,20 @@ impl Shards {
         if !self.0.clustered {
             return;
         }
-        let wanted: Vec<(String, DeliveryOptions)> = filters
+        let wanted: Vec<(usize, String, DeliveryOptions)> = filters
             .iter()
             .enumerate()
             .filter(|(i, f)| {
                 r.results.get(*i).is_some_and(Result::is_ok)
                     && f.wants_retained(r.new.get(*i).copied().unwrap_or(false))
             })
-            .map(|(_, f)| {
+            .map(|(i, f)| {
                 let plain = parse_subscription(&f.filter, &self.0.limits)
                     .map(|s| s.filter)
                     .unwrap_or(&f.filter)
                     .to_owned();
                 (
+                    i,
                     plain,
                     DeliveryOptions::retained(&f.options, f.subscription_id),
                 )
@@ -126,11 +130,27 @@ impl Shards {
         });
         let passed = starling_rt::time::timeout(ROUTE_WAIT, join_all(waits)).await;
         if !passed.is_some_and(|all| all.into_iter().all(|ok| ok)) {
-            tracing::debug!(%client_id, "retained messages read before the cluster confirmed them");
+            tracing::debug!(%client_id, "retained messages not confirmed by the cluster; subscriptions that wanted them refused");
+            r.retained.clear();
+            let mut back = Vec::new();
+            for (i, _, _) in &wanted {
+                if r.new.get(*i).copied().unwrap_or(false) {
+                    if let Some(f) = filters.get(*i) {
+                        back.push(f.filter.clone());
+                    }
+                }
+                if let (Some(res), Some(new)) = (r.results.get_mut(*i), r.new.get_mut(*i)) {
+                    *res = Err(ReasonCode::UnspecifiedError);
+                    *new = false;
+                }
+            }
+            if !back.is_empty() {
+                let _ = self.unsubscribe(client_id.into(), back).await;
+            }
             return;
         }
         let mut retained = Vec::new();
-        for (filter, options) in wanted {
+        for (_, filter, options) in wanted {
             let asks = self.0.addrs.iter().map(|a| {
                 let filter = filter.clone();
                 a.ask(|reply| RouterMsg::Retained {

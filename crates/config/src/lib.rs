@@ -19,8 +19,8 @@ pub use error::{ConfigError, Warning};
 pub use model::{
     AclDefault, AuthConfig, BackpressureHolders, ClientIdPolicy, ClusterConfig, Config, DropPolicy,
     FsyncPolicy, HttpConfig, ListenerConfig, ListenerKind, LogConfig, MqttConfig, NodeConfig,
-    QuicConfig, RouterSettings, ShardCount, SharedStrategy, StorageConfig, StuckPolicy,
-    TimeoutVerdict, TlsConfig, WsConfig,
+    QuicConfig, RetainedReads, RouterSettings, ShardCount, SharedStrategy, StorageConfig,
+    StuckPolicy, TimeoutVerdict, TlsConfig, WsConfig,
 };
 
 /// Every key the file format accepts, as dotted paths with `listeners[]` for the array

@@ -640,5 +640,6 @@ fn validate_cluster(
         tick_ms: raw.tick_ms,
         election_tick: raw.election_tick,
         fsync: raw.fsync,
+        retained_reads: raw.retained_reads,
     })
 }

@@ -54,6 +54,8 @@ pub(crate) struct Oracle {
     pub(crate) mover_done: bool,
     /// The membership variant's operator added and removed its nodes.
     pub(crate) membership_done: bool,
+    /// The retained writer's acknowledged writes and the readers' reads (check 6).
+    pub(crate) retained: super::retained::RetainedLog,
     pub(crate) subscriber_reconnects: u64,
 }
 

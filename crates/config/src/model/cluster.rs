@@ -24,6 +24,7 @@ pub(crate) struct RawCluster {
     pub tick_ms: u32,
     pub election_tick: u32,
     pub fsync: FsyncPolicy,
+    pub retained_reads: RetainedReads,
 }
 
 impl Default for RawCluster {
@@ -38,8 +39,23 @@ impl Default for RawCluster {
             tick_ms: 100,
             election_tick: 10,
             fsync: FsyncPolicy::Always,
+            retained_reads: RetainedReads::Linearizable,
         }
     }
+}
+
+/// `cluster.retained_reads`: how a SUBSCRIBE reads the retained messages it gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetainedReads {
+    /// After a raft read barrier: a retained message acknowledged anywhere before the
+    /// SUBSCRIBE is found. Without a quorum within 3 s, a new subscription that wants
+    /// retained messages is refused (SUBACK 0x80) rather than served stale ones.
+    #[default]
+    Linearizable,
+    /// From this node's replica at once: no round trip, but a node that lags or is cut
+    /// off serves the retained messages it has, possibly old ones.
+    Local,
 }
 
 /// `[cluster]`, validated.
@@ -70,6 +86,8 @@ pub struct ClusterConfig {
     /// When the raft log reaches the disk: `"always"` (default: before anything it holds is
     /// acted on) or `"never"`.
     pub fsync: FsyncPolicy,
+    /// How a SUBSCRIBE reads retained messages: `"linearizable"` (default) or `"local"`.
+    pub retained_reads: RetainedReads,
 }
 
 impl Default for ClusterConfig {
@@ -85,6 +103,7 @@ impl Default for ClusterConfig {
             tick_ms: raw.tick_ms,
             election_tick: raw.election_tick,
             fsync: raw.fsync,
+            retained_reads: raw.retained_reads,
         }
     }
 }

@@ -9,8 +9,8 @@ use serde::Deserialize;
 
 mod cluster;
 
-pub use cluster::ClusterConfig;
 pub(crate) use cluster::RawCluster;
+pub use cluster::{ClusterConfig, RetainedReads};
 
 /// The whole validated configuration. `Config::default()` is what an empty file gives.
 #[derive(Debug, Clone, PartialEq, Eq)]
