@@ -562,6 +562,20 @@ async fn scenario(variant: Variant) {
         sleep(ms(200)).await;
     }
 
+    // Check 7: the routes converge on the truth (each member's subscriptions) by a
+    // deadline after the heal.
+    let routes_by = Instant::now() + Duration::from_secs(30);
+    loop {
+        match routes_agree(&setup).await {
+            Ok(()) => break,
+            Err(e) => check!(
+                Instant::now() < routes_by,
+                "routes 30 s after the checks above: {e}\nfaults:\n{schedule}"
+            ),
+        }
+        sleep(ms(500)).await;
+    }
+
     // A quiet second: a late duplicate would show now.
     sleep(Duration::from_secs(1)).await;
     let (verdict, sent, settled, confirmed) = {

@@ -197,3 +197,58 @@ pub(crate) async fn chaos(
     }
     Nemesis::heal(cluster, knobs);
 }
+
+/// A subscription's filter as the routes name it: without its `$share/{group}/`,
+/// `$exclusive/` or `$limit/{N}/` prefix.
+fn routed_filter(f: &str) -> &str {
+    fn after_segment(rest: &str) -> &str {
+        rest.split_once('/').map_or("", |(_, f)| f)
+    }
+    if let Some(rest) = f.strip_prefix("$share/") {
+        after_segment(rest)
+    } else if let Some(rest) = f.strip_prefix("$limit/") {
+        after_segment(rest)
+    } else {
+        f.strip_prefix("$exclusive/").unwrap_or(f)
+    }
+}
+
+/// Check 7: every member's replicated routes are the truth: each filter with exactly the
+/// members that have a local subscriber for it. `Err` with the first difference.
+pub(crate) async fn routes_agree(setup: &Setup) -> Result<(), String> {
+    let members: Vec<usize> = lock(&setup.members).iter().copied().collect();
+    let mut truth: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+    for &m in &members {
+        let Some(a) = setup.admin(m) else {
+            return Err(format!("node{} has no admin", m + 1));
+        };
+        let Ok(subs) = timeout(Duration::from_secs(5), a.subscriptions()).await else {
+            return Err(format!("node{} does not list its subscriptions", m + 1));
+        };
+        for c in subs.iter() {
+            for (filter, _, _) in &c.filters {
+                truth
+                    .entry(routed_filter(filter).to_owned())
+                    .or_default()
+                    .insert(m as u64 + 1);
+            }
+        }
+    }
+    for &m in &members {
+        let Some(a) = setup.admin(m) else { continue };
+        let Ok(routes) = timeout(Duration::from_secs(5), a.cluster_routes()).await else {
+            return Err(format!("node{} does not list its routes", m + 1));
+        };
+        let seen: BTreeMap<String, BTreeSet<u64>> = routes
+            .into_iter()
+            .map(|(f, nodes)| (f, nodes.into_iter().collect()))
+            .collect();
+        if seen != truth {
+            return Err(format!(
+                "node{} routes {seen:?}, the members' subscriptions say {truth:?}",
+                m + 1
+            ));
+        }
+    }
+    Ok(())
+}
