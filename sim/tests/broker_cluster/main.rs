@@ -31,7 +31,13 @@
 //!    sent on a link still down is lost: both documented in docs/clustering.md), but its
 //!    old connection must still end by the end of the run;
 //! 4. after the heal, every node names the same leader, which says it leads, within a
-//!    deadline.
+//!    deadline;
+//! 5. (membership test) nodes added and removed while the faults go on: afterwards the
+//!    members agree on the membership, all voters, and the node that left has stopped;
+//! 6. (retained test) every granted retained read sees the last retained write
+//!    acknowledged before it asked, or a later one (`retained.rs`);
+//! 7. after the others, every member's replicated routes are exactly the filters its
+//!    members' clients subscribe to, by node.
 //!
 //! Messages name nodes by raft id (node1 ..= node3); the harness's fault schedule counts
 //! machines from 0 (its `node0` is raft id 1).
@@ -43,7 +49,9 @@
 //! two nodes still reach each other but cannot commit.
 //!
 //! A third test runs a deliberately lossy configuration (a subscriber queue of two with
-//! back-pressure off, slow subscribers) and asserts that check 1 catches it.
+//! back-pressure off, slow subscribers) and asserts that check 1 catches it; another reads
+//! retained messages from each node's replica (`cluster.retained_reads = "local"`) and
+//! asserts that check 6 catches it.
 //!
 //! Run: `cd sim && cargo test --features sim --test broker_cluster` (docs/simulation.md,
 //! "The broker cluster suite", says how to replay a seed).
