@@ -234,7 +234,7 @@ impl Broker {
         // `retained_reads = "local"`: a SUBSCRIBE keeps what its install read from this
         // node's replica.
         let linearizable =
-            shared.config.cluster.retained_reads == starling_config::RetainedReads::Linearizable;
+            shared.config.cluster.retained_reads == starling_config::ClusterReads::Linearizable;
         let router = match &cluster {
             Some(_) if linearizable => router.clustered(),
             _ => router,

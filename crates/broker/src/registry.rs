@@ -120,6 +120,10 @@ impl Registry {
             return;
         }
         if let Some(&epoch) = self.claimed.get(&client_id) {
+            if self.shared.config.cluster.reconnect_reads == starling_config::ClusterReads::Local {
+                // `cluster.reconnect_reads = "local"`: the claim as this node knows it.
+                return self.connect_here(client_id, conn, ctx).await;
+            }
             // Claimed here before, but another node may have claimed it since, and this
             // node not heard yet (cut off, or behind): a read, not a commit, says.
             self.confirming.insert(client_id.clone(), conn);

@@ -17,9 +17,9 @@ mod validate;
 
 pub use error::{ConfigError, Warning};
 pub use model::{
-    AclDefault, AuthConfig, BackpressureHolders, ClientIdPolicy, ClusterConfig, Config, DropPolicy,
-    FsyncPolicy, HttpConfig, ListenerConfig, ListenerKind, LogConfig, MqttConfig, NodeConfig,
-    QuicConfig, RetainedReads, RouterSettings, ShardCount, SharedStrategy, StorageConfig,
+    AclDefault, AuthConfig, BackpressureHolders, ClientIdPolicy, ClusterConfig, ClusterReads,
+    Config, DropPolicy, FsyncPolicy, HttpConfig, ListenerConfig, ListenerKind, LogConfig,
+    MqttConfig, NodeConfig, QuicConfig, RouterSettings, ShardCount, SharedStrategy, StorageConfig,
     StuckPolicy, TimeoutVerdict, TlsConfig, WsConfig,
 };
 

@@ -641,5 +641,6 @@ fn validate_cluster(
         election_tick: raw.election_tick,
         fsync: raw.fsync,
         retained_reads: raw.retained_reads,
+        reconnect_reads: raw.reconnect_reads,
     })
 }

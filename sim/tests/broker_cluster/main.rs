@@ -51,7 +51,8 @@
 //! A third test runs a deliberately lossy configuration (a subscriber queue of two with
 //! back-pressure off, slow subscribers) and asserts that check 1 catches it; another reads
 //! retained messages from each node's replica (`cluster.retained_reads = "local"`) and
-//! asserts that check 6 catches it.
+//! asserts that check 6 catches it; another serves reconnects from each node's memory of
+//! its claims (`cluster.reconnect_reads = "local"`) and asserts that check 3 catches it.
 //!
 //! Run: `cd sim && cargo test --features sim --test broker_cluster` (docs/simulation.md,
 //! "The broker cluster suite", says how to replay a seed).
@@ -104,6 +105,8 @@ const SEEDS_5: u64 = 100;
 /// Seeds of the retained run, and those its `local` companion may take to be caught.
 const SEEDS_RETAINED: u64 = 100;
 const LOCAL_SEEDS: u64 = 10;
+/// Seeds the local-reconnects companion may take to be caught.
+const RECONNECT_SEEDS: u64 = 40;
 /// Seeds of the membership run.
 const SEEDS_MEMBERSHIP: u64 = 100;
 /// Seeds the lossy companion may take to be caught (it is caught by the first, so far).
@@ -184,6 +187,15 @@ const RETAINED_LOCAL: Variant = Variant {
     name: "retained-local",
     cluster: "retained_reads = \"local\"\n",
     ..RETAINED
+};
+
+/// Reconnects served from each node's memory of its claims (`cluster.reconnect_reads =
+/// "local"`): a node behind on another node's newer claim serves the mover a second live
+/// session, which check 3 must catch.
+const RECONNECT_LOCAL: Variant = Variant {
+    name: "reconnect-local",
+    cluster: "reconnect_reads = \"local\"\n",
+    ..SOUND
 };
 
 /// A broker that loses acknowledged messages: a subscriber's queue holds two, back-pressure
@@ -659,6 +671,10 @@ async fn with_local_retained() {
     scenario(RETAINED_LOCAL).await
 }
 
+async fn with_local_reconnects() {
+    scenario(RECONNECT_LOCAL).await
+}
+
 /// Checks 1 to 4 of the module's list on the default seeds and the corpus (sim/seeds.txt):
 /// the seeds of the five broker bugs this suite found (docs/simulation.md, "The broker
 /// cluster suite") replay first.
@@ -728,6 +744,25 @@ fn local_retained_reads_are_caught_stale() {
     assert!(
         f.message.contains("retained reads stale"),
         "caught, but not by the retained check: {}",
+        f.message
+    );
+}
+
+/// Check 3 can fail: with `cluster.reconnect_reads = "local"` (bug 5 put back as a
+/// setting) the mover gets two live sessions, and the check reports it within the first
+/// [`RECONNECT_SEEDS`] seeds.
+#[test]
+fn local_reconnects_are_caught_with_two_live_sessions() {
+    const CFG: RunConfig = RunConfig::new(
+        "broker_cluster",
+        "local_reconnects_are_caught_with_two_live_sessions",
+    );
+    let caught =
+        (1..=RECONNECT_SEEDS).find_map(|seed| run_seed(&CFG, seed, with_local_reconnects).err());
+    let f = caught.expect("local reconnects passed every seed: check 3 cannot fail");
+    assert!(
+        f.message.contains("mover"),
+        "caught, but not by the mover's check: {}",
         f.message
     );
 }

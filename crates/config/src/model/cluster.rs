@@ -24,7 +24,8 @@ pub(crate) struct RawCluster {
     pub tick_ms: u32,
     pub election_tick: u32,
     pub fsync: FsyncPolicy,
-    pub retained_reads: RetainedReads,
+    pub retained_reads: ClusterReads,
+    pub reconnect_reads: ClusterReads,
 }
 
 impl Default for RawCluster {
@@ -39,22 +40,25 @@ impl Default for RawCluster {
             tick_ms: 100,
             election_tick: 10,
             fsync: FsyncPolicy::Always,
-            retained_reads: RetainedReads::Linearizable,
+            retained_reads: ClusterReads::Linearizable,
+            reconnect_reads: ClusterReads::Linearizable,
         }
     }
 }
 
-/// `cluster.retained_reads`: how a SUBSCRIBE reads the retained messages it gets.
+/// `cluster.retained_reads` and `cluster.reconnect_reads`: how a SUBSCRIBE reads the
+/// retained messages it gets, and how a reconnect to this node checks that its claim of
+/// the client id still stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum RetainedReads {
-    /// After a raft read barrier: a retained message acknowledged anywhere before the
-    /// SUBSCRIBE is found. Without a quorum within 3 s, a new subscription that wants
-    /// retained messages is refused (SUBACK 0x80) rather than served stale ones.
+pub enum ClusterReads {
+    /// Through the leader (a raft read barrier): what was acknowledged anywhere before is
+    /// seen. Without a quorum the request is refused rather than answered from an old view
+    /// (SUBACK 0x80, CONNACK 0x88).
     #[default]
     Linearizable,
     /// From this node's replica at once: no round trip, but a node that lags or is cut
-    /// off serves the retained messages it has, possibly old ones.
+    /// off answers from what it has, possibly an old view.
     Local,
 }
 
@@ -87,7 +91,12 @@ pub struct ClusterConfig {
     /// acted on) or `"never"`.
     pub fsync: FsyncPolicy,
     /// How a SUBSCRIBE reads retained messages: `"linearizable"` (default) or `"local"`.
-    pub retained_reads: RetainedReads,
+    pub retained_reads: ClusterReads,
+    /// How a CONNECT for a client id this node claimed before is served: after a
+    /// linearizable read of its owner (default), or `"local"`, from this node's memory of
+    /// the claim (no round trip; a node cut off, or behind on another node's newer claim,
+    /// then serves a second live session for the id until it hears of the claim).
+    pub reconnect_reads: ClusterReads,
 }
 
 impl Default for ClusterConfig {
@@ -104,6 +113,7 @@ impl Default for ClusterConfig {
             election_tick: raw.election_tick,
             fsync: raw.fsync,
             retained_reads: raw.retained_reads,
+            reconnect_reads: raw.reconnect_reads,
         }
     }
 }

@@ -10,7 +10,7 @@ use serde::Deserialize;
 mod cluster;
 
 pub(crate) use cluster::RawCluster;
-pub use cluster::{ClusterConfig, RetainedReads};
+pub use cluster::{ClusterConfig, ClusterReads};
 
 /// The whole validated configuration. `Config::default()` is what an empty file gives.
 #[derive(Debug, Clone, PartialEq, Eq)]
