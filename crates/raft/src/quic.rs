@@ -360,14 +360,16 @@ impl PeerControl {
     }
 
     fn insert(&self, id: u64, addr: SocketAddr, learnt: bool) -> bool {
-        if id == self.me {
+        let unchanged = |p: &Peers| {
+            (learnt && (p.queues.contains_key(&id) || p.removed.contains(&id)))
+                || p.queues.get(&id).is_some_and(|q| q.addr == addr)
+        };
+        // Asked again on every status tick: a read lock answers the common case.
+        if id == self.me || unchanged(&read(&self.peers)) {
             return false;
         }
         let mut peers = write(&self.peers);
-        if learnt && (peers.queues.contains_key(&id) || peers.removed.contains(&id)) {
-            return false;
-        }
-        if peers.queues.get(&id).is_some_and(|q| q.addr == addr) {
+        if unchanged(&peers) {
             return false;
         }
         peers.removed.remove(&id);

@@ -19,10 +19,9 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use starling_rt::time::Instant;
-
 use starling_cluster::{decode, encode, Command, Member, Output};
 use starling_raft::{RaftHandle, RequestError, RequestId, Role, Status};
+use starling_rt::time::Instant;
 use starling_rt::{time, Ctx, Reply};
 
 use super::ClusterActor;
@@ -116,12 +115,13 @@ impl ClusterActor {
         }
         want.remove(&self.node);
         for id in &want {
+            // This node's own configuration first: what its operator said to dial.
             let addr = self
-                .members
+                .config_peers
                 .get(id)
-                .and_then(|m| m.cluster.parse().ok())
-                .or_else(|| self.known_addrs.get(id).copied())
-                .or_else(|| self.config_peers.get(id).copied());
+                .copied()
+                .or_else(|| self.members.get(id).and_then(|m| m.cluster.parse().ok()))
+                .or_else(|| self.known_addrs.get(id).copied());
             if let Some(addr) = addr {
                 if peers.set(*id, addr) {
                     tracing::info!(node_id = self.node, peer = id, %addr, "cluster peer dialed");
