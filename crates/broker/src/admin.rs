@@ -115,6 +115,11 @@ impl Admin {
             .map_err(|_| AdminError::Stopping)
     }
 
+    /// Whether this node runs in a cluster (`cluster.enabled`).
+    pub fn is_clustered(&self) -> bool {
+        self.cluster.is_some()
+    }
+
     /// The replicated routes as this node applied them: each filter with the nodes that
     /// have subscribers for it, in filter order (empty without a cluster).
     pub async fn cluster_routes(&self) -> Vec<(String, Vec<u64>)> {

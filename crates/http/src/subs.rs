@@ -161,8 +161,25 @@ async fn client_subscriptions(s: State, id: web::Path<String>) -> HttpResponse {
     }
 }
 
-/// The distinct filters subscribed on this node, each once (`[{node_id, topic}]`).
+/// The routes (`[{node_id, topic}]`): in a cluster, the replicated route table as this
+/// node applied it (each filter with every node that has subscribers for it); alone, the
+/// distinct filters subscribed on this node, each once.
 async fn route_rows(s: &ApiState, topic: Option<&str>, limit: usize) -> Vec<Value> {
+    if s.admin.is_clustered() {
+        return s
+            .admin
+            .cluster_routes()
+            .await
+            .into_iter()
+            .filter(|(f, _)| topic.is_none_or(|t| filter_matches(f, t)))
+            .flat_map(|(f, nodes)| {
+                nodes
+                    .into_iter()
+                    .map(move |n| json!({"node_id": n, "topic": f.clone()}))
+            })
+            .take(limit)
+            .collect();
+    }
     let mut filters = std::collections::BTreeSet::new();
     for c in s.admin.subscriptions().await.iter() {
         for (raw, o, id) in &c.filters {

@@ -1,7 +1,8 @@
 //! Membership of a running cluster, with real processes: the three example nodes run; a
 //! fourth, started alone with `cluster.bootstrap = false` and only its own address, is
 //! added with `starling cluster join` through a member that may be a follower, becomes a
-//! voter heard by the leader, and gets publishes made on node 1 at its subscriber; node 2
+//! voter heard by the leader, and gets publishes made on node 1 at its subscriber (whose
+//! route node 1's `GET /api/v1/routes` lists); node 2
 //! then leaves with `starling cluster leave` and its process stops by itself, the others
 //! show three members and still forward to node 4; then the leader leaves (it hands
 //! leadership away first), and the last two elect a leader and forward to each other.
@@ -92,6 +93,22 @@ fn cluster_cli(config: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The JSON of `GET /api/v1{path}` on the HTTP API at 127.0.0.1:`port` (no token).
+fn api_get(port: u16, path: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the HTTP API");
+    write!(
+        s,
+        "GET /api/v1{path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("answer");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+}
+
 /// Waits for a daemon that left to stop on its own, successfully.
 fn stops_by_itself(d: &mut Daemon, which: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -154,6 +171,14 @@ fn a_node_joins_a_running_cluster_and_members_leave_it() {
         Some("subscribed")
     );
     forwarded(ports[0].mqtt, "joined/a", 50, &rx);
+    // Node 1's API lists the replicated routes, node 4's among them.
+    let routes = api_get(ports[0].http, "/routes");
+    assert!(
+        routes.as_array().is_some_and(|r| r
+            .iter()
+            .any(|r| r["node_id"] == 4 && r["topic"] == "joined/#")),
+        "node 1's routes: {routes}"
+    );
 
     // Node 2 leaves: its process stops, the others show three voters.
     let said = cluster_cli(&files[1], &["leave"]);
