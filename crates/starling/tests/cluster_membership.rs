@@ -93,20 +93,29 @@ fn cluster_cli(config: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The JSON of `GET /api/v1{path}` on the HTTP API at 127.0.0.1:`port` (no token).
-fn api_get(port: u16, path: &str) -> serde_json::Value {
+/// The status and JSON of `METHOD /api/v1{path}` (with a JSON `body`) on the HTTP API at
+/// 127.0.0.1:`port` (no token).
+fn api(port: u16, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the HTTP API");
     write!(
         s,
-        "GET /api/v1{path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        "{method} /api/v1{path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     )
     .expect("request");
     let mut raw = String::new();
     s.read_to_string(&mut raw).expect("answer");
     let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
-    assert!(head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status");
+    let json =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{method} {path}: {e}: {body}"));
+    (status, json)
 }
 
 /// Waits for a daemon that left to stop on its own, successfully.
@@ -162,6 +171,16 @@ fn a_node_joins_a_running_cluster_and_members_leave_it() {
     assert_eq!(st["self"]["mqtt"], format!("127.0.0.1:{node4_mqtt}"));
     // Joining again changes nothing and is not an error.
     cluster_cli(&node4_file, &["join", &node2_api]);
+    // A node id that is a member already is not taken by another address.
+    let impostor = r#"{"id": 2, "mqtt": "127.0.0.1:1", "cluster": "127.0.0.1:9"}"#;
+    let (status, answer) = api(ports[0].http, "POST", "/cluster/members", impostor);
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("already a member")),
+        "{answer}"
+    );
 
     // A subscriber on the new node gets what node 1 takes: node 1 forwards to a peer it
     // was not configured with.
@@ -172,7 +191,8 @@ fn a_node_joins_a_running_cluster_and_members_leave_it() {
     );
     forwarded(ports[0].mqtt, "joined/a", 50, &rx);
     // Node 1's API lists the replicated routes, node 4's among them.
-    let routes = api_get(ports[0].http, "/routes");
+    let (status, routes) = api(ports[0].http, "GET", "/routes", "");
+    assert_eq!(status, 200, "{routes}");
     assert!(
         routes.as_array().is_some_and(|r| r
             .iter()

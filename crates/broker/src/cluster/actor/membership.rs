@@ -192,6 +192,16 @@ impl ClusterActor {
             )));
             return;
         };
+        // A node id that stands for another machine: taking its record would make every
+        // node dial the newcomer in its place.
+        if let Some(m) = self.members.get(&node).filter(|m| **m != member) {
+            let _ = reply.send(Err(MembershipError::Refused(format!(
+                "node {node} is already a member, at {} (MQTT {}): have it leave first, or \
+                 give the new node another node.id",
+                m.cluster, m.mqtt
+            ))));
+            return;
+        }
         let me = self.node;
         let members = self.members.clone();
         let request = self.membership_request();
@@ -329,11 +339,20 @@ async fn join(
             "node {node} is this node: run `starling cluster join` with the new node's --config"
         )));
     }
-    if member.cluster.parse::<SocketAddr>().is_err() {
-        return Err(MembershipError::Refused(format!(
-            "node {node}'s cluster address {:?} is not host:port with an IP address",
-            member.cluster
-        )));
+    match member.cluster.parse::<SocketAddr>() {
+        Err(_) => {
+            return Err(MembershipError::Refused(format!(
+                "node {node}'s cluster address {:?} is not host:port with an IP address",
+                member.cluster
+            )))
+        }
+        Ok(a) if a.ip().is_unspecified() || a.port() == 0 => {
+            return Err(MembershipError::Refused(format!(
+                "node {node}'s cluster address {a} cannot be dialed: list the node in its own \
+                 cluster.peers with the address the others reach it at"
+            )))
+        }
+        Ok(_) => {}
     }
     let st = status(raft).await?;
     if st.role != Role::Leader {
