@@ -152,16 +152,18 @@ impl Admin {
         .unwrap_or_else(|_| Err(MembershipError::Failed("the broker is stopping".to_owned())))
     }
 
-    /// Has this node leave the cluster (`starling cluster leave`); once it has, the node
-    /// stops ([`crate::Broker::left`]).
+    /// Has this node leave the cluster (`starling cluster leave`): its clients are sent to
+    /// the other nodes (0x9C Use another server) and given `drain` to take their sessions
+    /// there, then it leaves; once it has, the node stops ([`crate::Broker::left`]).
+    /// Answers the sessions that did not move (they end with the node).
     ///
     /// # Errors
     /// As [`Admin::cluster_add_member`].
-    pub async fn cluster_leave(&self) -> Result<(), MembershipError> {
+    pub async fn cluster_leave(&self, drain: Duration) -> Result<usize, MembershipError> {
         let Some(c) = &self.cluster else {
             return Err(MembershipError::NotClustered);
         };
-        c.ask(ClusterMsg::Leave)
+        c.ask(|reply| ClusterMsg::Leave { drain, reply })
             .await
             .unwrap_or_else(|_| Err(MembershipError::Failed("the broker is stopping".to_owned())))
     }

@@ -96,6 +96,10 @@ pub(crate) enum ClientMsg {
     Resubscribe(Reply<()>),
     /// The broker is stopping.
     Shutdown(Reply<()>),
+    /// The node is leaving its cluster: the connection closes with 0x9C Use another server
+    /// and the session stays (for the node the client reconnects to, which takes it over),
+    /// or ends with it if it does not outlive its connection.
+    Move,
     /// An operator asks what this client is (the HTTP API).
     Info(Reply<ClientInfo>),
     /// An operator asks for this client's subscriptions.
@@ -200,6 +204,13 @@ pub(crate) enum RegistryMsg {
     },
     /// Close every connection (v5 0x8B) and stop every client actor.
     Shutdown(Reply<()>),
+    /// The node is leaving its cluster: CONNECTs are refused from now on (0x9C Use another
+    /// server, 3.x: 3 Server unavailable) and every connection is closed with 0x9C, the
+    /// sessions staying for the nodes their clients reconnect to. Answered with the
+    /// sessions still here.
+    Drain(Reply<usize>),
+    /// How many sessions this node still holds.
+    Sessions(Reply<usize>),
     /// Every client actor, for an operator's list.
     Clients(Reply<Vec<starling_rt::Addr<ClientMsg>>>),
     /// The client actor of one client id.
@@ -574,8 +585,13 @@ pub(crate) enum ClusterMsg {
         member: starling_cluster::Member,
         reply: Reply<Result<(), MembershipError>>,
     },
-    /// An operator has this node leave the cluster (`starling cluster leave`).
-    Leave(Reply<Result<(), MembershipError>>),
+    /// An operator has this node leave the cluster (`starling cluster leave`), its clients
+    /// given `drain` to take their sessions to other nodes; answered with the sessions that
+    /// did not move.
+    Leave {
+        drain: std::time::Duration,
+        reply: Reply<Result<usize, MembershipError>>,
+    },
     /// The leader's removal of a departed member from raft's configuration finished.
     Removed(u64),
     /// An operator's leave of this node finished (`true`: it left, and stops).

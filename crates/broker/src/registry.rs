@@ -62,6 +62,9 @@ pub(crate) struct Registry {
     /// last step before they resume it; a newer CONNECT takes the older one's place here
     /// too.
     resuming: HashMap<Arc<str>, Box<NewConn>>,
+    /// The node is leaving its cluster (`RegistryMsg::Drain`): CONNECTs are refused, so
+    /// that clients reconnect to another node and their sessions follow them there.
+    draining: bool,
 }
 
 /// Sessions kept for claims not yet answered, at most (each is a session's whole state).
@@ -94,6 +97,7 @@ impl Registry {
             confirming: HashMap::new(),
             claiming: HashMap::new(),
             resuming: HashMap::new(),
+            draining: false,
         }
     }
 
@@ -101,6 +105,9 @@ impl Registry {
     /// committed first; for one it claimed, a linearizable read confirms that the claim
     /// still stands (both off this actor's turn; other CONNECTs go on meanwhile).
     async fn connect(&mut self, client_id: Arc<str>, conn: Box<NewConn>, ctx: &mut Ctx<Self>) {
+        if self.draining {
+            return self.refuse(conn, ReasonCode::UseAnotherServer);
+        }
         let Some(cluster) = self.cluster.clone() else {
             return self.connect_here(client_id, conn, ctx).await;
         };
@@ -612,6 +619,17 @@ impl Actor for Registry {
                 if let Some(conn) = self.resuming.remove(&client_id) {
                     self.connect_here(client_id, conn, ctx).await;
                 }
+            }
+            RegistryMsg::Drain(reply) => {
+                self.draining = true;
+                for e in self.clients.values() {
+                    // Urgent: the client's own traffic does not delay its move.
+                    let _ = e.addr.try_send_urgent(ClientMsg::Move);
+                }
+                let _ = reply.send(self.clients.len());
+            }
+            RegistryMsg::Sessions(reply) => {
+                let _ = reply.send(self.clients.len());
             }
             RegistryMsg::Shutdown(reply) => {
                 // All at once: one slow peer's last write must not hold up the others.

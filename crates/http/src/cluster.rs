@@ -64,9 +64,34 @@ async fn add_member(s: web::Data<ApiState>, body: web::Json<AddMember>) -> HttpR
     }
 }
 
-async fn leave(s: web::Data<ApiState>) -> HttpResponse {
-    match s.admin.cluster_leave().await {
-        Ok(()) => HttpResponse::Ok().json(json!({ "left": s.admin.node_id() })),
+/// How long a leaving node's clients have to take their sessions to other nodes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaveQuery {
+    #[serde(default = "default_drain")]
+    drain_secs: u32,
+}
+
+fn default_drain() -> u32 {
+    DRAIN_SECS_DEFAULT
+}
+
+const DRAIN_SECS_DEFAULT: u32 = 30;
+const DRAIN_SECS_MAX: u32 = 3600;
+
+async fn leave(s: web::Data<ApiState>, q: web::Query<LeaveQuery>) -> HttpResponse {
+    if q.drain_secs > DRAIN_SECS_MAX {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format_args!("drain_secs: at most {DRAIN_SECS_MAX}"),
+        );
+    }
+    let drain = std::time::Duration::from_secs(u64::from(q.drain_secs));
+    match s.admin.cluster_leave(drain).await {
+        Ok(behind) => HttpResponse::Ok().json(json!({
+            "left": s.admin.node_id(),
+            "sessions_left_behind": behind,
+        })),
         Err(e) => membership_error(&e),
     }
 }

@@ -14,7 +14,7 @@ use clap::Subcommand;
 use serde_json::{json, Value};
 use starling_config::{Config, HttpConfig};
 
-use crate::ctl::{get_json, ok, request};
+use crate::ctl::{get_json, ok, request, request_within};
 
 #[derive(Subcommand, Debug)]
 pub enum ClusterCommand {
@@ -30,8 +30,14 @@ pub enum ClusterCommand {
         /// The HTTP API address (`host:port`) of any member of the cluster.
         addr: SocketAddr,
     },
-    /// Has the node that --config names leave its cluster; the node then stops.
-    Leave,
+    /// Has the node that --config names leave its cluster: its clients are sent to the
+    /// other nodes (0x9C Use another server) and given --drain-secs to take their sessions
+    /// there; the node then leaves and stops.
+    Leave {
+        /// How long the clients have to reconnect elsewhere, their sessions following them.
+        #[arg(long, default_value_t = 30)]
+        drain_secs: u32,
+    },
 }
 
 /// How many times a join follows a "not the leader" answer (to the leader it names, or
@@ -42,7 +48,7 @@ const LEADER_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 pub fn run(config: &Config, command: &ClusterCommand) -> anyhow::Result<()> {
     match command {
         ClusterCommand::Join { addr } => return join(config, *addr),
-        ClusterCommand::Leave => return leave(config),
+        ClusterCommand::Leave { drain_secs } => return leave(config, *drain_secs),
         ClusterCommand::Status { json } => {
             let mut st = get_json(&config.http, "/cluster")?;
             if st["enabled"] == false {
@@ -144,11 +150,16 @@ fn join(config: &Config, addr: SocketAddr) -> anyhow::Result<()> {
     )
 }
 
-fn leave(config: &Config) -> anyhow::Result<()> {
-    let (status, answer) = request(&config.http, "POST", "/cluster/leave", None)
+fn leave(config: &Config, drain_secs: u32) -> anyhow::Result<()> {
+    let path = format!("/cluster/leave?drain_secs={drain_secs}");
+    let wait = std::time::Duration::from_secs(u64::from(drain_secs) + 60);
+    let (status, answer) = request_within(&config.http, "POST", &path, None, wait)
         .context("the node to remove (--config)")?;
     let v: Value = serde_json::from_str(&ok(status, answer)?).context("the answer")?;
-    println!("node {} left the cluster and is stopping", v["left"]);
+    println!(
+        "node {} left the cluster and is stopping; {} sessions did not move and end with it",
+        v["left"], v["sessions_left_behind"]
+    );
     Ok(())
 }
 

@@ -81,11 +81,22 @@ pub(crate) fn request(
     path: &str,
     body: Option<&str>,
 ) -> anyhow::Result<(u16, String)> {
+    // A join waits for the new node to catch up (up to 30 s on the leader).
+    request_within(http, method, path, body, Duration::from_secs(60))
+}
+
+/// As [`request`], waiting up to `wait` for the answer.
+pub(crate) fn request_within(
+    http: &HttpConfig,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    wait: Duration,
+) -> anyhow::Result<(u16, String)> {
     let addr = target(http);
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
         .with_context(|| format!("the HTTP API at {addr} (http.bind; is http.enabled on?)"))?;
-    // A join waits for the new node to catch up (up to 30 s on the leader).
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    s.set_read_timeout(Some(wait))?;
     let mut req =
         format!("{method} /api/v1{path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     if let Some(t) = &http.bearer_token {

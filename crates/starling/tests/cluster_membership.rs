@@ -2,7 +2,8 @@
 //! fourth, started alone with `cluster.bootstrap = false` and only its own address, is
 //! added with `starling cluster join` through a member that may be a follower, becomes a
 //! voter heard by the leader, and gets publishes made on node 1 at its subscriber (whose
-//! route node 1's `GET /api/v1/routes` lists); node 2
+//! route node 1's `GET /api/v1/routes` lists); node 2 sends its persistent subscriber away
+//! (0x9C), whose session follows it to node 3 with what was published meanwhile; node 2
 //! then leaves with `starling cluster leave` and its process stops by itself, the others
 //! show three members and still forward to node 4; then the leader leaves (it hands
 //! leadership away first), and the last two elect a leader and forward to each other.
@@ -13,13 +14,14 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::cluster::{
     acked_lines, free_udp_port, gather, health, missing, node_certs, publisher, running_cluster,
     wait_status,
 };
-use common::{free_port, starling, watcher, Daemon};
+use common::{free_port, starling, watcher, watcher_with, Daemon};
 
 /// The ids of the members a status lists.
 fn member_ids(st: &serde_json::Value) -> BTreeSet<u64> {
@@ -200,9 +202,72 @@ fn a_node_joins_a_running_cluster_and_members_leave_it() {
         "node 1's routes: {routes}"
     );
 
-    // Node 2 leaves: its process stops, the others show three voters.
-    let said = cluster_cli(&files[1], &["leave"]);
-    assert!(said.contains("left the cluster"), "{said}");
+    // Node 2 leaves: a persistent subscriber of its own is sent away (0x9C), reconnects to
+    // node 3, and finds its session there with what was published for it meanwhile; node
+    // 2's process stops, the others show three voters.
+    let (mut moving, moving_rx) = watcher_with(
+        ports[1].mqtt,
+        "moves-off-node-2",
+        "drain/#",
+        &["--expiry", "3600"],
+    );
+    assert_eq!(
+        moving_rx
+            .recv_timeout(Duration::from_secs(20))
+            .ok()
+            .as_deref(),
+        Some("subscribed")
+    );
+    let leave = starling()
+        .args(["cluster", "leave", "--drain-secs", "30", "--config"])
+        .arg(&files[1])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starling cluster leave runs");
+    assert_eq!(
+        moving_rx
+            .recv_timeout(Duration::from_secs(20))
+            .ok()
+            .as_deref(),
+        Some("disconnected 156"),
+        "node 2 sends its client away with 0x9C Use another server"
+    );
+    let _ = moving.wait();
+    let mut p = publisher(ports[0].mqtt, "drain/x", 20);
+    let queued = acked_lines(&mut p, |_| {});
+    assert_eq!(queued.len(), 40, "published while the subscriber moves");
+    let (mut moved, moved_rx) = watcher_with(
+        ports[2].mqtt,
+        "moves-off-node-2",
+        "drain/#",
+        &["--expiry", "3600"],
+    );
+    let want: BTreeSet<(String, String)> = queued
+        .into_iter()
+        .map(|a| ("drain/x".to_owned(), a))
+        .collect();
+    let mut seen = BTreeSet::new();
+    gather(&moved_rx, &mut seen, &want, Duration::from_secs(30));
+    assert_eq!(
+        missing(&want, &seen),
+        0,
+        "the session moved to node 3 with what was queued for it"
+    );
+    let _ = moved.kill();
+    let out = leave
+        .wait_with_output()
+        .expect("starling cluster leave ends");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("left the cluster") && said.contains("0 sessions did not move"),
+        "{said}"
+    );
     stops_by_itself(&mut nodes[1], "node 2");
     wait_status(
         &files[0],

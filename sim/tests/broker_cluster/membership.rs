@@ -80,8 +80,13 @@ async fn leave(setup: &Setup, idx: usize) {
             Instant::now() < deadline,
             "node{id} did not leave within {CHANGE_DEADLINE:?}"
         );
-        match timeout(Duration::from_secs(40), a.cluster_leave()).await {
-            Ok(Ok(())) => {
+        match timeout(
+            Duration::from_secs(40),
+            a.cluster_leave(Duration::from_secs(5)),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {
                 lock(&setup.members).remove(&idx);
                 println!("[sim] node{id} left at {:?}", elapsed());
                 return;

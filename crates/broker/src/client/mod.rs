@@ -793,6 +793,13 @@ impl Client {
                 let _ = reply.send(());
                 return false;
             }
+            ClientMsg::Move => {
+                if self.conn.is_some() {
+                    self.closing = Some(DisconnectReason::Server(ReasonCode::UseAnotherServer));
+                    self.session.detach(time::now(), DetachReason::Moved);
+                    self.run_effects(ctx).await;
+                }
+            }
             ClientMsg::Info(reply) => {
                 let _ = reply.send(self.info());
             }

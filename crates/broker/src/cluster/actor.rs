@@ -812,7 +812,7 @@ impl Actor for ClusterActor {
                 member,
                 reply,
             } => self.add_member(node, member, reply),
-            ClusterMsg::Leave(reply) => self.leave(reply, ctx),
+            ClusterMsg::Leave { drain, reply } => self.leave(drain, reply, ctx),
             ClusterMsg::Removed(node) => self.removed(node, ctx),
             ClusterMsg::LeaveDone(done) => self.leave_done(done),
         }

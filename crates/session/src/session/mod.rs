@@ -63,6 +63,9 @@ pub enum DetachReason {
     ServerShutdown,
     /// An administrator closed the connection (0x98).
     Administrative,
+    /// The node is leaving its cluster: the client is to reconnect to another node, where
+    /// its session follows it (0x9C Use another server).
+    Moved,
 }
 
 impl DetachReason {
@@ -73,6 +76,7 @@ impl DetachReason {
             DetachReason::TakenOver => Some(ReasonCode::SessionTakenOver),
             DetachReason::ServerShutdown => Some(ReasonCode::ServerShuttingDown),
             DetachReason::Administrative => Some(ReasonCode::AdministrativeAction),
+            DetachReason::Moved => Some(ReasonCode::UseAnotherServer),
         }
     }
 }

@@ -7,10 +7,12 @@
 //!   as it was when it was added. A node that never catches up stays a learner: it counts
 //!   in no quorum, so a wrong address or a node that is down cannot cost the cluster its
 //!   majority.
-//! - **Leave**, on the leaving node: it hands leadership away if it has it, commits a
-//!   `Leave` of its own record (its routes, client ids and holds go with it on every
-//!   node), then waits for the leader to take it out of raft's configuration (a little
-//!   while at most: a removed node may not hear the commit) and stops.
+//! - **Leave**, on the leaving node: it sends its clients away (0x9C Use another server,
+//!   new CONNECTs refused) and waits a while for their sessions to follow them to the
+//!   nodes they reconnect to, hands leadership away if it has it, commits a `Leave` of its
+//!   own record (its routes, remaining client ids and holds go with it on every node),
+//!   then waits for the leader to take it out of raft's configuration (a little while at
+//!   most: a removed node may not hear the commit) and stops.
 //! - **Peers** are the members' cluster addresses, plus raft's voters and learners without
 //!   a record yet (the first members, by their `cluster.peers` entry); a member that left
 //!   and is out of raft's configuration is no longer dialed.
@@ -25,7 +27,7 @@ use starling_rt::time::Instant;
 use starling_rt::{time, Ctx, Reply};
 
 use super::ClusterActor;
-use crate::msg::{ClusterMsg, MembershipError};
+use crate::msg::{ClusterMsg, MembershipError, RegistryMsg};
 
 /// How long a new learner has to catch up before the join gives up (it stays a learner).
 const CATCH_UP: Duration = Duration::from_secs(30);
@@ -36,6 +38,8 @@ const LEAVE_WAIT_SHORT: Duration = Duration::from_secs(1);
 /// How long a leader handing leadership away waits for another node to take it.
 const TRANSFER_WAIT: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(100);
+/// How often a draining node counts the sessions it still holds.
+const DRAIN_POLL: Duration = Duration::from_millis(200);
 /// How long the leader waits for a departed member to hold its own `Leave` before it takes
 /// it out of the configuration anyway (it is down, or cut off).
 const DEPARTED_GRACE: Duration = Duration::from_secs(30);
@@ -224,10 +228,15 @@ impl ClusterActor {
 
     /// An operator's leave of this node: run on its own task; `ClusterMsg::Left` follows
     /// once it is done.
-    pub(super) fn leave(&mut self, reply: Reply<Result<(), MembershipError>>, ctx: &mut Ctx<Self>) {
+    pub(super) fn leave(
+        &mut self,
+        drain: Duration,
+        reply: Reply<Result<usize, MembershipError>>,
+        ctx: &mut Ctx<Self>,
+    ) {
         if self.leaving {
             // Its `Leave` is applied already (an earlier request that timed out, say).
-            let _ = reply.send(Ok(()));
+            let _ = reply.send(Ok(0));
             let _ = self.left.send(true);
             return;
         }
@@ -238,6 +247,7 @@ impl ClusterActor {
             return;
         };
         let me = self.node;
+        let registry = self.registry.clone();
         self.leave_running = true;
         // Under the request id of this node's own `Join`s, with the next number: raft's
         // deduplication then refuses any of them still on its way (a retry after a leader
@@ -249,10 +259,25 @@ impl ClusterActor {
         };
         ctx.spawn_then(
             async move {
-                let r = leave(&raft, me, request).await;
+                let r = match may_leave(&raft, me).await {
+                    Ok(voters) => {
+                        let behind = match registry {
+                            Some(r) => drain_sessions(&r, me, drain).await,
+                            None => 0,
+                        };
+                        leave(&raft, me, voters, request).await.map(|()| behind)
+                    }
+                    Err(e) => Err(e),
+                };
                 let done = r.is_ok();
                 match &r {
-                    Ok(()) => tracing::info!(node_id = me, "left the cluster; stopping"),
+                    Ok(behind) => {
+                        tracing::info!(
+                            node_id = me,
+                            sessions_left_behind = behind,
+                            "left the cluster; stopping"
+                        );
+                    }
                     Err(e) => tracing::warn!(node_id = me, error = %e, "leave not done"),
                 }
                 let _ = reply.send(r);
@@ -402,7 +427,9 @@ async fn join(
     Ok(())
 }
 
-async fn leave(raft: &RaftHandle, me: u64, request: RequestId) -> Result<(), MembershipError> {
+/// Whether this node may leave: it is in raft's configuration and not the last voter.
+/// The voters but it, if so.
+async fn may_leave(raft: &RaftHandle, me: u64) -> Result<usize, MembershipError> {
     let st = status(raft).await?;
     if !st.voters.contains(&me) && !st.learners.contains(&me) {
         return Err(MembershipError::Refused(format!(
@@ -414,12 +441,48 @@ async fn leave(raft: &RaftHandle, me: u64, request: RequestId) -> Result<(), Mem
             "node {me} is the last voter: a cluster cannot lose its last member"
         )));
     }
+    Ok(st.voters.iter().filter(|v| **v != me).count())
+}
+
+/// Closes every connection with 0x9C Use another server and refuses new ones, then waits,
+/// up to `drain`, for the sessions here to move with their clients to the nodes they
+/// reconnect to (each such CONNECT claims the client id, and this node hands the session
+/// over). The sessions still here at the end, which the `Leave` gives up.
+async fn drain_sessions(
+    registry: &starling_rt::Addr<RegistryMsg>,
+    me: u64,
+    drain: Duration,
+) -> usize {
+    let Ok(mut left) = registry.ask(RegistryMsg::Drain).await else {
+        return 0;
+    };
+    tracing::info!(
+        node_id = me,
+        sessions = left,
+        "leaving: clients sent to the other nodes"
+    );
+    let deadline = time::now() + drain;
+    while left > 0 && time::now() < deadline {
+        time::sleep(DRAIN_POLL).await;
+        left = registry.ask(RegistryMsg::Sessions).await.unwrap_or(0);
+    }
+    if left > 0 {
+        tracing::warn!(node_id = me, sessions = left, "leaving with sessions whose clients did not reconnect elsewhere in time: they end here");
+    }
+    left
+}
+
+async fn leave(
+    raft: &RaftHandle,
+    me: u64,
+    others: usize,
+    request: RequestId,
+) -> Result<(), MembershipError> {
     hand_over_leadership(raft, me).await?;
     propose(raft, request, &Command::Leave { node: me }).await?;
     // The leader now takes this node out of the configuration. A removed node rarely hears
     // that its removal committed, so the wait is bounded: short when the other voters are
     // a quorum without it, longer when its acknowledgement counts (two voters).
-    let others = st.voters.iter().filter(|v| **v != me).count();
     let wait = if others >= 2 {
         LEAVE_WAIT_SHORT
     } else {
