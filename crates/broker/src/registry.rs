@@ -406,6 +406,14 @@ impl Registry {
     /// Answers a CONNECT with `code`, off the registry's turn: a client id this identity may
     /// not use (v5 0x85 Client Identifier not valid, 3.x return code 2), or one the cluster
     /// did not let this node claim (0x88 Server unavailable, 3.x return code 3).
+    /// Tells every client actor to send its client away (`ClientMsg::Move`), without
+    /// waiting: on the urgent lane, so that a busy client's own traffic does not delay it.
+    fn send_away(&self) {
+        for e in self.clients.values() {
+            let _ = e.addr.try_send_urgent(ClientMsg::Move);
+        }
+    }
+
     fn refuse(&self, conn: Box<NewConn>, code: ReasonCode) {
         add(&self.shared.metrics.connections_refused, 1);
         if code == ReasonCode::ClientIdentifierNotValid {
@@ -622,13 +630,15 @@ impl Actor for Registry {
             }
             RegistryMsg::Drain(reply) => {
                 self.draining = true;
-                for e in self.clients.values() {
-                    // Urgent: the client's own traffic does not delay its move.
-                    let _ = e.addr.try_send_urgent(ClientMsg::Move);
-                }
+                self.send_away();
                 let _ = reply.send(self.clients.len());
             }
             RegistryMsg::Sessions(reply) => {
+                // Again: a client whose urgent lane was full missed the first one (a client
+                // already moved, or offline, ignores it).
+                if self.draining {
+                    self.send_away();
+                }
                 let _ = reply.send(self.clients.len());
             }
             RegistryMsg::Shutdown(reply) => {
