@@ -37,7 +37,9 @@
 //! 6. (retained test) every granted retained read sees the last retained write
 //!    acknowledged before it asked, or a later one (`retained.rs`);
 //! 7. after the others, every member's replicated routes are exactly the filters its
-//!    members' clients subscribe to, by node.
+//!    members' clients subscribe to, by node;
+//! 8. (shared-group test) every publish to a group with a member on each of two nodes that
+//!    was acknowledged with success reached a member (`shared.rs`).
 //!
 //! Messages name nodes by raft id (node1 ..= node3); the harness's fault schedule counts
 //! machines from 0 (its `node0` is raft id 1).
@@ -102,6 +104,8 @@ const MOVER: &str = "mover";
 const SEEDS: u64 = 200;
 /// Seeds of the five-node run (each costs about twice a three-node one).
 const SEEDS_5: u64 = 100;
+/// Seeds of the shared-group run.
+const SEEDS_SHARED: u64 = 100;
 /// Seeds of the retained run, and those its `local` companion may take to be caught.
 const SEEDS_RETAINED: u64 = 100;
 const LOCAL_SEEDS: u64 = 10;
@@ -136,6 +140,8 @@ struct Variant {
     joiners: usize,
     /// A retained writer and readers run, and check 6 judges their reads.
     retained: bool,
+    /// A shared group with a member on each of two nodes runs, and check 8 judges it.
+    shared: bool,
     /// More lines of `[cluster]`.
     cluster: &'static str,
     /// Faults include a node overloaded (paused most of the time, as a node whose actors
@@ -153,6 +159,7 @@ const SOUND: Variant = Variant {
     nodes: 3,
     joiners: 0,
     retained: false,
+    shared: false,
     cluster: "",
     overload: false,
     mqtt: "max_mqueue_len = 100000\n",
@@ -171,6 +178,13 @@ const SOUND5: Variant = Variant {
 const MEMBERSHIP: Variant = Variant {
     name: "membership",
     joiners: 2,
+    ..SOUND
+};
+
+/// Three nodes with a shared group across two of them.
+const SHARED_GROUP: Variant = Variant {
+    name: "shared",
+    shared: true,
     ..SOUND
 };
 
@@ -208,6 +222,7 @@ const LOSSY: Variant = Variant {
     nodes: 3,
     joiners: 0,
     retained: false,
+    shared: false,
     cluster: "",
     overload: false,
     mqtt: "max_mqueue_len = 2\nmax_inflight = 1\nbackpressure = false\nmqueue_drop_policy = \"drop_new\"\n",
@@ -325,6 +340,7 @@ mod clients;
 mod membership;
 mod oracle;
 mod retained;
+mod shared;
 mod view;
 
 use clients::*;
@@ -408,6 +424,27 @@ async fn scenario(variant: Variant) {
         ));
     }
 
+    if variant.shared {
+        for (k, &node) in subscriber_nodes.iter().take(2).enumerate() {
+            clients
+                .node(format!("shared{k}"))
+                .spawn(shared::member(k, node, oracle.clone()));
+        }
+        let started = Instant::now();
+        while lock(&oracle).shared.subacked.len() < 2 {
+            check!(
+                started.elapsed() < Duration::from_secs(30),
+                "the shared group's subscriptions not acknowledged within 30 s"
+            );
+            sleep(ms(50)).await;
+        }
+        sleep(Duration::from_secs(1)).await;
+        clients.node("shared-publisher").spawn(shared::publisher(
+            PUBLISHER_NODE,
+            ck.pace * 4,
+            oracle.clone(),
+        ));
+    }
     if variant.retained {
         clients
             .node("retained-writer")
@@ -492,6 +529,37 @@ async fn scenario(variant: Variant) {
             }
         }
         sleep(ms(200)).await;
+    }
+
+    // Check 8: every acknowledged publish to the shared group reached a member.
+    if variant.shared {
+        let by = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (done, lost, acked, sent, twice) = {
+                let g = lock(&oracle);
+                let twice = g.shared.got.values().filter(|m| m.len() > 1).count();
+                (
+                    g.shared.publisher_done,
+                    shared::lost(&g.shared),
+                    g.shared.acked.len(),
+                    g.shared.sent,
+                    twice,
+                )
+            };
+            if done && lost.is_empty() {
+                println!(
+                    "[sim] shared group: {sent} sent, {acked} acknowledged, none lost, {twice} delivered to both members"
+                );
+                break;
+            }
+            check!(
+                Instant::now() < by,
+                "shared group, 60 s after the heal: publisher done {done}, {} of {acked} acknowledged publishes reached no member, first {:?}\nfaults:\n{schedule}",
+                lost.len(),
+                lost.first()
+            );
+            sleep(ms(200)).await;
+        }
     }
 
     // Check 6: every granted retained read saw the last write acknowledged before it asked.
@@ -663,6 +731,10 @@ async fn with_joiners() {
     scenario(MEMBERSHIP).await
 }
 
+async fn with_shared_group() {
+    scenario(SHARED_GROUP).await
+}
+
 async fn with_retained() {
     scenario(RETAINED).await
 }
@@ -716,6 +788,20 @@ fn nodes_join_and_leave_under_partitions_and_keep_every_promise() {
         )
         .seeds(SEEDS_MEMBERSHIP),
         with_joiners,
+    );
+}
+
+/// Checks 1 to 4 and 8: a shared group with a member on each of two nodes while the
+/// faults go on, on [`SEEDS_SHARED`] seeds.
+#[test]
+fn a_shared_group_across_nodes_loses_no_acknowledged_message_under_partitions() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "a_shared_group_across_nodes_loses_no_acknowledged_message_under_partitions",
+        )
+        .seeds(SEEDS_SHARED),
+        with_shared_group,
     );
 }
 

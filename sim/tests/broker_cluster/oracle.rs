@@ -56,6 +56,8 @@ pub(crate) struct Oracle {
     pub(crate) membership_done: bool,
     /// The retained writer's acknowledged writes and the readers' reads (check 6).
     pub(crate) retained: super::retained::RetainedLog,
+    /// The shared group's publishes and deliveries (check 8).
+    pub(crate) shared: super::shared::SharedLog,
     pub(crate) subscriber_reconnects: u64,
 }
 

@@ -198,19 +198,20 @@ pub(crate) async fn chaos(
     Nemesis::heal(cluster, knobs);
 }
 
-/// A subscription's filter as the routes name it: without its `$share/{group}/`,
+/// A subscription's filter as the routes name it (`routing/remote.rs` `route_of`): a shared
+/// one with its group (`$queue/` as the group `$queue`), the others without their
 /// `$exclusive/` or `$limit/{N}/` prefix.
-fn routed_filter(f: &str) -> &str {
-    fn after_segment(rest: &str) -> &str {
-        rest.split_once('/').map_or("", |(_, f)| f)
+fn routed_filter(f: &str) -> String {
+    if let Some(rest) = f.strip_prefix("$queue/") {
+        return format!("$share/$queue/{rest}");
     }
-    if let Some(rest) = f.strip_prefix("$share/") {
-        after_segment(rest)
-    } else if let Some(rest) = f.strip_prefix("$limit/") {
-        after_segment(rest)
-    } else {
-        f.strip_prefix("$exclusive/").unwrap_or(f)
+    if f.starts_with("$share/") {
+        return f.to_owned();
     }
+    if let Some(rest) = f.strip_prefix("$limit/") {
+        return rest.split_once('/').map_or("", |(_, f)| f).to_owned();
+    }
+    f.strip_prefix("$exclusive/").unwrap_or(f).to_owned()
 }
 
 /// Check 7: every member's replicated routes are the truth: each filter with exactly the
@@ -228,7 +229,7 @@ pub(crate) async fn routes_agree(setup: &Setup) -> Result<(), String> {
         for c in subs.iter() {
             for (filter, _, _) in &c.filters {
                 truth
-                    .entry(routed_filter(filter).to_owned())
+                    .entry(routed_filter(filter))
                     .or_default()
                     .insert(m as u64 + 1);
             }
