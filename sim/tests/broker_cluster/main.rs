@@ -128,107 +128,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// What the brokers are configured with, and how the subscribers behave.
-#[derive(Clone, Copy, Debug)]
-struct Variant {
-    name: &'static str,
-    /// Broker nodes: the publishers on the first, a subscriber on each of the others.
-    nodes: usize,
-    /// Nodes that start outside the cluster (`bootstrap = false`), after the others: the
-    /// membership variant adds the first (with a subscriber) and adds then removes the
-    /// second while the faults go on.
-    joiners: usize,
-    /// A retained writer and readers run, and check 6 judges their reads.
-    retained: bool,
-    /// A shared group with a member on each of two nodes runs, and check 8 judges it.
-    shared: bool,
-    /// More lines of `[cluster]`.
-    cluster: &'static str,
-    /// Faults include a node overloaded (paused most of the time, as a node whose actors
-    /// are swamped answers late).
-    overload: bool,
-    /// Lines of `[mqtt]`.
-    mqtt: &'static str,
-    /// How long a subscriber waits before acknowledging each delivery.
-    ack_delay: Duration,
-}
-
-/// The broker as it should be: queues deep enough for the whole run.
-const SOUND: Variant = Variant {
-    name: "sound",
-    nodes: 3,
-    joiners: 0,
-    retained: false,
-    shared: false,
-    cluster: "",
-    overload: false,
-    mqtt: "max_mqueue_len = 100000\n",
-    ack_delay: Duration::ZERO,
-};
-
-/// The same with five nodes, and overloaded nodes among the faults.
-const SOUND5: Variant = Variant {
-    name: "sound5",
-    nodes: 5,
-    overload: true,
-    ..SOUND
-};
-
-/// Three nodes, and two that join while the faults go on, one of which leaves again.
-const MEMBERSHIP: Variant = Variant {
-    name: "membership",
-    joiners: 2,
-    ..SOUND
-};
-
-/// Three nodes with a shared group across two of them.
-const SHARED_GROUP: Variant = Variant {
-    name: "shared",
-    shared: true,
-    ..SOUND
-};
-
-/// Three nodes with the retained writer and readers.
-const RETAINED: Variant = Variant {
-    name: "retained",
-    retained: true,
-    ..SOUND
-};
-
-/// The same, reading retained messages from each node's own replica: stale reads must be
-/// caught.
-const RETAINED_LOCAL: Variant = Variant {
-    name: "retained-local",
-    cluster: "retained_reads = \"local\"\n",
-    ..RETAINED
-};
-
-/// Reconnects served from each node's memory of its claims (`cluster.reconnect_reads =
-/// "local"`): a node behind on another node's newer claim serves the mover a second live
-/// session, which check 3 must catch.
-const RECONNECT_LOCAL: Variant = Variant {
-    name: "reconnect-local",
-    cluster: "reconnect_reads = \"local\"\n",
-    ..SOUND
-};
-
-/// A broker that loses acknowledged messages: a subscriber's queue holds two, back-pressure
-/// is off so nothing slows the publishers, one delivery in flight at a time, and the
-/// subscribers take 100 ms per message. A forwarded batch is acknowledged once the
-/// subscriber's node routed it, so what its full queue then drops was acknowledged to the
-/// publisher: check 1 must see it missing.
-const LOSSY: Variant = Variant {
-    name: "lossy",
-    nodes: 3,
-    joiners: 0,
-    retained: false,
-    shared: false,
-    cluster: "",
-    overload: false,
-    mqtt: "max_mqueue_len = 2\nmax_inflight = 1\nbackpressure = false\nmqueue_drop_policy = \"drop_new\"\n",
-    ack_delay: Duration::from_millis(100),
-};
-
 /// This suite's knobs beyond the harness's (`Knobs`: chaos length, latency, mean time
 /// between faults), drawn from the seed and printed.
 #[derive(Debug)]
@@ -341,10 +240,12 @@ mod membership;
 mod oracle;
 mod retained;
 mod shared;
+mod variants;
 mod view;
 
 use clients::*;
 use oracle::*;
+use variants::*;
 use view::*;
 
 // ---------------------------------------------------------------------------------------
