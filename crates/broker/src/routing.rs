@@ -376,7 +376,10 @@ impl RouterActor {
                 // Forwarded publishes stop here: the node they came from sent them to
                 // every node that needed them.
                 if local {
-                    let key = self.fwd_current.as_ref().map(|f| f.key);
+                    // `cluster.forward_confirm = false`: the publisher's answer does not
+                    // wait for the other node (a drop here still counts: it is known now).
+                    let confirm = self.shared.config.cluster.forward_confirm;
+                    let key = self.fwd_current.as_ref().filter(|_| confirm).map(|f| f.key);
                     let group = match kind {
                         Some(DeliveryKind::Shared { group, filter, .. }) => Some(SharedTo {
                             group: group.clone(),
@@ -393,7 +396,9 @@ impl RouterActor {
                         add(&self.shared.metrics.cluster_forwarded, 1);
                     }
                     if let Some(f) = self.fwd_current.as_mut() {
-                        f.count(offered);
+                        if confirm || offered == remote::Offered::Dropped {
+                            f.count(offered);
+                        }
                     }
                     if offered == remote::Offered::First {
                         self.dirty.push(subscriber);

@@ -642,5 +642,6 @@ fn validate_cluster(
         fsync: raw.fsync,
         retained_reads: raw.retained_reads,
         reconnect_reads: raw.reconnect_reads,
+        forward_confirm: raw.forward_confirm,
     })
 }

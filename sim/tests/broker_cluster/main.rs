@@ -54,7 +54,9 @@
 //! back-pressure off, slow subscribers) and asserts that check 1 catches it; another reads
 //! retained messages from each node's replica (`cluster.retained_reads = "local"`) and
 //! asserts that check 6 catches it; another serves reconnects from each node's memory of
-//! its claims (`cluster.reconnect_reads = "local"`) and asserts that check 3 catches it.
+//! its claims (`cluster.reconnect_reads = "local"`) and asserts that check 3 catches it;
+//! another answers publishers before the other nodes took their forwards
+//! (`cluster.forward_confirm = false`) and asserts that check 1 catches it.
 //!
 //! Run: `cd sim && cargo test --features sim --test broker_cluster` (docs/simulation.md,
 //! "The broker cluster suite", says how to replay a seed).
@@ -113,6 +115,8 @@ const LOCAL_SEEDS: u64 = 10;
 const RECONNECT_SEEDS: u64 = 40;
 /// Seeds of the membership run.
 const SEEDS_MEMBERSHIP: u64 = 100;
+/// Seeds the unconfirmed-forwards companion may take to be caught.
+const UNCONFIRMED_SEEDS: u64 = 20;
 /// Seeds the lossy companion may take to be caught (it is caught by the first, so far).
 const LOSSY_SEEDS: u64 = 5;
 
@@ -644,6 +648,10 @@ async fn with_local_retained() {
     scenario(RETAINED_LOCAL).await
 }
 
+async fn with_unconfirmed_forwards() {
+    scenario(FORWARD_UNCONFIRMED).await
+}
+
 async fn with_local_reconnects() {
     scenario(RECONNECT_LOCAL).await
 }
@@ -750,6 +758,25 @@ fn local_reconnects_are_caught_with_two_live_sessions() {
     assert!(
         f.message.contains("mover"),
         "caught, but not by the mover's check: {}",
+        f.message
+    );
+}
+
+/// Check 1 can fail on forwarding: with `cluster.forward_confirm = false` the batches lost
+/// with a link were acknowledged to their publishers, and the check reports them missing
+/// within the first [`UNCONFIRMED_SEEDS`] seeds.
+#[test]
+fn unconfirmed_forwards_are_caught_losing_messages() {
+    const CFG: RunConfig = RunConfig::new(
+        "broker_cluster",
+        "unconfirmed_forwards_are_caught_losing_messages",
+    );
+    let caught = (1..=UNCONFIRMED_SEEDS)
+        .find_map(|seed| run_seed(&CFG, seed, with_unconfirmed_forwards).err());
+    let f = caught.expect("unconfirmed forwards passed every seed: check 1 cannot fail");
+    assert!(
+        f.message.contains("missing"),
+        "caught, but not by the delivery check: {}",
         f.message
     );
 }

@@ -88,6 +88,15 @@ pub(crate) const RECONNECT_LOCAL: Variant = Variant {
     ..SOUND
 };
 
+/// Forwards not confirmed (`cluster.forward_confirm = false`): a publisher is answered
+/// before the other nodes took its message, so a batch lost with a link is an acknowledged
+/// message lost, which check 1 must catch.
+pub(crate) const FORWARD_UNCONFIRMED: Variant = Variant {
+    name: "forward-unconfirmed",
+    cluster: "forward_confirm = false\n",
+    ..SOUND
+};
+
 /// A broker that loses acknowledged messages: a subscriber's queue holds two, back-pressure
 /// is off so nothing slows the publishers, one delivery in flight at a time, and the
 /// subscribers take 100 ms per message. A forwarded batch is acknowledged once the

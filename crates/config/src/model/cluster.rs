@@ -26,6 +26,7 @@ pub(crate) struct RawCluster {
     pub fsync: FsyncPolicy,
     pub retained_reads: ClusterReads,
     pub reconnect_reads: ClusterReads,
+    pub forward_confirm: bool,
 }
 
 impl Default for RawCluster {
@@ -42,6 +43,7 @@ impl Default for RawCluster {
             fsync: FsyncPolicy::Always,
             retained_reads: ClusterReads::Linearizable,
             reconnect_reads: ClusterReads::Linearizable,
+            forward_confirm: true,
         }
     }
 }
@@ -97,6 +99,10 @@ pub struct ClusterConfig {
     /// the claim (no round trip; a node cut off, or behind on another node's newer claim,
     /// then serves a second live session for the id until it hears of the claim).
     pub reconnect_reads: ClusterReads,
+    /// A QoS 1/2 publish forwarded to other nodes is acknowledged once they took it
+    /// (default true), or at once (false: lower latency, but a forward lost with a link or
+    /// a node is lost after the publisher was told it arrived).
+    pub forward_confirm: bool,
 }
 
 impl Default for ClusterConfig {
@@ -114,6 +120,7 @@ impl Default for ClusterConfig {
             fsync: raw.fsync,
             retained_reads: raw.retained_reads,
             reconnect_reads: raw.reconnect_reads,
+            forward_confirm: raw.forward_confirm,
         }
     }
 }
