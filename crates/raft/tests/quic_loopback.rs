@@ -1,6 +1,6 @@
 //! Three raft drivers over the QUIC transport on loopback (real UDP, mutual TLS): a leader is
 //! elected and proposals commit; a node whose certificate comes from another CA is never
-//! heard.
+//! heard; a fourth added at run time is dialed back and catches up.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -238,6 +238,89 @@ fn data_frames_arrive_in_order_beside_raft() {
             assert_eq!(frame, want.to_be_bytes());
         }
         assert!(inboxes[1].try_recv().is_err(), "node 2 got nothing");
+        for (h, n) in hs.iter().zip(&nets) {
+            h.stop();
+            n.close();
+        }
+    });
+}
+
+/// A node added while the cluster runs: the members are told its address
+/// (`PeerControl::set`); it knows none of theirs, yet answers the leader (a node that
+/// connects in unlisted is dialed back where it came from), catches up as a learner, becomes
+/// a voter; once removed and dropped from the peers, it is not dialed any more.
+#[test]
+fn a_node_added_at_run_time_is_dialed_back_and_catches_up() {
+    starling_rt::Runtime::new(2).block_on(async {
+        let ca = CertAuthority::generate("test CA").unwrap();
+        let mut nets = Vec::new();
+        for id in 1..=4 {
+            nets.push(bind(&ca, id).await);
+        }
+        let peers: BTreeMap<u64, SocketAddr> = nets[..3]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (i as u64 + 1, n.local_addr()))
+            .collect();
+        let mut hs: Vec<RaftHandle> = nets[..3]
+            .iter_mut()
+            .enumerate()
+            .map(|(i, n)| boot(n, i as u64 + 1, &peers))
+            .collect();
+        // Node 4: no initial membership, and only itself as a peer.
+        let four = nets[3].local_addr();
+        let mut c = Config::new(4);
+        c.tick_interval = Duration::from_millis(20);
+        c.request_timeout = Duration::from_secs(5);
+        let log = DiskLog::open(MemDisk::new(), c.log.clone()).unwrap();
+        let node = Node::new(
+            c.validate().unwrap(),
+            log,
+            Kv::default(),
+            starling_rt::rng::rng(),
+        )
+        .unwrap();
+        let h4 = start(node, nets[3].transport(BTreeMap::from([(4, four)])));
+        nets[3].serve(h4.clone());
+        hs.push(h4.clone());
+
+        let leader = leader_of(&hs[..3]).await.expect("a leader within 5 s");
+        let lh = hs[(leader - 1) as usize].clone();
+        for n in &nets[..3] {
+            assert!(n.peer_control().set(4, four));
+            assert!(
+                !n.peer_control().set(4, four),
+                "setting it again changes nothing"
+            );
+        }
+        lh.add_learner(4).await.unwrap();
+        let id = RequestId {
+            client_id: 9,
+            seq: 1,
+        };
+        lh.propose(id, b"k=added".to_vec()).await.unwrap();
+        let mut caught_up = false;
+        for _ in 0..500 {
+            if h4.read(b"k".to_vec(), Consistency::Stale).await.unwrap() == b"added" {
+                caught_up = true;
+                break;
+            }
+            starling_rt::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(caught_up, "the learner caught up");
+        assert!(
+            nets[3].peer_control().list().contains_key(&leader),
+            "node 4 dials the leader back at the address it came from"
+        );
+        let conf = lh.add_voter(4).await.unwrap();
+        assert!(conf.voters.contains(&4));
+
+        let conf = lh.remove_node(4).await.unwrap();
+        assert!(!conf.voters.contains(&4));
+        for n in &nets[..3] {
+            assert!(n.peer_control().remove(4));
+            assert!(!n.peer_control().list().contains_key(&4));
+        }
         for (h, n) in hs.iter().zip(&nets) {
             h.stop();
             n.close();
