@@ -65,8 +65,18 @@ async fn bind(ca: &CertAuthority, id: u64) -> QuicNet {
 }
 
 fn boot(net: &mut QuicNet, id: u64, peers: &BTreeMap<u64, SocketAddr>) -> RaftHandle {
+    boot_as(net, id, peers, &[1, 2, 3])
+}
+
+/// As [`boot`], with `voters` as the first membership (none: a node that waits to be added).
+fn boot_as(
+    net: &mut QuicNet,
+    id: u64,
+    peers: &BTreeMap<u64, SocketAddr>,
+    voters: &[u64],
+) -> RaftHandle {
     let mut c = Config::new(id);
-    c.initial_voters = vec![1, 2, 3];
+    c.initial_voters = voters.to_vec();
     c.tick_interval = Duration::from_millis(20);
     c.request_timeout = Duration::from_secs(5);
     let log = DiskLog::open(MemDisk::new(), c.log.clone()).unwrap();
@@ -269,19 +279,7 @@ fn a_node_added_at_run_time_is_dialed_back_and_catches_up() {
             .collect();
         // Node 4: no initial membership, and only itself as a peer.
         let four = nets[3].local_addr();
-        let mut c = Config::new(4);
-        c.tick_interval = Duration::from_millis(20);
-        c.request_timeout = Duration::from_secs(5);
-        let log = DiskLog::open(MemDisk::new(), c.log.clone()).unwrap();
-        let node = Node::new(
-            c.validate().unwrap(),
-            log,
-            Kv::default(),
-            starling_rt::rng::rng(),
-        )
-        .unwrap();
-        let h4 = start(node, nets[3].transport(BTreeMap::from([(4, four)])));
-        nets[3].serve(h4.clone());
+        let h4 = boot_as(&mut nets[3], 4, &BTreeMap::from([(4, four)]), &[]);
         hs.push(h4.clone());
 
         let leader = leader_of(&hs[..3]).await.expect("a leader within 5 s");

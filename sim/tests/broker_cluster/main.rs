@@ -732,14 +732,12 @@ fn retained_reads_see_every_acknowledged_write_under_partitions() {
 /// retained messages, and the check reports them within the first [`LOCAL_SEEDS`] seeds.
 #[test]
 fn local_retained_reads_are_caught_stale() {
-    const CFG: RunConfig =
-        RunConfig::new("broker_cluster", "local_retained_reads_are_caught_stale");
-    let caught = (1..=LOCAL_SEEDS).find_map(|seed| run_seed(&CFG, seed, with_local_retained).err());
-    let f = caught.expect("local retained reads passed every seed: check 6 cannot fail");
-    assert!(
-        f.message.contains("retained reads stale"),
-        "caught, but not by the retained check: {}",
-        f.message
+    caught(
+        RunConfig::new("broker_cluster", "local_retained_reads_are_caught_stale"),
+        LOCAL_SEEDS,
+        with_local_retained,
+        "retained reads stale",
+        "check 6",
     );
 }
 
@@ -748,17 +746,15 @@ fn local_retained_reads_are_caught_stale() {
 /// [`RECONNECT_SEEDS`] seeds.
 #[test]
 fn local_reconnects_are_caught_with_two_live_sessions() {
-    const CFG: RunConfig = RunConfig::new(
-        "broker_cluster",
-        "local_reconnects_are_caught_with_two_live_sessions",
-    );
-    let caught =
-        (1..=RECONNECT_SEEDS).find_map(|seed| run_seed(&CFG, seed, with_local_reconnects).err());
-    let f = caught.expect("local reconnects passed every seed: check 3 cannot fail");
-    assert!(
-        f.message.contains("mover"),
-        "caught, but not by the mover's check: {}",
-        f.message
+    caught(
+        RunConfig::new(
+            "broker_cluster",
+            "local_reconnects_are_caught_with_two_live_sessions",
+        ),
+        RECONNECT_SEEDS,
+        with_local_reconnects,
+        "mover",
+        "check 3",
     );
 }
 
@@ -767,17 +763,15 @@ fn local_reconnects_are_caught_with_two_live_sessions() {
 /// within the first [`UNCONFIRMED_SEEDS`] seeds.
 #[test]
 fn unconfirmed_forwards_are_caught_losing_messages() {
-    const CFG: RunConfig = RunConfig::new(
-        "broker_cluster",
-        "unconfirmed_forwards_are_caught_losing_messages",
-    );
-    let caught = (1..=UNCONFIRMED_SEEDS)
-        .find_map(|seed| run_seed(&CFG, seed, with_unconfirmed_forwards).err());
-    let f = caught.expect("unconfirmed forwards passed every seed: check 1 cannot fail");
-    assert!(
-        f.message.contains("missing"),
-        "caught, but not by the delivery check: {}",
-        f.message
+    caught(
+        RunConfig::new(
+            "broker_cluster",
+            "unconfirmed_forwards_are_caught_losing_messages",
+        ),
+        UNCONFIRMED_SEEDS,
+        with_unconfirmed_forwards,
+        "missing",
+        "check 1",
     );
 }
 
@@ -785,15 +779,30 @@ fn unconfirmed_forwards_are_caught_losing_messages() {
 /// full queue are caught within the first few seeds.
 #[test]
 fn a_broker_that_loses_acknowledged_messages_is_caught() {
-    const CFG: RunConfig = RunConfig::new(
-        "broker_cluster",
-        "a_broker_that_loses_acknowledged_messages_is_caught",
+    caught(
+        RunConfig::new(
+            "broker_cluster",
+            "a_broker_that_loses_acknowledged_messages_is_caught",
+        ),
+        LOSSY_SEEDS,
+        lossy,
+        "missing",
+        "check 1",
     );
-    let caught = (1..=LOSSY_SEEDS).find_map(|seed| run_seed(&CFG, seed, lossy).err());
-    let f = caught.expect("the lossy variant passed every seed: check 1 cannot fail");
+}
+
+/// Runs a deliberately weakened variant on seeds `1..=seeds` and asserts that one of them
+/// fails, with a message that names `needle` (the check `what` that must catch it).
+fn caught<F>(cfg: RunConfig, seeds: u64, scenario: fn() -> F, needle: &str, what: &str)
+where
+    F: std::future::Future<Output = ()> + 'static,
+{
+    let f = (1..=seeds)
+        .find_map(|seed| run_seed(&cfg, seed, scenario).err())
+        .unwrap_or_else(|| panic!("the weakened variant passed every seed: {what} cannot fail"));
     assert!(
-        f.message.contains("missing"),
-        "caught, but not by the delivery check: {}",
+        f.message.contains(needle),
+        "caught, but not by {what}: {}",
         f.message
     );
 }
