@@ -31,7 +31,7 @@ pub(crate) async fn connect_by(
 /// Connects `o`'s client to `node` (retrying as long as it takes), checks that the session
 /// a previous connection left there is still there, and makes the next connection resume
 /// it. `None`: it never connected.
-async fn resume_on(node: usize, o: &mut ConnectOpts) -> Option<MqttClient> {
+pub(crate) async fn resume_on(node: usize, o: &mut ConnectOpts) -> Option<MqttClient> {
     let forever = Instant::now() + Duration::from_secs(3600);
     let (c, connack) = connect_by(mqtt_addr(node), o, forever).await?;
     check!(

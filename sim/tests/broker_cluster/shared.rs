@@ -37,11 +37,10 @@ pub(crate) async fn member(k: usize, node: usize, oracle: Shared) {
     let mut o = opts(&format!("shared{k}"));
     let mut subscribed = false;
     loop {
-        let forever = Instant::now() + Duration::from_secs(3600);
-        let Some((mut c, _)) = connect_by(mqtt_addr(node), &o, forever).await else {
+        // Resumed, and checked to be: a member's queue must survive its reconnects.
+        let Some(mut c) = resume_on(node, &mut o).await else {
             return;
         };
-        o.clean_start = false;
         if !subscribed && c.subscribe(1, GROUP, QoS::AtLeastOnce).await.is_err() {
             continue;
         }
