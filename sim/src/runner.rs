@@ -152,6 +152,16 @@ where
     let outcome = std::thread::Builder::new()
         .name(format!("{}-seed-{seed}", cfg.test))
         .spawn(move || {
+            // `RUST_LOG` shows the brokers' and the nemesis' logs for this seed (without
+            // wall-clock times, which would differ between two replays).
+            let _log = std::env::var_os("RUST_LOG").map(|_| {
+                let fmt = tracing_subscriber::fmt()
+                    .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                    .with_writer(std::io::stderr)
+                    .without_time()
+                    .finish();
+                tracing::subscriber::set_default(fmt)
+            });
             PANIC_AT.with(|c| c.set(None));
             TRIPPED.with(|t| *t.borrow_mut() = None);
             WATCHER.with(|w| *w.borrow_mut() = None);

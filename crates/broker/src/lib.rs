@@ -263,6 +263,12 @@ impl Broker {
         restore_sessions(&shared, &registry, sessions).await;
         // After the sessions are routed again: a delayed message due at once must find them.
         restore(&router, recovered).await;
+        if cluster.is_some() {
+            // Through each shard, behind the route reports of the restored subscriptions.
+            for shard in router.all() {
+                let _ = shard.send(msg::RouterMsg::Restored).await;
+            }
+        }
         warn_volatile_state(&shared.config);
         let mut listeners = Vec::new();
         for lc in &shared.config.listeners {

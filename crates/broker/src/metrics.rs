@@ -62,6 +62,7 @@ pub(crate) struct Metrics {
     pub cluster_forwarded: AtomicU64,
     pub cluster_received: AtomicU64,
     pub cluster_forward_timeouts: AtomicU64,
+    pub cluster_forward_not_durable: AtomicU64,
     pub cluster_link_holds: AtomicU64,
     pub cluster_sessions_received: AtomicU64,
     pub cluster_handover_timeouts: AtomicU64,
@@ -307,6 +308,9 @@ pub struct MetricsSnapshot {
     pub cluster_forwarded: u64,
     pub cluster_received: u64,
     pub cluster_forward_timeouts: u64,
+    /// Forwarded publishes whose deliveries to persistent sessions here could not be
+    /// stored: their batches are not acknowledged (the publisher hears unconfirmed).
+    pub cluster_forward_not_durable: u64,
     /// Times a subscriber here that fell behind held another node's link back (its
     /// batches acknowledged only once it drained), counted per link and stretch.
     pub cluster_link_holds: u64,
@@ -353,6 +357,7 @@ impl Metrics {
             cluster_forwarded: get(&self.cluster_forwarded),
             cluster_received: get(&self.cluster_received),
             cluster_forward_timeouts: get(&self.cluster_forward_timeouts),
+            cluster_forward_not_durable: get(&self.cluster_forward_not_durable),
             cluster_link_holds: get(&self.cluster_link_holds),
             cluster_sessions_received: get(&self.cluster_sessions_received),
             cluster_handover_timeouts: get(&self.cluster_handover_timeouts),
@@ -382,7 +387,7 @@ impl MetricsSnapshot {
 
     /// Every figure of Starling's own with its name (the field's), what it counts and its
     /// kind ([`MetricsSnapshot::every`] adds RMQTT's, for expositions that list them all).
-    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 37] {
+    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 38] {
         use MetricKind::{Counter as C, Gauge as G};
         [
             (
@@ -540,6 +545,12 @@ impl MetricsSnapshot {
                 "Forwarded QoS 1/2 messages whose node did not acknowledge them in time",
                 C,
                 self.cluster_forward_timeouts,
+            ),
+            (
+                "cluster_forward_not_durable",
+                "Forwarded messages whose deliveries here could not be stored (not acknowledged)",
+                C,
+                self.cluster_forward_not_durable,
             ),
             (
                 "cluster_link_holds",

@@ -412,16 +412,25 @@ pub(crate) enum RouterMsg {
     /// Answered once no subscriber of this shard holds `node`'s link back: the node's
     /// batches routed before it are acknowledged only then, so that the node holds its
     /// publishers instead of flooding subscribers here that cannot keep up.
+    /// It also waits for the store: the barrier says whether every delivery of `node`'s
+    /// publishes this shard wrote before it is durable (false: one was not; the node is not
+    /// told they were taken).
     LinkBarrier {
         node: u64,
-        done: tokio::sync::oneshot::Sender<()>,
+        done: tokio::sync::oneshot::Sender<bool>,
     },
+    /// The commit of the store writes of a publish `node` forwarded (its `seq` among them,
+    /// see `routing::link::LinkWrites`) is done: `durable` or not.
+    LinkStored { node: u64, seq: u64, durable: bool },
     /// `node` took this shard's batches up to `seq`.
     ForwardAcked { node: u64, seq: u64 },
     /// The commit of a forwarded publish's writes is done (see [`WaiterTo::Shard`]).
     ForwardStored { key: u64, outcome: Stored },
     /// Settle forwarded batches that waited too long for their node.
     ForwardCheck,
+    /// The node's stored sessions are routed again: tell the cluster actor, behind this
+    /// shard's route reports (`ClusterMsg::Restored`).
+    Restored,
     /// The cluster committed (`None`) or did not commit (`Some`) the retained change a
     /// waiting publish of this shard proposed (its key, as a forwarded copy's).
     RetainSettled { key: u64, failed: Option<Stored> },
@@ -540,6 +549,9 @@ pub(crate) enum ClusterMsg {
     },
     /// The registry, told of claims other nodes make.
     Registry(starling_rt::Addr<RegistryMsg>),
+    /// A shard routed the node's stored sessions again and sent their route reports
+    /// before this: once every shard said so, the node's routes may be stated.
+    Restored,
     /// A retained PUBLISH routed here: set (`Some`) or delete the topic's retained message
     /// through the log; `done` (the shard and its key) is told the outcome when a
     /// publisher waits.
@@ -631,6 +643,9 @@ pub(crate) enum Proposal {
     Retained,
     /// A batch of `$exclusive/` and `$limit/N/` holds and releases.
     Holds,
+    /// An empty entry after a `Leave`: the departed member's log reaching it proves the
+    /// member heard the `Leave` committed (`cluster::actor::membership`).
+    Mark,
 }
 
 /// A node's view of the cluster (`starling cluster status`, `GET /api/v1/cluster`).
@@ -740,6 +755,9 @@ pub(crate) enum WaiterTo {
     /// The shard that wrote it, under this key: the publish was also forwarded to other
     /// nodes, and its acknowledgement waits for them as well (see `routing::remote`).
     Shard(WeakAddr<RouterMsg>, u64),
+    /// The shard that wrote the deliveries of a publish the node given forwarded, under
+    /// that node's write number: the node's acknowledgement waits for it (`routing::link`).
+    Link(WeakAddr<RouterMsg>, u64, u64),
 }
 
 /// Whom the store tells: a publisher's client actor, with the tag it gave.

@@ -151,7 +151,9 @@ pub(crate) struct RouterActor {
     /// Links of other nodes held back, by the subscriber holding each (see `link`), and
     /// the barriers waiting for a link to be let go.
     held_links: Vec<(u64, Arc<str>)>,
-    link_waiters: Vec<(u64, tokio::sync::oneshot::Sender<()>)>,
+    link_waiters: Vec<link::LinkWaiter>,
+    /// Per node, its forwarded publishes' store writes not yet durable.
+    link_writes: HashMap<u64, link::LinkWrites, FixedState>,
 }
 
 /// `total` split over `n` shards, rounded up: each shard's part of a node-wide cap.
@@ -222,6 +224,7 @@ impl RouterActor {
             remote_nodes: Vec::new(),
             held_links: Vec::new(),
             link_waiters: Vec::new(),
+            link_writes: HashMap::default(),
         }
     }
 
@@ -582,14 +585,25 @@ impl Actor for RouterActor {
                 }
                 self.publish(m, None, None, ctx);
             }
-            RouterMsg::Forwarded(m, None, node) => self.publish(m, None, Some(node), ctx),
-            RouterMsg::Forwarded(m, Some(group), node) => {
-                self.publish_to_group(&m, &group, node, ctx);
+            RouterMsg::Forwarded(m, group, node) => {
+                let before = self.to_store.len();
+                match group {
+                    None => self.publish(m, None, Some(node), ctx),
+                    Some(group) => self.publish_to_group(&m, &group, node, ctx),
+                }
+                self.await_link_writes(node, before, ctx);
             }
             RouterMsg::LinkBarrier { node, done } => self.link_barrier(node, done),
+            RouterMsg::LinkStored { node, seq, durable } => self.link_stored(node, seq, durable),
             RouterMsg::ForwardAcked { node, seq } => self.forward_acked(node, seq),
             RouterMsg::ForwardStored { key, outcome } => self.forward_stored(key, outcome),
             RouterMsg::ForwardCheck => self.forward_check(ctx),
+            RouterMsg::Restored => {
+                if self.cluster.is_some() {
+                    self.route_outbox
+                        .push_back(crate::msg::ClusterMsg::Restored);
+                }
+            }
             RouterMsg::RetainSettled { key, failed } => self.forward_settled(key, failed),
             RouterMsg::ClusterRetained { topic, message } => {
                 self.cluster_retained(&topic, message);
@@ -761,6 +775,7 @@ impl Actor for RouterActor {
                                     self.control(&to.addr, msg);
                                 }
                                 WaiterTo::Shard(_, key) => self.forward_stored(key, Stored::Failed),
+                                WaiterTo::Link(_, node, seq) => self.link_stored(node, seq, false),
                             }
                         }
                     }

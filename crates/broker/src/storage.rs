@@ -375,6 +375,10 @@ fn tell(w: Waiter, outcome: Stored) {
         WaiterTo::Shard(shard, key) => {
             send_urgent(&shard, RouterMsg::ForwardStored { key, outcome })
         }
+        WaiterTo::Link(shard, node, seq) => {
+            let durable = outcome == Stored::Durable;
+            send_urgent(&shard, RouterMsg::LinkStored { node, seq, durable });
+        }
     }
 }
 

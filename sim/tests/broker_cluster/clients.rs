@@ -310,8 +310,15 @@ pub(crate) fn settle(oracle: &Shared, k: usize, seq: u64, code: ReasonCode, what
     lock(oracle).settled.insert((k, seq), ok);
 }
 
-/// Reads the mover's connection `idx` until it ends, and records how.
-pub(crate) async fn watch_mover(idx: usize, mut c: MqttClient, oracle: Shared) {
+/// Reads the mover's connection `idx` (to `node`, its CONNECT sent at `since`) until it
+/// ends, and records how.
+pub(crate) async fn watch_mover(
+    idx: usize,
+    (node, since): (usize, Duration),
+    mut c: MqttClient,
+    oracle: Shared,
+    faults: Faults,
+) {
     let how = loop {
         match c.recv().await {
             Ok(Packet::Disconnect(d)) => break format!("DISCONNECT {:?}", d.reason_code),
@@ -324,6 +331,11 @@ pub(crate) async fn watch_mover(idx: usize, mut c: MqttClient, oracle: Shared) {
             Err(_) => break "closed".to_string(),
         }
     };
+    // A node killed under it closes it, moved or not.
+    let (killed, log) = {
+        let f = lock(&faults);
+        (f.killed_since(node, since), f.log.join("\n"))
+    };
     let mut g = lock(&oracle);
     let superseded = g.superseded_by.get(&idx).copied();
     check!(
@@ -331,8 +343,10 @@ pub(crate) async fn watch_mover(idx: usize, mut c: MqttClient, oracle: Shared) {
         "mover connection {idx} ended with {how}"
     );
     check!(
-        superseded.is_some(),
-        "mover connection {idx} ended ({how}) before any other connection took its session"
+        superseded.is_some() || killed,
+        "mover connection {idx} to node{} (CONNECT from {since:?}) ended ({how}) at {:?} before any other connection took its session\nfaults:\n{log}",
+        node + 1,
+        elapsed()
     );
     g.ended.insert(idx, (elapsed(), how));
 }
@@ -343,6 +357,7 @@ pub(crate) async fn mover(setup: Arc<Setup>, faults: Faults, oracle: Shared, nod
     let mut o = opts(MOVER);
     let mut at = nodes[0];
     let forever = Instant::now() + Duration::from_secs(3600);
+    let first_at = elapsed();
     let Some((mut c, _)) = connect_by(mqtt_addr(at), &o, forever).await else {
         return;
     };
@@ -358,7 +373,8 @@ pub(crate) async fn mover(setup: Arc<Setup>, faults: Faults, oracle: Shared, nod
         }
     }
     let mut conn = 0usize;
-    starling_rt::spawn(watch_mover(conn, c, oracle.clone()));
+    let watch = (at, first_at);
+    starling_rt::spawn(watch_mover(conn, watch, c, oracle.clone(), faults.clone()));
     loop {
         sleep(ms(thread_rng().gen_range(500..2000))).await;
         let last = lock(&oracle).healed;
@@ -416,7 +432,9 @@ pub(crate) async fn mover(setup: Arc<Setup>, faults: Faults, oracle: Shared, nod
             session_present: connack.session_present,
         });
         conn += 1;
-        starling_rt::spawn(watch_mover(conn, c, oracle.clone()));
+        // From the CONNECT on: a node killed with the CONNACK on its way closes it too.
+        let watch = (to, started);
+        starling_rt::spawn(watch_mover(conn, watch, c, oracle.clone(), faults.clone()));
         at = to;
         if last && clean {
             break;

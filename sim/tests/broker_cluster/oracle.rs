@@ -178,14 +178,25 @@ impl FaultClock {
 pub(crate) struct FaultLog {
     pub(crate) clock: FaultClock,
     pub(crate) log: Vec<String>,
+    /// Nodes killed so far (by index), with when.
+    pub(crate) kills: Vec<(usize, Duration)>,
+}
+
+impl FaultLog {
+    /// Whether `node` was killed at or after `since`.
+    pub(crate) fn killed_since(&self, node: usize, since: Duration) -> bool {
+        self.kills.iter().any(|&(n, at)| n == node && at >= since)
+    }
 }
 
 pub(crate) type Faults = Arc<Mutex<FaultLog>>;
 
+/// Whether `f` cuts a node off from the others: a partition, or a kill (a dead node hears
+/// nothing, and comes back behind).
 pub(crate) fn is_partition(f: &Fault) -> bool {
     matches!(
         f,
-        Fault::Isolate(_) | Fault::Link(..) | Fault::Split(_) | Fault::OneWay(..)
+        Fault::Isolate(_) | Fault::Link(..) | Fault::Split(_) | Fault::OneWay(..) | Fault::Kill(_)
     )
 }
 

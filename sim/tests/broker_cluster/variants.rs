@@ -27,6 +27,9 @@ pub(crate) struct Variant {
     pub(crate) mqtt: &'static str,
     /// How long a subscriber waits before acknowledging each delivery.
     pub(crate) ack_delay: Duration,
+    /// Faults include a node killed and restarted, its store on a simulated disk that
+    /// loses what was not synced (the store is then always on).
+    pub(crate) kills: bool,
 }
 
 /// The broker as it should be: queues deep enough for the whole run.
@@ -40,6 +43,7 @@ pub(crate) const SOUND: Variant = Variant {
     overload: false,
     mqtt: "max_mqueue_len = 100000\n",
     ack_delay: Duration::ZERO,
+    kills: false,
 };
 
 /// The same with five nodes, and overloaded nodes among the faults.
@@ -54,6 +58,14 @@ pub(crate) const SOUND5: Variant = Variant {
 pub(crate) const MEMBERSHIP: Variant = Variant {
     name: "membership",
     joiners: 2,
+    ..SOUND
+};
+
+/// Three nodes, any of which may be killed and restarted on what its disk kept (the
+/// leader among them when it is one).
+pub(crate) const KILLS: Variant = Variant {
+    name: "kills",
+    kills: true,
     ..SOUND
 };
 
@@ -112,4 +124,5 @@ pub(crate) const LOSSY: Variant = Variant {
     overload: false,
     mqtt: "max_mqueue_len = 2\nmax_inflight = 1\nbackpressure = false\nmqueue_drop_policy = \"drop_new\"\n",
     ack_delay: Duration::from_millis(100),
+    kills: false,
 };

@@ -118,15 +118,23 @@ pub(crate) async fn wait_leader(setup: &Setup, within: Duration) -> Option<u64> 
 /// draws are those the three-node corpus's seeds were found with).
 pub(crate) fn draw(
     nodes: usize,
-    overload: bool,
+    variant: &Variant,
     leader: Option<usize>,
     leader_weight: u32,
 ) -> Fault {
+    let overload = variant.overload;
     let mut r = thread_rng();
     let a = r.gen_range(0..nodes);
     let b = (a + r.gen_range(1..nodes)) % nodes;
     let split = nodes >= 5;
     let kinds = 4 + u32::from(overload) + u32::from(split);
+    // A kill weighs as much as all the others together: it is what the variant is for.
+    if variant.kills && r.gen_bool(0.5) {
+        return Fault::Kill(match leader {
+            Some(l) if r.gen_bool(0.3) => l,
+            _ => a,
+        });
+    }
     let pick = r.gen_range(0..kinds + leader_weight);
     match pick {
         0 => Fault::Isolate(a),
@@ -168,7 +176,7 @@ pub(crate) async fn chaos(
     while Instant::now() < end {
         let leader = claimed_leader(&statuses(setup).await);
         let v = &setup.variant;
-        let fault = draw(v.nodes + v.joiners, v.overload, leader, ck.leader_weight);
+        let fault = draw(v.nodes + v.joiners, v, leader, ck.leader_weight);
         let lasted = ms(thread_rng().gen_range(every / 2..every * 2 + 1));
         let calm = ms(thread_rng().gen_range(0..every + 1));
         nemesis.history.push(Record {
@@ -186,6 +194,11 @@ pub(crate) async fn chaos(
             }
         }
         Nemesis::apply(cluster, &fault);
+        if let Fault::Kill(n) = fault {
+            // Dead: what its store had not synced is gone when it comes back.
+            setup.crash_disk(n);
+            lock(faults).kills.push((n, elapsed()));
+        }
         Nemesis::hold(cluster, &fault, lasted).await;
         Nemesis::revert(cluster, &fault, knobs);
         if is_partition(&fault) {

@@ -254,13 +254,26 @@ impl Client {
                         let codes = a.reason_codes.iter().copied();
                         self.shared.metrics.rmqtt.subscribe_refusals(codes);
                     }
+                    // A PUBREC with no publish routed for it answers a resend.
+                    let resend = is_resend_answer(&p)
+                        && self.waits_for_routing()
+                        && !self.acks.as_ref().is_some_and(|a| a.is_awaiting());
                     let p = match self.acks.as_mut() {
+                        _ if resend => match self.resent(p) {
+                            Some(p) => p,
+                            None => continue,
+                        },
                         Some(a) => match a.pass(p) {
                             Some(p) => p,
                             None => continue,
                         },
                         None => p,
                     };
+                    if let Packet::Pubcomp(a) = &p {
+                        if let Some(acks) = self.acks.as_mut() {
+                            acks.released(a.packet_id);
+                        }
+                    }
                     self.encode(&p);
                 }
                 Effect::SendPublish(op) => {
@@ -305,7 +318,7 @@ impl Client {
                     // store, every QoS 1/2 publish may reach a persistent session) and, in
                     // a cluster, for the nodes it is forwarded to, store or not.
                     let inbound = self.inbound_for_publish();
-                    let waits = self.shards.store().is_some() || self.shared.config.cluster.enabled;
+                    let waits = self.waits_for_routing();
                     let ack = (m.qos != QoS::AtMostOnce && waits).then(|| {
                         let tag = self.acks.get_or_insert_with(Box::default).request();
                         Box::new(AckTo {
@@ -455,7 +468,12 @@ impl Client {
     async fn close_conn(&mut self, code: Option<ReasonCode>, ctx: &mut Ctx<Self>) {
         // Acknowledgements still waiting belonged to this connection: its client sends
         // those PUBLISHes again (MQTT 4.4) on the next.
-        self.acks = None;
+        if let Some(a) = self.acks.as_mut() {
+            a.connection_closed();
+            if a.is_empty() {
+                self.acks = None;
+            }
+        }
         let Some(len) = self.conn.as_ref().map(|c| c.out.len()) else {
             return;
         };
@@ -833,6 +851,13 @@ impl Client {
         }
         true
     }
+}
+
+/// Whether `p` may be the session's answer to a QoS 2 PUBLISH sent again under a packet id
+/// it awaits a PUBREL for: a PUBREC that does not fail (one that fails answers a refused
+/// first PUBLISH: not authorized, payload invalid), when no publish was just routed.
+fn is_resend_answer(p: &Packet) -> bool {
+    matches!(p, Packet::Pubrec(a) if !a.reason_code.is_error())
 }
 
 /// Whether a subscriber with this username may hold its publishers back

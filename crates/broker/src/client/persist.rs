@@ -22,6 +22,7 @@ use starling_rt::{time, Ctx, WeakAddr};
 use starling_session::{Session, StoreChange, SubscribeRequest};
 use starling_store::{DeliveryStage, Op, SessionParts};
 
+use super::acks::Resent;
 use super::Client;
 use crate::gate::AuthGate;
 use crate::msg::{AckTo, RegistryMsg, StoreMsg, Stored, Waiter, WaiterTo, OWN_WRITE};
@@ -302,6 +303,34 @@ impl Client {
         if r.results.iter().any(Result::is_err) {
             tracing::warn!(client_id = %self.client_id(), "a stored subscription was refused at restore");
         }
+    }
+
+    /// Whether a QoS 1/2 publish's acknowledgement waits for its routing's answer: with a
+    /// store (it may reach a persistent session) or in a cluster (it may be forwarded).
+    pub(super) fn waits_for_routing(&self) -> bool {
+        self.shards.store().is_some() || self.shared.config.cluster.enabled
+    }
+
+    /// The session's PUBREC for a QoS 2 PUBLISH sent again under a packet id it routed
+    /// before (see `Acks::resent`): back if it goes now.
+    pub(super) fn resent(&mut self, p: Packet) -> Option<Packet> {
+        let v5 = self.conn.as_ref().is_some_and(|c| c.protocol.is_v5());
+        // A routing this actor did not make (restored, or handed over) may have been
+        // forwarded to nodes that never confirmed it.
+        let unknown_fails = self.shared.config.cluster.enabled;
+        let acks = self.acks.get_or_insert_with(Box::default);
+        let out = match acks.resent(p, v5, unknown_fails) {
+            Resent::Pass(p) => Some(p),
+            Resent::Parked => None,
+            Resent::Failed(p, id) => {
+                self.session.abandon_inbound(id);
+                Some(p)
+            }
+        };
+        if self.acks.as_ref().is_some_and(|a| a.is_empty()) {
+            self.acks = None;
+        }
+        out
     }
 
     /// The answer for the publishes under `tags`: the acknowledgements waiting for them go,

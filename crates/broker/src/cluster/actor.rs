@@ -45,6 +45,13 @@ pub(crate) struct ClusterActor {
     members: BTreeMap<u64, Member>,
     /// SUBACKs waiting for a filter's route to hold this node.
     route_waits: BTreeMap<String, Vec<tokio::sync::oneshot::Sender<()>>>,
+    /// The node's stored sessions are routed again (`ClusterMsg::Restored`): until then
+    /// its routes are not stated. The first batch after a start states the whole set, and
+    /// one taken before the restored subscriptions were counted would take this node's
+    /// routes away cluster-wide for a moment: publishes routed then skip the sessions
+    /// waiting here for their clients, and are acknowledged all the same.
+    restored: bool,
+    shards_restored: usize,
     /// This node's Join is applied with its current addresses.
     joined: bool,
     join_in_flight: bool,
@@ -80,6 +87,7 @@ pub(crate) struct ClusterActor {
     hold_queue: Vec<HoldOp>,
     hold_in_flight: Option<Vec<HoldOp>>,
     hold_client: u64,
+    mark_client: u64,
     /// Reconnects' confirmations of this node's claims waiting for the next read, and those
     /// of the read in flight (`confirm`).
     confirm_queue: Vec<Confirm>,
@@ -97,6 +105,8 @@ pub(crate) struct ClusterActor {
     /// configuration (one at a time: `removing`), once each has the `Leave` itself.
     departed: BTreeMap<u64, membership::Departed>,
     removing: Option<u64>,
+    /// The empty entry a departure waits for is proposed and not answered yet.
+    mark_in_flight: bool,
     /// This node is leaving or left (an operator's `starling cluster leave`, or its record
     /// removed by a `Leave`): it no longer states its own record.
     leaving: bool,
@@ -125,7 +135,7 @@ impl ClusterActor {
         me: Member,
         shards: Shards,
         shared: Arc<Shared>,
-        clients: [u64; 5],
+        clients: [u64; 6],
         left: tokio::sync::watch::Sender<bool>,
     ) -> Self {
         let config_peers = shared.config.cluster.peers.clone();
@@ -139,6 +149,8 @@ impl ClusterActor {
             routes: BTreeMap::new(),
             members: BTreeMap::new(),
             route_waits: BTreeMap::new(),
+            restored: false,
+            shards_restored: 0,
             joined: false,
             join_in_flight: false,
             join_client: clients[0],
@@ -160,6 +172,7 @@ impl ClusterActor {
             hold_queue: vec![HoldOp::DropMine],
             hold_in_flight: None,
             hold_client: clients[4],
+            mark_client: clients[5],
             confirm_queue: Vec::new(),
             confirm_in_flight: None,
             peers: None,
@@ -169,6 +182,7 @@ impl ClusterActor {
             status_in_flight: false,
             departed: BTreeMap::new(),
             removing: None,
+            mark_in_flight: false,
             leaving: false,
             left,
             leave_running: false,
@@ -189,6 +203,7 @@ impl ClusterActor {
                 Proposal::Owners => self.owner_client,
                 Proposal::Retained => self.retain_client,
                 Proposal::Holds => self.hold_client,
+                Proposal::Mark => self.mark_client,
             },
             seq: self.seq,
         };
@@ -228,7 +243,13 @@ impl ClusterActor {
             }
             return;
         }
-        if let Some(batch) = self.book.take_batch() {
+        // Taking a batch marks it in flight: not before it may be proposed.
+        let batch = if self.restored {
+            self.book.take_batch()
+        } else {
+            None
+        };
+        if let Some(batch) = batch {
             self.propose(Proposal::Routes, batch, ctx);
         }
         self.propose_owners(ctx);
@@ -556,6 +577,13 @@ impl Actor for ClusterActor {
                 self.propose_owners(ctx);
             }
             ClusterMsg::Registry(r) => self.registry = Some(r),
+            ClusterMsg::Restored => {
+                self.shards_restored += 1;
+                if self.shards_restored == self.shards.all().len() {
+                    self.restored = true;
+                    self.propose_due(ctx);
+                }
+            }
             ClusterMsg::Links(l) => self.links = Some(l),
             ClusterMsg::SendSession {
                 to,
@@ -644,6 +672,15 @@ impl Actor for ClusterActor {
             } => {
                 self.owners_done(result);
                 self.propose_owners(ctx);
+            }
+            ClusterMsg::Proposed {
+                kind: Proposal::Mark,
+                result,
+            } => {
+                self.mark_in_flight = false;
+                if result.is_err() {
+                    tracing::debug!(node_id = self.node, outcome = ?result, "mark after a leave not applied; again at the next status");
+                }
             }
             ClusterMsg::Proposed { kind, result } => {
                 let ok = matches!(result, Ok(Output::Done));

@@ -110,6 +110,7 @@ impl ClusterNode {
                     rng.next_u64(),
                     rng.next_u64(),
                     rng.next_u64(),
+                    rng.next_u64(),
                 ],
                 left_tx,
             ),
@@ -212,7 +213,7 @@ const ACKS_OWED: usize = 4096;
 
 /// One routed batch whose acknowledgement waits: its sending shard, its number, and the
 /// barriers of the shards its messages went to.
-type OwedAck = (u16, u64, Vec<tokio::sync::oneshot::Receiver<()>>);
+type OwedAck = (u16, u64, Vec<tokio::sync::oneshot::Receiver<bool>>);
 
 /// Routes what other nodes forward, frame by frame, in order per sender, and acknowledges
 /// each batch once its messages are in this node's shards and no subscriber there holds
@@ -316,10 +317,23 @@ async fn inbound(
 /// answered (a shard that stops answers none: it is stopping, and so is this node).
 async fn acknowledge(mut rx: tokio::sync::mpsc::Receiver<OwedAck>, links: DataLinks, to: u64) {
     while let Some((shard, seq, barriers)) = rx.recv().await {
+        let mut taken = true;
         for b in barriers {
-            let _ = b.await;
+            // A shard gone (the node stopping) took nothing for sure either.
+            taken &= b.await.unwrap_or(false);
         }
-        ack(&links, to, shard, seq).await;
+        if taken {
+            ack(&links, to, shard, seq).await;
+        } else {
+            // Unacknowledged, the batch counts as unconfirmed at its node once a later one
+            // is acknowledged or it times out: its publishers are not told it is durable.
+            tracing::debug!(
+                node = to,
+                shard,
+                seq,
+                "forwarded batch not durable here: not acknowledged"
+            );
+        }
     }
 }
 

@@ -22,6 +22,7 @@
 //! and the receiving side keeps that much past each subscriber's high mark: the hard queue
 //! bound leaves room for it.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,7 +32,35 @@ use super::remote::FORWARD_TIMEOUT;
 use super::RouterActor;
 use crate::destination::{remote_key, Destination, RemoteNode};
 use crate::metrics::add;
-use crate::msg::{ClientMsg, Publisher};
+use crate::msg::{ClientMsg, Publisher, Waiter, WaiterTo};
+
+/// The store writes of the deliveries of one node's forwarded publishes, numbered in
+/// routing order: those not yet committed, and those whose commit failed and that no
+/// barrier has reported yet. A batch is acknowledged to its node only when every write of
+/// it is durable (docs/clustering.md): otherwise a crash right after the acknowledgement
+/// would lose what the publisher was told is safe.
+#[derive(Default)]
+pub(crate) struct LinkWrites {
+    next: u64,
+    outstanding: BTreeSet<u64>,
+    failed: BTreeSet<u64>,
+}
+
+/// A barrier waiting: for `node`'s link to be let go and for its writes numbered below
+/// `upto` to be settled.
+pub(crate) struct LinkWaiter {
+    node: u64,
+    upto: u64,
+    done: Option<tokio::sync::oneshot::Sender<bool>>,
+}
+
+impl LinkWaiter {
+    fn answer(&mut self, durable: bool) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(durable);
+        }
+    }
+}
 
 /// The id a node's window holds publishers under in Hold and Release (the publisher matches
 /// a Release to its Hold by shard and this id). Actor ids count up from 1; these count down
@@ -58,34 +87,85 @@ impl RouterActor {
         self.held_links.push((node, subscriber.clone()));
     }
 
-    /// A barrier for `node`'s link: answered now, or once no subscriber holds the link.
-    pub(super) fn link_barrier(&mut self, node: u64, done: tokio::sync::oneshot::Sender<()>) {
-        if self.held_links.iter().any(|(n, _)| *n == node) {
-            self.link_waiters.push((node, done));
-        } else {
-            let _ = done.send(());
+    /// A barrier for `node`'s link: answered once no subscriber holds the link and the
+    /// store writes of what `node` forwarded before it are settled, whether they are all
+    /// durable. Barriers of one node are answered in the order they came.
+    pub(super) fn link_barrier(&mut self, node: u64, done: tokio::sync::oneshot::Sender<bool>) {
+        let upto = self.link_writes.get(&node).map_or(0, |w| w.next);
+        self.link_waiters.push(LinkWaiter {
+            node,
+            upto,
+            done: Some(done),
+        });
+        self.check_links();
+    }
+
+    /// The deliveries routed for a publish `node` forwarded wrote `before..` of this turn's
+    /// store ops: the node's next barrier waits for their commit.
+    pub(super) fn await_link_writes(
+        &mut self,
+        node: u64,
+        before: usize,
+        ctx: &mut starling_rt::Ctx<Self>,
+    ) {
+        if self.to_store.len() == before {
+            return;
+        }
+        let w = self.link_writes.entry(node).or_default();
+        let seq = w.next;
+        w.next += 1;
+        w.outstanding.insert(seq);
+        self.store_waiters.push(Waiter {
+            to: WaiterTo::Link(ctx.weak_addr(), node, seq),
+            ops: before..self.to_store.len(),
+        });
+    }
+
+    /// The commit of `node`'s write `seq` is done.
+    pub(super) fn link_stored(&mut self, node: u64, seq: u64, durable: bool) {
+        let Some(w) = self.link_writes.get_mut(&node) else {
+            return;
+        };
+        w.outstanding.remove(&seq);
+        if !durable {
+            add(&self.shared.metrics.cluster_forward_not_durable, 1);
+            w.failed.insert(seq);
         }
     }
 
     /// Drops the holds of subscribers that are no longer backlogged (drained, stalled,
-    /// offline or gone) and answers the barriers of links no one holds any more. Runs at
-    /// the end of a burst while any link is held: whatever changes a backlog is a message.
+    /// offline or gone) and answers the barriers that wait for nothing any more. Runs at
+    /// the end of a burst while any link is held or any barrier waits: whatever changes a
+    /// backlog, or settles a write, is a message.
     pub(super) fn check_links(&mut self) {
         let destinations = &self.destinations;
         self.held_links.retain(|(_, s)| {
             matches!(destinations.get(s), Some(Destination::Local(c)) if c.backlog.backlogged())
         });
-        let held = &self.held_links;
-        let mut i = 0;
-        while i < self.link_waiters.len() {
-            let node = self.link_waiters[i].0;
-            if held.iter().any(|(n, _)| *n == node) {
-                i += 1;
-            } else {
-                let (_, done) = self.link_waiters.swap_remove(i);
-                let _ = done.send(());
-            }
+        if self.link_waiters.is_empty() {
+            return;
         }
+        let held = &self.held_links;
+        let writes = &mut self.link_writes;
+        // In order: a later barrier of a node is never ready before an earlier one (it
+        // waits for as much or more), and the earlier one must report a failure first.
+        self.link_waiters.retain_mut(|b| {
+            let node = b.node;
+            if held.iter().any(|(n, _)| *n == node) {
+                return true;
+            }
+            let Some(w) = writes.get_mut(&node) else {
+                b.answer(true);
+                return false;
+            };
+            if w.outstanding.range(..b.upto).next().is_some() {
+                return true;
+            }
+            let durable = w.failed.range(..b.upto).next().is_none();
+            w.failed = w.failed.split_off(&b.upto);
+            b.answer(durable);
+            false
+        });
     }
 
     /// A QoS 1/2 publish from `from` was offered to `node`: past the window, the publisher

@@ -27,7 +27,7 @@ use starling_rt::time::Instant;
 use starling_rt::{time, Ctx, Reply};
 
 use super::ClusterActor;
-use crate::msg::{ClusterMsg, MembershipError, RegistryMsg};
+use crate::msg::{ClusterMsg, MembershipError, Proposal, RegistryMsg};
 
 /// How long a new learner has to catch up before the join gives up (it stays a learner).
 const CATCH_UP: Duration = Duration::from_secs(30);
@@ -43,22 +43,24 @@ const DRAIN_POLL: Duration = Duration::from_millis(200);
 /// How long the leader waits for a departed member to hold its own `Leave` before it takes
 /// it out of the configuration anyway (it is down, or cut off).
 const DEPARTED_GRACE: Duration = Duration::from_secs(30);
-/// Status polls (one per tick) that must show a departed member holding its `Leave` before
-/// it is removed: the first shows the entry replicated, the next that a heartbeat since
-/// has told it the entry is committed.
-const DEPARTED_ACKS: u8 = 2;
 
 /// A member whose record a `Leave` removed, until it is out of raft's configuration. A
 /// member removed from the configuration before it applied its own `Leave` would never
 /// learn it left (nobody replicates to it any more): it would stay up, alone, trying to
 /// rejoin an election it is no longer part of.
+///
+/// So the leader waits for the member's log to hold an entry sent after the `Leave` was
+/// committed (`mark`: the highest next index of the leader's first status after applying
+/// the `Leave`; the leader proposes an empty entry if nothing else comes). Raft's append
+/// that carried it also carried a commit index at least the `Leave`'s, and the member
+/// acknowledged it, so it has the `Leave` committed and applies it on its own. (Holding
+/// the `Leave` itself was not enough: the member may have its entry without hearing it is
+/// committed, and a partition at that moment left it out for good.)
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Departed {
-    /// The log as this node had applied it at its first status after the `Leave` (so at
-    /// least the `Leave`'s index).
     mark: Option<u64>,
-    /// Status polls in a row that showed the member holding `mark`.
-    acks: u8,
+    /// The member's log reaches `mark`.
+    held: bool,
     at: Instant,
 }
 
@@ -66,7 +68,7 @@ impl Departed {
     pub(crate) fn now() -> Departed {
         Departed {
             mark: None,
-            acks: 0,
+            held: false,
             at: time::now(),
         }
     }
@@ -78,10 +80,22 @@ impl ClusterActor {
     pub(super) fn raft_status(&mut self, st: Option<Box<Status>>, ctx: &mut Ctx<Self>) {
         self.status_in_flight = false;
         let Some(st) = st else { return };
+        // On the leader: no entry at or past the highest next index was sent to anyone yet
+        // (its own counts: its next index is past its last entry), so whatever is sent
+        // there from now on carries the commit index as it is now, past the `Leave`.
+        let next = st.progress.values().map(|p| p.next_index).max();
+        let mut need_mark = false;
         for (id, d) in self.departed.iter_mut() {
-            let mark = *d.mark.get_or_insert(st.applied);
-            let held = st.progress.get(id).is_some_and(|p| p.matched >= mark);
-            d.acks = if held { d.acks.saturating_add(1) } else { 0 };
+            if d.mark.is_none() {
+                d.mark = next.map(|n| n.max(st.applied + 1));
+            }
+            let Some(mark) = d.mark else { continue };
+            d.held = st.progress.get(id).is_some_and(|p| p.matched >= mark);
+            need_mark |= !d.held && next.is_some_and(|n| n <= mark);
+        }
+        if need_mark && st.role == Role::Leader && !self.mark_in_flight && self.raft.is_some() {
+            self.mark_in_flight = true;
+            self.propose(Proposal::Mark, Command::Batch(Vec::new()), ctx);
         }
         self.raft_status = Some(st);
         self.sync_peers();
@@ -156,7 +170,7 @@ impl ClusterActor {
             .iter()
             .filter(|(id, _)| **id != self.node)
             .filter(|(id, _)| st.voters.contains(id) || st.learners.contains(id))
-            .find(|(_, d)| d.acks >= DEPARTED_ACKS || now.duration_since(d.at) >= DEPARTED_GRACE)
+            .find(|(_, d)| d.held || now.duration_since(d.at) >= DEPARTED_GRACE)
             .map(|(id, _)| *id)
         else {
             return;
