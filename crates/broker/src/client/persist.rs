@@ -311,6 +311,13 @@ impl Client {
         self.shards.store().is_some() || self.shared.config.cluster.enabled
     }
 
+    /// Whether a QoS 2 packet id freed by a failing PUBREC keeps its stored record (see
+    /// `Session::abandon_inbound`): in a cluster, where the message may have reached other
+    /// nodes, a resend after a crash must not be routed again.
+    fn keep_abandoned(&self) -> bool {
+        self.shared.config.cluster.enabled
+    }
+
     /// The session's PUBREC for a QoS 2 PUBLISH sent again under a packet id it routed
     /// before (see `Acks::resent`): back if it goes now.
     pub(super) fn resent(&mut self, p: Packet) -> Option<Packet> {
@@ -323,7 +330,7 @@ impl Client {
             Resent::Pass(p) => Some(p),
             Resent::Parked => None,
             Resent::Failed(p, id) => {
-                self.session.abandon_inbound(id);
+                self.session.abandon_inbound(id, self.keep_abandoned());
                 Some(p)
             }
         };
@@ -354,7 +361,7 @@ impl Client {
             self.encode(p);
         }
         for id in &abandoned {
-            self.session.abandon_inbound(*id);
+            self.session.abandon_inbound(*id, self.keep_abandoned());
         }
         !abandoned.is_empty()
     }

@@ -129,11 +129,18 @@ impl Session {
     /// The PUBREC for the inbound QoS 2 `packet_id` went out with an error after all (the
     /// broker could not confirm where the message went): the exchange ends there (MQTT 5
     /// §4.3.3), so the id is free again and a new PUBLISH under it is a new message.
-    pub fn abandon_inbound(&mut self, packet_id: PacketId) {
+    ///
+    /// `keep_stored`: the stored record of the id stays (until a new message takes the id,
+    /// or the session ends). Were that PUBREC lost with a crash, the client sends the
+    /// PUBLISH again with DUP, and the restarted broker finds the id and answers it again
+    /// instead of routing the message a second time (which a broker that may have
+    /// delivered it in part, to other nodes, must not do).
+    pub fn abandon_inbound(&mut self, packet_id: PacketId, keep_stored: bool) {
         if self
             .rare
             .as_mut()
             .is_some_and(|r| r.inbound_qos2.remove(&packet_id))
+            && !keep_stored
         {
             self.effects
                 .push_back(Effect::Store(crate::StoreChange::InboundReleased(

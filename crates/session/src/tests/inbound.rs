@@ -70,7 +70,7 @@ fn an_abandoned_qos2_id_is_released_and_names_a_new_message() {
         .unwrap();
     assert_eq!(routed(&h.drain()).len(), 1);
     // The broker turned its PUBREC into an error (a node did not confirm the forward).
-    h.s.abandon_inbound(pid(4));
+    h.s.abandon_inbound(pid(4), false);
     let e = h.drain();
     assert!(
         e.iter().any(|e| matches!(
@@ -83,8 +83,27 @@ fn an_abandoned_qos2_id_is_released_and_names_a_new_message() {
         .unwrap();
     assert_eq!(routed(&h.drain()).len(), 1, "a new message, routed");
     // Abandoning an id the session does not hold changes nothing.
-    h.s.abandon_inbound(pid(5));
+    h.s.abandon_inbound(pid(5), false);
     assert!(h.drain().is_empty());
+}
+
+#[test]
+fn an_abandoned_qos2_id_kept_in_the_store_is_free_in_the_session_all_the_same() {
+    let mut h = H::attached(SessionLimits::default(), &v5_persistent("c1"));
+    h.packet(publish("a", QoS::ExactlyOnce, Some(6), b"x"))
+        .unwrap();
+    assert_eq!(routed(&h.drain()).len(), 1);
+    h.s.abandon_inbound(pid(6), true);
+    let e = h.drain();
+    assert!(
+        !e.iter()
+            .any(|e| matches!(e, Effect::Store(crate::StoreChange::InboundReleased(_)))),
+        "the stored id stays: {e:?}"
+    );
+    assert_eq!(h.s.inbound_qos2_len(), 0);
+    h.packet(publish("a", QoS::ExactlyOnce, Some(6), b"y"))
+        .unwrap();
+    assert_eq!(routed(&h.drain()).len(), 1, "a new message, routed");
 }
 
 #[test]
