@@ -608,6 +608,9 @@ pub(crate) enum ClusterMsg {
     Removed(u64),
     /// An operator's leave of this node finished (`true`: it left, and stops).
     LeaveDone(bool),
+    /// This node, which left, is out of raft's configuration, or waited long enough for it:
+    /// it stops.
+    Linger,
 }
 
 /// Why an operator's membership change did not happen.

@@ -107,6 +107,11 @@ pub(crate) struct ClusterActor {
     removing: Option<u64>,
     /// The empty entry a departure waits for is proposed and not answered yet.
     mark_in_flight: bool,
+    /// This node left and waits to be out of raft's configuration before it stops.
+    lingering: bool,
+    /// Its own `Leave` applied (in an apply, which has no context): the turn's end starts
+    /// the wait to stop.
+    stop_due: bool,
     /// This node is leaving or left (an operator's `starling cluster leave`, or its record
     /// removed by a `Leave`): it no longer states its own record.
     leaving: bool,
@@ -183,6 +188,8 @@ impl ClusterActor {
             departed: BTreeMap::new(),
             removing: None,
             mark_in_flight: false,
+            lingering: false,
+            stop_due: false,
             leaving: false,
             left,
             leave_running: false,
@@ -730,7 +737,13 @@ impl Actor for ClusterActor {
             } => self.add_member(node, member, reply),
             ClusterMsg::Leave { drain, reply } => self.leave(drain, reply, ctx),
             ClusterMsg::Removed(node) => self.removed(node, ctx),
-            ClusterMsg::LeaveDone(done) => self.leave_done(done),
+            ClusterMsg::LeaveDone(done) => self.leave_done(done, ctx),
+            ClusterMsg::Linger => {
+                let _ = self.left.send(true);
+            }
+        }
+        if std::mem::take(&mut self.stop_due) {
+            self.stop_when_out(ctx);
         }
     }
 }

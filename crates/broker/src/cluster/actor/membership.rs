@@ -38,6 +38,12 @@ const LEAVE_WAIT_SHORT: Duration = Duration::from_secs(1);
 /// How long a leader handing leadership away waits for another node to take it.
 const TRANSFER_WAIT: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(100);
+/// How long a node that left keeps its raft running at most, waiting to be out of the
+/// configuration. The leader's removal needs a status tick, an entry, its replication and
+/// a conf change: well under a second on a healthy cluster. The node seldom sees the
+/// removal itself (the leader stops sending to it), so it mostly waits all of it; one that
+/// stops before the leader saw it reach the entry is removed after `DEPARTED_GRACE`.
+const LINGER: Duration = Duration::from_secs(2);
 /// How often a draining node counts the sessions it still holds.
 const DRAIN_POLL: Duration = Duration::from_millis(200);
 /// How long the leader waits for a departed member to hold its own `Leave` before it takes
@@ -306,16 +312,45 @@ impl ClusterActor {
     pub(super) fn left_here(&mut self) {
         self.leaving = true;
         if !self.leave_running {
-            let _ = self.left.send(true);
+            self.stop_due = true;
         }
     }
 
     /// An operator's leave finished (`true`: done).
-    pub(super) fn leave_done(&mut self, done: bool) {
+    pub(super) fn leave_done(&mut self, done: bool, ctx: &mut Ctx<Self>) {
         self.leave_running = false;
         if done || self.leaving {
-            let _ = self.left.send(true);
+            self.stop_when_out(ctx);
         }
+    }
+
+    /// Stops once raft's configuration no longer holds this node, or after `LINGER`: until
+    /// then its raft keeps answering, so that the leader sees its log reach the entry that
+    /// proves it heard its `Leave` committed (`Departed`) and takes it out at once, rather
+    /// than after `DEPARTED_GRACE`.
+    pub(super) fn stop_when_out(&mut self, ctx: &mut Ctx<Self>) {
+        let Some(raft) = self.raft.clone() else {
+            let _ = self.left.send(true);
+            return;
+        };
+        if self.lingering {
+            return;
+        }
+        self.lingering = true;
+        let me = self.node;
+        ctx.spawn_then(
+            async move {
+                let until = time::now() + LINGER;
+                while time::now() < until {
+                    match raft.status().await {
+                        Ok(st) if !st.voters.contains(&me) && !st.learners.contains(&me) => break,
+                        Err(_) => break,
+                        Ok(_) => time::sleep(POLL).await,
+                    }
+                }
+            },
+            |()| ClusterMsg::Linger,
+        );
     }
 
     /// A request id of its own for an operator's proposal: a client id drawn now, so that
