@@ -35,9 +35,8 @@ use starling_router::{
 use starling_rt::{rng, time, Actor, ActorId, Addr, Ctx, TimerId, WeakAddr};
 use starling_session::{DeliveryOptions, Message};
 use starling_store::Op;
-use tracing::debug;
 
-use crate::destination::{is_qos0, Destination, Flushed, SharedTo};
+use crate::destination::Destination;
 use crate::flow::{Qos0Tally, StallRules};
 use crate::metrics::add;
 use crate::msg::{
@@ -48,13 +47,12 @@ use crate::settings::Shared;
 
 mod admin;
 mod control;
+mod deliver;
 use admin::ShardCounts;
 mod link;
 mod remote;
 mod stored;
 mod subscribe;
-
-use stored::stored_delivery;
 
 /// A subscription's options as the shard stores them: what a delivery through it carries,
 /// merged with the subscriber's other matching subscriptions by the router core.
@@ -355,210 +353,6 @@ impl RouterActor {
         if let (Some(from), Some(subscriber)) = (from.as_ref(), qos0.overloaded()) {
             self.hold_for(&subscriber, from);
         }
-    }
-
-    /// One delivery to one subscriber's destination: held-back marking, the saturated
-    /// short cut, then its pending list under the session's queue policy.
-    fn offer(
-        &mut self,
-        msg: &Arc<Message>,
-        subscriber: Arc<str>,
-        mut opts: DeliveryOptions,
-        source: Source<'_>,
-        qos0: &mut Qos0Tally,
-        ctx: &mut Ctx<Self>,
-    ) {
-        let (from, local, kind, link) = match source {
-            Source::Local(from, kind) => (from, true, kind, None),
-            Source::Forwarded(node) => (None, false, None, Some(node)),
-        };
-        // One lookup per delivery: what must be sent or scheduled is carried out after.
-        let client = match self.destinations.get_mut(&subscriber) {
-            Some(Destination::Local(client)) => client,
-            Some(Destination::Remote(node)) => {
-                // Forwarded publishes stop here: the node they came from sent them to
-                // every node that needed them.
-                if local {
-                    // `cluster.forward_confirm = false`: the publisher's answer does not
-                    // wait for the other node (a drop here still counts: it is known now).
-                    let confirm = self.shared.config.cluster.forward_confirm;
-                    let key = self.fwd_current.as_ref().filter(|_| confirm).map(|f| f.key);
-                    let group = match kind {
-                        Some(DeliveryKind::Shared { group, filter, .. }) => Some(SharedTo {
-                            group: group.clone(),
-                            filter: filter.clone(),
-                        }),
-                        _ => None,
-                    };
-                    let offered =
-                        remote::offer_remote(node, msg.clone(), key, group, self.pending_max);
-                    if offered == remote::Offered::Dropped {
-                        add(&self.shared.metrics.dropped_mailbox_full, 1);
-                    }
-                    if offered != remote::Offered::Dropped {
-                        add(&self.shared.metrics.cluster_forwarded, 1);
-                    }
-                    if let Some(f) = self.fwd_current.as_mut() {
-                        if confirm || offered == remote::Offered::Dropped {
-                            f.count(offered);
-                        }
-                    }
-                    if offered == remote::Offered::First {
-                        self.dirty.push(subscriber);
-                    }
-                    if let Some(from) = from.filter(|_| !is_qos0(msg, &opts)) {
-                        let node = node.node;
-                        self.hold_for_window(node, from);
-                    }
-                }
-                return;
-            }
-            None => return,
-        };
-        let me = client.addr.id();
-        let mut outcome = None;
-        let mut hold = false;
-        // Held back for a delivery to an online subscriber only, and never by itself.
-        let may_hold = from.is_some_and(|f| f.id != me) && client.online;
-        // A QoS 0 delivery counts towards holding its publisher only when it finds no room
-        // (`Qos0Tally`): holding one whose subscribers are merely behind turned a steady
-        // fan-out into stop-and-go, at three quarters of the throughput.
-        let qos0_may_hold =
-            may_hold && is_qos0(msg, &opts) && self.shared.config.mqtt.backpressure_qos0;
-        // A forwarded one holds back the link it came by, the same way (`link`).
-        let link_may_hold = link.is_some() && client.online;
-        if (may_hold || link_may_hold) && !is_qos0(msg, &opts) {
-            // What waits here and in its mailbox counts: its own queue shows a flood only
-            // after its next turn, too late for what is routed meanwhile.
-            let (holds, o) = client
-                .backlog
-                .judge(time::now, client.pending.len(), &self.rules);
-            outcome = o;
-            if holds {
-                hold = true;
-                // Read and acknowledged before the hold reached its publisher: kept
-                // past the queue bound (up to the hard bound) rather than dropped.
-                opts.held_back = true;
-            }
-        }
-        let mut no_room = false;
-        let mut first = false;
-        // A persistent session's QoS 1/2 delivery waits for its record to be durable, and
-        // whatever follows it to that session waits behind it (order, MQTT 4.6).
-        let store = self.store.is_some()
-            && client.persistent
-            && (!is_qos0(msg, &opts) || (self.shared.limits.queue_qos0_offline && !client.online));
-        if store || client.held > 0 {
-            let op = store.then(|| {
-                let seq = self.seq_next;
-                self.seq_next += self.map.count() as u64;
-                opts.stored = Some(seq);
-                let record = stored_delivery(msg, &opts);
-                self.to_store.push(Op::PutDelivery {
-                    client_id: subscriber.to_string(),
-                    seq,
-                    record,
-                });
-                self.to_store.len() - 1
-            });
-            client.held += 1;
-            self.store_deliveries.push(HeldDelivery {
-                op,
-                subscriber: subscriber.clone(),
-                actor: me,
-                delivery: (msg.clone(), opts),
-            });
-        } else if client.backlog.saturated() && !opts.held_back {
-            // What the session would do with it, without the trip.
-            add(&self.shared.metrics.dropped_queue_full, 1);
-            no_room = true;
-        } else {
-            let was_empty = client.pending.is_empty();
-            let bound = if opts.held_back {
-                self.shared.limits.mqueue_len_hard()
-            } else {
-                self.pending_max
-            };
-            // Full: this one or an older one is dropped.
-            no_room = client.pending.len() >= bound;
-            if client
-                .pending
-                .push((msg.clone(), opts), bound, self.shared.limits.mqueue_policy)
-            {
-                first = was_empty;
-                if no_room {
-                    // An older delivery made room (the queue policy's victim): a drop too.
-                    add(&self.shared.metrics.dropped_mailbox_full, 1);
-                }
-            } else {
-                add(&self.shared.metrics.dropped_mailbox_full, 1);
-                debug!(client_id = %subscriber, topic = %msg.topic, "delivery dropped: client behind");
-            }
-        }
-        if qos0_may_hold {
-            let holds = no_room && {
-                let (holds, o) = client
-                    .backlog
-                    .judge(time::now, client.pending.len(), &self.rules);
-                outcome = o;
-                holds
-            };
-            // Counted now, decided for the whole publish.
-            qos0.count(holds, &subscriber);
-        }
-        if hold {
-            if let Some(from) = from {
-                self.hold_for(&subscriber, from);
-            }
-            if let Some(node) = link {
-                self.hold_link(node, &subscriber);
-            }
-        }
-        if let Some(o) = outcome {
-            self.apply(&subscriber, o, ctx);
-        }
-        if first {
-            self.dirty.push(subscriber);
-        }
-    }
-
-    /// Hands each pending batch to its destination; one without room keeps its batch
-    /// here for the next flush or the retry timer. Returns how many had no room.
-    fn flush(&mut self, ctx: &mut Ctx<Self>) -> usize {
-        self.routed = 0;
-        let mut blocked = 0;
-        let mut forwarded = false;
-        let mut i = 0;
-        while i < self.dirty.len() {
-            let Some(dest) = self.destinations.get_mut(&self.dirty[i]) else {
-                self.dirty.swap_remove(i);
-                continue;
-            };
-            forwarded |= matches!(dest, Destination::Remote(_));
-            match dest.flush(self.index as u16) {
-                Flushed::Blocked => {
-                    blocked += 1;
-                    i += 1;
-                }
-                Flushed::Done => {
-                    self.dirty.swap_remove(i);
-                }
-                Flushed::Gone => {
-                    let released = dest.end();
-                    self.dirty.swap_remove(i);
-                    self.release(released, ActorId(0));
-                }
-            }
-        }
-        self.send_outbox();
-        // Sent batches wait for their acknowledgements, keyed or not (the window).
-        if forwarded && self.fwd_timer.is_none() {
-            self.fwd_timer = Some(ctx.after(remote::FORWARD_CHECK, RouterMsg::ForwardCheck));
-        }
-        if (blocked > 0 || !self.outbox.is_empty()) && self.retry.is_none() {
-            self.retry = Some(ctx.after(RETRY_BLOCKED, RouterMsg::RetryBlocked));
-        }
-        blocked
     }
 }
 

@@ -1,0 +1,118 @@
+//! Messages to and from the storage actor (the `storage` module), and what waits on its
+//! commits.
+
+use std::sync::Arc;
+
+use starling_rt::{ActorId, Reply, WeakAddr};
+use starling_session::Message;
+
+use super::*;
+
+// --- to the storage actor -------------------------------------------------------------
+
+pub(crate) enum StoreMsg {
+    /// Ops to commit with the next batch; each of `then` is told when its ops are durable.
+    /// `retained` names, for each retained message put, the op and the message: if the
+    /// store refuses it, `shard` is told to take it back out of memory.
+    Write {
+        ops: Vec<starling_store::Op>,
+        then: Vec<Waiter>,
+        retained: Vec<(usize, Arc<Message>)>,
+        /// Deliveries held until their ops are durable (see [`HeldDelivery`]), handed back
+        /// to `shard` after the commit.
+        deliveries: Vec<HeldDelivery>,
+        shard: Option<WeakAddr<RouterMsg>>,
+    },
+    /// The commit interval passed.
+    CommitNow,
+    Committed(Box<CommitDone>),
+    /// Answered once everything written before is committed (shutdown, tests).
+    Flush(Reply<()>),
+    /// Commits what is pending, then closes the store (its file is free once answered).
+    Close(Reply<()>),
+}
+
+/// What a commit on the worker gives back.
+pub(crate) struct CommitDone {
+    pub store: Option<starling_store::Store>,
+    /// The store's answer, or why there is none (the worker died).
+    pub result: Result<starling_store::Committed, String>,
+    pub ops: usize,
+    pub waiting: Vec<Waiter>,
+    /// The retained puts of the commit (op index, message, shard), for refusals.
+    pub retained: Vec<(usize, Arc<Message>, WeakAddr<RouterMsg>)>,
+    /// The deliveries held for the commit, with their shard.
+    pub deliveries: Vec<(HeldDelivery, WeakAddr<RouterMsg>)>,
+    pub took: std::time::Duration,
+}
+
+/// A delivery to a persistent session that waits for the commit of its record (op index
+/// `op`), or, with `op: None`, only behind such deliveries to the same subscriber (order).
+/// A refused record drops it.
+pub(crate) struct HeldDelivery {
+    pub op: Option<usize>,
+    pub subscriber: Arc<str>,
+    /// The subscriber's actor when it was routed: a later session of the same client id
+    /// (the old one ended) does not get it.
+    pub actor: ActorId,
+    pub delivery: Delivery,
+}
+
+/// The tag of a client's write of its own session (see [`ClientMsg::Stored`]); the tags
+/// of publish acknowledgements skip it.
+pub(crate) const OWN_WRITE: u32 = 0;
+
+/// A publisher waiting for the ops `ops` (indices into its `Write`) to be durable.
+pub(crate) struct Waiter {
+    pub to: WaiterTo,
+    pub ops: std::ops::Range<usize>,
+}
+
+/// Whom a commit's outcome goes to.
+pub(crate) enum WaiterTo {
+    /// The publisher itself.
+    Client(AckTo),
+    /// The shard that wrote it, under this key: the publish was also forwarded to other
+    /// nodes, and its acknowledgement waits for them as well (see `routing::remote`).
+    Shard(WeakAddr<RouterMsg>, u64),
+    /// The shard that wrote the deliveries of a publish the node given forwarded, under
+    /// that node's write number: the node's acknowledgement waits for it (`routing::link`).
+    Link(WeakAddr<RouterMsg>, u64, u64),
+}
+
+/// Whom the store tells: a publisher's client actor, with the tag it gave.
+pub(crate) struct AckTo {
+    pub addr: WeakAddr<ClientMsg>,
+    pub tag: u32,
+    /// A persistent publisher's QoS 2 packet identifier, stored with the routing (in the
+    /// same commit), so that its resend after a crash is not routed twice.
+    pub inbound: Option<(Arc<str>, starling_codec::PacketId)>,
+}
+
+/// What became of a publish's writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stored {
+    /// Committed (synced, with `fsync = "always"`).
+    Durable,
+    /// The store refused it: full.
+    Refused,
+    /// The commit failed: not durable (the message was routed all the same).
+    Failed,
+    /// A node of the cluster it was forwarded to did not confirm it in time: it may not
+    /// have arrived there (MQTT 5: PUBACK 0x80, so the publisher may send it again).
+    Unconfirmed,
+}
+
+/// A stored delayed message's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DelayedKey {
+    pub id: u64,
+    pub due: std::time::SystemTime,
+}
+
+/// What the store held for one shard, at start.
+pub(crate) struct Restore {
+    pub retained: Vec<Arc<Message>>,
+    pub delayed: Vec<(DelayedKey, Arc<Message>)>,
+    pub done: Reply<()>,
+}
