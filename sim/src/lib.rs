@@ -13,6 +13,7 @@ compile_error!(
 );
 
 pub mod cluster;
+pub mod disk;
 pub mod knobs;
 pub mod mqtt;
 pub mod nemesis;

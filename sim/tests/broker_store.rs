@@ -22,7 +22,7 @@ use starling_broker::StoreLocation as Location;
 use starling_codec::{Packet, Properties, Protocol, PubAck, Publish, QoS, ReasonCode};
 use starling_sim::mqtt::{pid, ClientNodes, ConnectOpts, MqttClient};
 use starling_sim::{check, run, RunConfig};
-use starling_store::{SimDisk, TornWrite};
+use starling_store::SimDisk;
 
 const BROKER: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 1883);
 const TOPICS: u64 = 5;
@@ -169,17 +169,7 @@ async fn kill_and_restart(h: &Handle, node: &madsim::runtime::NodeHandle, disk: 
 
 /// The disk of a killed node: unsynced writes lost, the last one sometimes torn.
 fn crash(disk: &Mutex<SimDisk>) {
-    let torn = match thread_rng().gen_range(0..3) {
-        0 => TornWrite::None,
-        1 => TornWrite::Last {
-            bytes: thread_rng().gen_range(0..4096),
-        },
-        _ => TornWrite::InOrder {
-            writes: thread_rng().gen_range(0..4),
-            bytes: thread_rng().gen_range(0..4096),
-        },
-    };
-    let crashed = lock(disk).crash(torn);
+    let crashed = starling_sim::disk::crash(&lock(disk));
     *lock(disk) = crashed;
 }
 

@@ -185,23 +185,11 @@ impl Setup {
     }
 
     /// The disk of a node just killed: what it had not synced is lost, the last write
-    /// sometimes torn (as `broker_store` crashes it).
+    /// sometimes torn.
     fn crash_disk(&self, node: usize) {
-        use starling_store::TornWrite;
-        let mut r = thread_rng();
-        let torn = match r.gen_range(0..3) {
-            0 => TornWrite::None,
-            1 => TornWrite::Last {
-                bytes: r.gen_range(0..4096),
-            },
-            _ => TornWrite::InOrder {
-                writes: r.gen_range(0..4),
-                bytes: r.gen_range(0..4096),
-            },
-        };
         let mut disks = lock(&self.disks);
         if let Some(d) = disks.get_mut(&node) {
-            *d = d.crash(torn);
+            *d = starling_sim::disk::crash(d);
         }
     }
 }
