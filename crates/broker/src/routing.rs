@@ -368,6 +368,8 @@ enum Source<'a> {
 
 impl Actor for RouterActor {
     type Msg = RouterMsg;
+    /// A few shards, busy: a turn boxed per message cost a large allocation each.
+    const TURNS_IN_PLACE: bool = true;
 
     async fn handle(&mut self, msg: RouterMsg, ctx: &mut Ctx<Self>) {
         match msg {
