@@ -135,17 +135,28 @@ pub(crate) use crate::msg::SharedTo;
 pub(crate) struct RemoteNode {
     pub node: u64,
     pub links: starling_raft::DataLinks,
+    /// This shard's incarnation (drawn at its start): the node numbers its batches per
+    /// incarnation, so a restarted node's batch 1 is not taken for an old one.
+    pub inc: u64,
     /// Messages not yet handed to the link, oldest first, each with the key of the
     /// publisher's acknowledgement that waits for it (QoS 1/2 with a waiting publisher),
     /// and the shared group this node was picked for (`None`: its plain subscribers).
     pub pending: VecDeque<Pending1>,
     /// The number of the next batch sent.
     pub next_seq: u64,
-    /// Batches sent and not yet acknowledged by the node, oldest first.
+    /// Batches sent and not yet acknowledged by the node, oldest first, numbered without a
+    /// gap: each is kept until then, to be sent again if the node asks.
     pub unacked: VecDeque<Unacked>,
     /// The messages of `unacked`: with `pending`, the window that holds publishers back
     /// (`routing::link`).
     pub unacked_messages: usize,
+    /// Batches to send again, before anything new: the next one's number and the last.
+    pub resend: Option<(u64, u64)>,
+    /// When the last go-back began, and from which batch: a request for batches that it
+    /// already covers is not served twice within `RESEND_DAMP`.
+    pub resent: Option<(starling_rt::time::Instant, u64)>,
+    /// When the node last answered (an acknowledgement or a request).
+    pub heard: starling_rt::time::Instant,
     /// Publishers held back because the window is full.
     pub holding: Vec<Holder>,
     /// Keys of messages that could not be sent at all, settled at the next check.
@@ -155,25 +166,84 @@ pub(crate) struct RemoteNode {
 /// A batch sent to another node and not yet acknowledged by it.
 pub(crate) struct Unacked {
     pub seq: u64,
+    /// When it was first sent: its publishers' answers wait for it from then.
     pub sent_at: starling_rt::time::Instant,
+    /// When it was last sent (probes go after a quiet second).
+    pub last_sent: starling_rt::time::Instant,
     /// The publishers' acknowledgements that wait for it.
     pub keys: Vec<u64>,
-    /// How many messages it holds.
-    pub messages: usize,
+    /// What it holds, to send again.
+    pub messages: Vec<(Arc<Message>, Option<SharedTo>)>,
 }
 
 impl RemoteNode {
-    pub(crate) fn new(node: u64, links: starling_raft::DataLinks) -> Self {
+    pub(crate) fn new(node: u64, links: starling_raft::DataLinks, inc: u64) -> Self {
         RemoteNode {
             node,
             links,
+            inc,
             pending: VecDeque::new(),
             next_seq: 1,
             unacked: VecDeque::new(),
             unacked_messages: 0,
+            resend: None,
+            resent: None,
+            heard: starling_rt::time::now(),
             holding: Vec::new(),
             lost: Vec::new(),
         }
+    }
+
+    /// Where the link stands, as a batch sent now tells the node.
+    fn pos(&self) -> forward::LinkPos {
+        forward::LinkPos {
+            inc: self.inc,
+            base: self.unacked.front().map_or(self.next_seq, |u| u.seq),
+            top: self.next_seq.saturating_sub(1),
+        }
+    }
+
+    /// Sends again what `resend` names, in order. `Err`: no room on the link.
+    fn send_again(&mut self, shard: u16) -> Result<(), ()> {
+        let (now, wall) = (starling_rt::time::now(), starling_rt::time::wall());
+        while let Some((from, last)) = self.resend {
+            let base = self.unacked.front().map_or(self.next_seq, |u| u.seq);
+            let at = from.max(base);
+            debug_assert!(at >= base);
+            if at > last || at >= self.next_seq {
+                self.resend = None;
+                break;
+            }
+            let pos = self.pos();
+            let i = (at - base) as usize;
+            let u = &self.unacked[i];
+            debug_assert_eq!(
+                u.seq, at,
+                "unacknowledged batches are numbered without a gap"
+            );
+            // The last batch sent again asks the node to say what it still misses: a
+            // one-batch resend is the quiet link's probe, and the tail of a go-back may
+            // be lost as well.
+            let probe = at == last;
+            let frame = forward::encode_publish(
+                shard,
+                pos,
+                (at, probe),
+                u.messages.iter().map(|(m, g)| (m, g.as_ref())),
+                now,
+                wall,
+            );
+            match self.links.try_send(self.node, frame) {
+                Ok(()) => {
+                    self.unacked[i].last_sent = now;
+                    self.resend = Some((at + 1, last));
+                }
+                Err(starling_raft::DataSendError::Full(_)) => return Err(()),
+                // Not a peer any more: the timeout settles what waits.
+                Err(starling_raft::DataSendError::Closed) => self.resend = None,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -258,13 +328,22 @@ impl Destination {
                 Flushed::Done
             }
             Destination::Remote(r) => {
+                // What the node asked for again goes first: it takes batches only in order.
+                if r.send_again(shard).is_err() {
+                    return Flushed::Blocked;
+                }
                 let (now, wall) = (starling_rt::time::now(), starling_rt::time::wall());
                 while !r.pending.is_empty() {
                     let n = r.pending.len().min(FORWARD_BATCH_MAX);
                     let seq = r.next_seq;
+                    let pos = forward::LinkPos {
+                        top: seq,
+                        ..r.pos()
+                    };
                     let frame = forward::encode_publish(
                         shard,
-                        seq,
+                        pos,
+                        (seq, false),
                         r.pending.iter().take(n).map(|(m, _, g)| (m, g.as_ref())),
                         now,
                         wall,
@@ -272,14 +351,23 @@ impl Destination {
                     match r.links.try_send(r.node, frame) {
                         Ok(()) => {
                             r.next_seq += 1;
-                            let keys: Vec<u64> =
-                                r.pending.drain(..n).filter_map(|(_, k, _)| k).collect();
-                            // Every batch, keys or not: the window counts its messages.
+                            let mut keys = Vec::new();
+                            let messages = r
+                                .pending
+                                .drain(..n)
+                                .map(|(m, k, g)| {
+                                    keys.extend(k);
+                                    (m, g)
+                                })
+                                .collect();
+                            // Every batch, keys or not: the window counts its messages, and
+                            // the node may ask for it again.
                             r.unacked.push_back(Unacked {
                                 seq,
                                 sent_at: now,
+                                last_sent: now,
                                 keys,
-                                messages: n,
+                                messages,
                             });
                             r.unacked_messages += n;
                         }

@@ -1,9 +1,15 @@
 //! The frames nodes exchange on their data streams, postcard behind a version byte:
-//! - `Publish`: a batch of forwarded messages from one shard, numbered per destination node,
-//!   each with the shared group the receiver was picked for (or none), each in its stored form (`MessageState`: expiry as wall-clock time, so it means the same
-//!   on the receiving node as long as the nodes' clocks agree);
-//! - `Ack`: the receiver took that shard's batch `seq` (one per batch, in order, so a batch
-//!   before it that was not acknowledged never arrived: lost with a replaced link);
+//! - `Publish`: a batch of forwarded messages from one shard, numbered per destination node
+//!   and per incarnation of the sending shard (a restarted node numbers afresh), each with
+//!   the shared group the receiver was picked for (or none), each in its stored form
+//!   (`MessageState`: expiry as wall-clock time, so it means the same on the receiving node
+//!   as long as the nodes' clocks agree). The receiver takes a link's batches only in
+//!   order, without a gap (`cluster/inlink.rs`);
+//! - `Ack`: the receiver took that shard's batch `seq`, durably (one per batch, in order,
+//!   so a batch before it that was not acknowledged was taken but is not durable, or its
+//!   acknowledgement was lost);
+//! - `Resend`: the receiver is missing the sender's batches from `from` on (lost with a
+//!   replaced connection, or with the receiver's restart) and took none after them;
 //! - `Session`: a session handed over to the receiver, which claimed its client id.
 
 use std::sync::Arc;
@@ -15,15 +21,36 @@ use starling_session::{Instant, Message};
 
 use crate::msg::{HandOff, SharedTo};
 
-/// 2: `Publish` names the shared group of each message (1 had none).
-const FRAME_V2: u8 = 2;
+/// 3: batches are taken in order per sending shard's incarnation, with `Resend` (2 had
+/// no incarnation; 1 no shared groups).
+const FRAME_V3: u8 = 3;
+
+/// How long a request for missing batches covers later ones: about what a batch sent
+/// again takes to arrive and be seen, with room. Both ends keep to it: a receiver asks at
+/// most once per damping, and a sender serves a request that a go-back it began within the
+/// damping covers only once.
+pub(crate) const RESEND_DAMP: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Where a batch stands on its link: the sending shard's incarnation, the oldest batch it
+/// still holds for the receiver (older ones it acknowledged or gave up on: the receiver
+/// need not wait for them), and the newest it sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LinkPos {
+    pub inc: u64,
+    pub base: u64,
+    pub top: u64,
+}
 
 /// One frame of a data stream.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum Frame {
     Publish {
         shard: u16,
+        pos: LinkPos,
         seq: u64,
+        /// Sent again because the receiver said nothing for a while: it answers with what
+        /// it is missing up to `pos.top`.
+        probe: bool,
         messages: Vec<MessageState>,
         /// One per message: the shared group (name, topic filter) the receiver was picked
         /// for, or `None` for its plain subscribers.
@@ -31,7 +58,13 @@ pub(crate) enum Frame {
     },
     Ack {
         shard: u16,
+        inc: u64,
         seq: u64,
+    },
+    Resend {
+        shard: u16,
+        inc: u64,
+        from: u64,
     },
     /// The session of `client_id`, handed over to the receiver's claim `epoch` (`None`:
     /// the sender had none to give).
@@ -81,15 +114,20 @@ pub(crate) fn messages(
 }
 
 fn frame_bytes(f: &Frame) -> Vec<u8> {
-    let mut out = vec![FRAME_V2];
+    let mut out = vec![FRAME_V3];
     // Serializing plain data into a Vec cannot fail.
     out.extend(postcard::to_stdvec(f).expect("frames serialize"));
     out
 }
 
-/// An acknowledgement of `shard`'s batches up to `seq`.
-pub(crate) fn encode_ack(shard: u16, seq: u64) -> Vec<u8> {
-    frame_bytes(&Frame::Ack { shard, seq })
+/// An acknowledgement of `shard`'s (incarnation `inc`) batch `seq`.
+pub(crate) fn encode_ack(shard: u16, inc: u64, seq: u64) -> Vec<u8> {
+    frame_bytes(&Frame::Ack { shard, inc, seq })
+}
+
+/// A request for `shard`'s (incarnation `inc`) batches from `from` on.
+pub(crate) fn encode_resend(shard: u16, inc: u64, from: u64) -> Vec<u8> {
+    frame_bytes(&Frame::Resend { shard, inc, from })
 }
 
 /// Why a forwarded frame was refused.
@@ -106,7 +144,8 @@ pub(crate) enum FrameError {
 /// A `Publish` frame of `shard`'s batch `seq`, holding `messages` in order.
 pub(crate) fn encode_publish<'a>(
     shard: u16,
-    seq: u64,
+    pos: LinkPos,
+    (seq, probe): (u64, bool),
     messages: impl Iterator<Item = (&'a Arc<Message>, Option<&'a SharedTo>)>,
     now: Instant,
     wall: SystemTime,
@@ -119,7 +158,9 @@ pub(crate) fn encode_publish<'a>(
         .unzip();
     frame_bytes(&Frame::Publish {
         shard,
+        pos,
         seq,
+        probe,
         messages,
         groups,
     })
@@ -128,7 +169,7 @@ pub(crate) fn encode_publish<'a>(
 /// A frame back.
 pub(crate) fn decode(frame: &[u8]) -> Result<Frame, FrameError> {
     let (v, body) = frame.split_first().ok_or(FrameError::Empty)?;
-    if *v != FRAME_V2 {
+    if *v != FRAME_V3 {
         return Err(FrameError::Version(*v));
     }
     postcard::from_bytes(body).map_err(|e| FrameError::Body(e.to_string()))
@@ -169,18 +210,26 @@ mod tests {
             filter: Arc::from("t/+"),
         };
         let groups = [None, Some(&shared), None];
-        let frame = encode_publish(3, 17, batch.iter().zip(groups), now, wall);
+        let pos = LinkPos {
+            inc: 99,
+            base: 15,
+            top: 18,
+        };
+        let frame = encode_publish(3, pos, (17, true), batch.iter().zip(groups), now, wall);
         // Decoded 10 s later on a node whose clock agrees: 20 s of expiry left.
         let later = now + Duration::from_secs(10);
         let Frame::Publish {
             shard: 3,
+            pos: back_pos,
             seq: 17,
+            probe: true,
             messages: states,
             groups,
         } = decode(&frame).unwrap()
         else {
             panic!("a publish frame of shard 3, batch 17");
         };
+        assert_eq!(back_pos, pos);
         let back = messages(states, groups, later, wall + Duration::from_secs(10));
         assert_eq!(
             back.iter().map(|(_, g)| g.clone()).collect::<Vec<_>>(),
@@ -203,12 +252,24 @@ mod tests {
         assert_eq!(left, Duration::from_secs(20));
         assert!(back[0].expires_at.is_none());
         assert!(matches!(
-            decode(&encode_ack(2, 9)),
-            Ok(Frame::Ack { shard: 2, seq: 9 })
+            decode(&encode_ack(2, 99, 9)),
+            Ok(Frame::Ack {
+                shard: 2,
+                inc: 99,
+                seq: 9
+            })
+        ));
+        assert!(matches!(
+            decode(&encode_resend(2, 99, 7)),
+            Ok(Frame::Resend {
+                shard: 2,
+                inc: 99,
+                from: 7
+            })
         ));
         assert!(matches!(decode(&[]), Err(FrameError::Empty)));
         assert!(matches!(decode(&[9, 1]), Err(FrameError::Version(9))));
-        assert!(matches!(decode(&[1, 0]), Err(FrameError::Version(1))));
-        assert!(matches!(decode(&[2, 0xff, 0xff]), Err(FrameError::Body(_))));
+        assert!(matches!(decode(&[2, 0]), Err(FrameError::Version(2))));
+        assert!(matches!(decode(&[3, 0xff, 0xff]), Err(FrameError::Body(_))));
     }
 }

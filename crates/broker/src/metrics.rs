@@ -63,6 +63,8 @@ pub(crate) struct Metrics {
     pub cluster_received: AtomicU64,
     pub cluster_forward_timeouts: AtomicU64,
     pub cluster_forward_not_durable: AtomicU64,
+    pub cluster_forward_resent: AtomicU64,
+    pub cluster_forward_out_of_order: AtomicU64,
     pub cluster_link_holds: AtomicU64,
     pub cluster_sessions_received: AtomicU64,
     pub cluster_handover_timeouts: AtomicU64,
@@ -311,6 +313,10 @@ pub struct MetricsSnapshot {
     /// Forwarded publishes whose deliveries to persistent sessions here could not be
     /// stored: their batches are not acknowledged (the publisher hears unconfirmed).
     pub cluster_forward_not_durable: u64,
+    /// Forwarded batches sent again (asked for by their node, or probing a quiet one), and
+    /// batches received here out of order (past a gap, or again) and dropped.
+    pub cluster_forward_resent: u64,
+    pub cluster_forward_out_of_order: u64,
     /// Times a subscriber here that fell behind held another node's link back (its
     /// batches acknowledged only once it drained), counted per link and stretch.
     pub cluster_link_holds: u64,
@@ -358,6 +364,8 @@ impl Metrics {
             cluster_received: get(&self.cluster_received),
             cluster_forward_timeouts: get(&self.cluster_forward_timeouts),
             cluster_forward_not_durable: get(&self.cluster_forward_not_durable),
+            cluster_forward_resent: get(&self.cluster_forward_resent),
+            cluster_forward_out_of_order: get(&self.cluster_forward_out_of_order),
             cluster_link_holds: get(&self.cluster_link_holds),
             cluster_sessions_received: get(&self.cluster_sessions_received),
             cluster_handover_timeouts: get(&self.cluster_handover_timeouts),
@@ -387,7 +395,7 @@ impl MetricsSnapshot {
 
     /// Every figure of Starling's own with its name (the field's), what it counts and its
     /// kind ([`MetricsSnapshot::every`] adds RMQTT's, for expositions that list them all).
-    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 38] {
+    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 40] {
         use MetricKind::{Counter as C, Gauge as G};
         [
             (
@@ -551,6 +559,18 @@ impl MetricsSnapshot {
                 "Forwarded messages whose deliveries here could not be stored (not acknowledged)",
                 C,
                 self.cluster_forward_not_durable,
+            ),
+            (
+                "cluster_forward_resent",
+                "Forwarded batches sent again: asked for by their node, or probing a quiet one",
+                C,
+                self.cluster_forward_resent,
+            ),
+            (
+                "cluster_forward_out_of_order",
+                "Forwarded batches received out of order (past a gap, or again) and dropped",
+                C,
+                self.cluster_forward_out_of_order,
             ),
             (
                 "cluster_link_holds",

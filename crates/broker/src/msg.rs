@@ -345,6 +345,16 @@ pub(crate) struct ShardCluster {
     pub actor: starling_rt::Addr<ClusterMsg>,
 }
 
+/// The batch a forwarded publish came in: the sending node, its shard, that shard's
+/// incarnation and the batch's number (`cluster/inlink.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LinkFrom {
+    pub node: u64,
+    pub shard: u16,
+    pub inc: u64,
+    pub seq: u64,
+}
+
 pub(crate) enum RouterMsg {
     /// Route (and retain, or schedule if `$delayed/`) a message; with its publisher when
     /// it may be held back, and whom to tell once what it changed in the store is durable
@@ -409,9 +419,9 @@ pub(crate) enum RouterMsg {
     },
     /// A publish another node forwarded: for this node's subscribers only (never forwarded
     /// again, not retained here): its plain subscribers, or (`Some`) one member of the
-    /// shared group that node picked this node for. The last field is the node it came
+    /// shared group that node picked this node for. The last field is where it came
     /// from: a backlogged subscriber holds that node's link back (`routing::link`).
-    Forwarded(Arc<Message>, Option<Box<SharedTo>>, u64),
+    Forwarded(Arc<Message>, Option<Box<SharedTo>>, LinkFrom),
     /// Answered once no subscriber of this shard holds `node`'s link back: the node's
     /// batches routed before it are acknowledged only then, so that the node holds its
     /// publishers instead of flooding subscribers here that cannot keep up.
@@ -425,8 +435,10 @@ pub(crate) enum RouterMsg {
     /// The commit of the store writes of a publish `node` forwarded (its `seq` among them,
     /// see `routing::link::LinkWrites`) is done: `durable` or not.
     LinkStored { node: u64, seq: u64, durable: bool },
-    /// `node` took this shard's batches up to `seq`.
-    ForwardAcked { node: u64, seq: u64 },
+    /// `node` took this shard's batch `seq` (of this shard's incarnation `inc`) durably.
+    ForwardAcked { node: u64, inc: u64, seq: u64 },
+    /// `node` is missing this shard's batches (of incarnation `inc`) from `from` on.
+    ForwardResend { node: u64, inc: u64, from: u64 },
     /// The commit of a forwarded publish's writes is done (see [`WaiterTo::Shard`]).
     ForwardStored { key: u64, outcome: Stored },
     /// Settle forwarded batches that waited too long for their node.

@@ -91,6 +91,8 @@ pub(crate) struct RouterActor {
     /// The counts last added to the node's gauges (see `report_counts`).
     reported: ShardCounts,
     rng: starling_rt::rng::Rng,
+    /// This shard's incarnation on the links to other nodes (see `RemoteNode::inc`).
+    link_inc: u64,
     /// Reused per publish: the matches, then one entry per subscriber after merging.
     scratch: Vec<Routed<Arc<str>, SubOpts>>,
     merged: Vec<Routed<Arc<str>, SubOpts>>,
@@ -152,6 +154,14 @@ pub(crate) struct RouterActor {
     link_waiters: Vec<link::LinkWaiter>,
     /// Per node, its forwarded publishes' store writes not yet durable.
     link_writes: HashMap<u64, link::LinkWrites, FixedState>,
+    /// Per link into this shard (sending node, its shard): the batch being routed, and how
+    /// many of its messages so far; and how far the writes were stored before this node
+    /// restarted (see `link::Taken`).
+    link_taken: HashMap<(u64, u16), link::Taken, FixedState>,
+    link_stored: HashMap<(u64, u16), link::Taken, FixedState>,
+    /// Per link, where its cursor sits in `to_store` (if it still does): one cursor per
+    /// link per commit is enough, moved forward in place.
+    link_cursor_op: HashMap<(u64, u16), usize, FixedState>,
 }
 
 /// `total` split over `n` shards, rounded up: each shard's part of a node-wide cap.
@@ -168,6 +178,7 @@ impl RouterActor {
         store: Option<Addr<StoreMsg>>,
         delayed_base: u64,
         seq_base: u64,
+        cursors: &[starling_store::LinkCursor],
     ) -> Self {
         assert!(index < map.count());
         let mut rng = rng::rng();
@@ -182,6 +193,7 @@ impl RouterActor {
         let delayed_max = share_of(u64::from(shared.config.mqtt.delayed_publish_max), n);
         let rules = StallRules::new(&shared.config.mqtt, &shared.limits);
         let route_seed = rng.next_u64();
+        let link_inc = rng.next_u64();
         Self {
             rules,
             outbox: Vec::new(),
@@ -198,6 +210,7 @@ impl RouterActor {
             owned_shared: 0,
             reported: ShardCounts::default(),
             rng,
+            link_inc,
             scratch: Vec::new(),
             merged: Vec::new(),
             dirty: Vec::new(),
@@ -223,6 +236,13 @@ impl RouterActor {
             held_links: Vec::new(),
             link_waiters: Vec::new(),
             link_writes: HashMap::default(),
+            link_taken: HashMap::default(),
+            link_cursor_op: HashMap::default(),
+            link_stored: cursors
+                .iter()
+                .filter(|c| usize::from(c.to_shard) == index)
+                .map(|c| ((c.node, c.shard), link::Taken::from(c)))
+                .collect(),
         }
     }
 
@@ -381,17 +401,11 @@ impl Actor for RouterActor {
                 }
                 self.publish(m, None, None, ctx);
             }
-            RouterMsg::Forwarded(m, group, node) => {
-                let before = self.to_store.len();
-                match group {
-                    None => self.publish(m, None, Some(node), ctx),
-                    Some(group) => self.publish_to_group(&m, &group, node, ctx),
-                }
-                self.await_link_writes(node, before, ctx);
-            }
+            RouterMsg::Forwarded(m, group, from) => self.forwarded(m, group, from, ctx),
             RouterMsg::LinkBarrier { node, done } => self.link_barrier(node, done),
             RouterMsg::LinkStored { node, seq, durable } => self.link_stored(node, seq, durable),
-            RouterMsg::ForwardAcked { node, seq } => self.forward_acked(node, seq),
+            RouterMsg::ForwardAcked { node, inc, seq } => self.forward_acked(node, inc, seq),
+            RouterMsg::ForwardResend { node, inc, from } => self.forward_resend(node, inc, from),
             RouterMsg::ForwardStored { key, outcome } => self.forward_stored(key, outcome),
             RouterMsg::ForwardCheck => self.forward_check(ctx),
             RouterMsg::Restored => {

@@ -49,6 +49,7 @@ impl Reach {
 #[derive(Debug, Clone)]
 pub struct ShardMap {
     count: usize,
+    seed: u64,
     hasher: FixedState,
 }
 
@@ -59,8 +60,14 @@ impl ShardMap {
         assert!(count >= 1, "at least one shard");
         Self {
             count,
+            seed,
             hasher: FixedState::with_seed(seed),
         }
+    }
+
+    /// The seed it was made with: the same seed and count map every topic alike.
+    pub fn seed(&self) -> u64 {
+        self.seed
     }
 
     pub fn count(&self) -> usize {

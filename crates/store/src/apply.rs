@@ -3,9 +3,9 @@
 use redb::{Key, ReadableTable, StorageError, Table, WriteTransaction};
 
 use crate::error::{At, Place, StoreError};
-use crate::op::{Limits, Op, Refusal, Usage};
+use crate::op::{Limits, LinkCursor, Op, Refusal, Usage};
 use crate::record::{self, DelayedRecord};
-use crate::tables::{self, DELAYED, DELIVERIES, INBOUND, META, RETAINED, SESSIONS};
+use crate::tables::{self, DELAYED, DELIVERIES, INBOUND, LINKS, META, RETAINED, SESSIONS};
 
 /// How a put treats a key that is already there.
 #[derive(Clone, Copy)]
@@ -37,6 +37,7 @@ pub(crate) struct Batch<'t> {
     inbound: Table<'t, (&'static str, u16), ()>,
     retained: Table<'t, &'static str, &'static [u8]>,
     delayed: Table<'t, (u64, u64), &'static [u8]>,
+    links: Table<'t, tables::LinkKey, tables::LinkValue>,
     meta: Table<'t, &'static str, u64>,
 }
 
@@ -60,6 +61,7 @@ impl<'t> Batch<'t> {
             inbound: txn.open_table(INBOUND).at(at)?,
             retained: txn.open_table(RETAINED).at(at)?,
             delayed: txn.open_table(DELAYED).at(at)?,
+            links: txn.open_table(LINKS).at(at)?,
             meta: txn.open_table(META).at(at)?,
         })
     }
@@ -261,6 +263,17 @@ impl<'t> Batch<'t> {
                 if let Some(len) = removed {
                     self.forget(tables::delayed_size(len), |u| &mut u.delayed);
                 }
+                Ok(None)
+            }
+            Op::PutLinkCursor(c) => {
+                let LinkCursor {
+                    node,
+                    shard,
+                    to_shard,
+                    ..
+                } = *c;
+                let value = (c.inc, c.seq, c.taken, c.map_seed, c.shards);
+                self.links.insert((node, shard, to_shard), value)?;
                 Ok(None)
             }
         }

@@ -64,6 +64,29 @@ pub enum Op {
     },
     /// Drops a delayed message (published, or cancelled).
     DropDelayed { id: u64, due: SystemTime },
+    /// Records how far a forwarding link's batches are stored in one receiving shard
+    /// (replacing the record of an earlier incarnation of the sender). Never refused, and
+    /// not counted against the cap: a cluster has one per sending shard and receiving
+    /// shard pair.
+    PutLinkCursor(LinkCursor),
+}
+
+/// How far a receiving shard's writes for the batches another node's shard forwarded are
+/// committed: batches are numbered per incarnation of the sending shard, and a batch's
+/// messages reach a receiving shard in the batch's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LinkCursor {
+    pub node: u64,
+    pub shard: u16,
+    pub to_shard: u16,
+    pub inc: u64,
+    pub seq: u64,
+    /// Of batch `seq`, the messages the receiving shard routed, counted from 1.
+    pub taken: u32,
+    /// The shard map (its seed and shard count) that sent the messages to `to_shard`: the
+    /// cursor means something only under the same map.
+    pub map_seed: u64,
+    pub shards: u16,
 }
 
 /// Whether a commit waits for the disk.

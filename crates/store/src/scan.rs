@@ -14,7 +14,7 @@ use crate::op::Usage;
 use crate::record::{
     self, DelayedRecord, DeliveryStage, SessionMeta, SessionParts, StoredDelivery,
 };
-use crate::tables::{self, names, DELAYED, DELIVERIES, INBOUND, META, RETAINED, SESSIONS};
+use crate::tables::{self, names, DELAYED, DELIVERIES, INBOUND, LINKS, META, RETAINED, SESSIONS};
 
 /// What a store held when it was opened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -28,6 +28,8 @@ pub struct Recovered {
     /// One past the highest delayed id ever stored, dropped ones included: ids the broker
     /// draws from here on are new.
     pub next_delayed_id: u64,
+    /// How far each forwarding link into each receiving shard is stored, in key order.
+    pub links: Vec<crate::op::LinkCursor>,
 }
 
 /// A stored session, reassembled, with the seqs its deliveries are stored under.
@@ -85,7 +87,7 @@ pub(crate) fn format_version(txn: &ReadTransaction, at: &Place) -> Result<Option
     let meta = txn.open_table(META).at(at)?;
     let found = meta.get(tables::FORMAT_VERSION_KEY).at(at)?;
     match found.map(|v| v.value()) {
-        Some(tables::FORMAT_VERSION) => Ok(Some(tables::FORMAT_VERSION)),
+        Some(v @ (tables::FORMAT_VERSION | tables::FORMAT_VERSION_1)) => Ok(Some(v)),
         Some(found) => Err(StoreError::UnknownFormat {
             at: at.clone(),
             found,
@@ -219,6 +221,26 @@ pub(crate) fn scan(db: &Database, at: &Place) -> Result<Scan, StoreError> {
         });
     }
 
+    // A version 1 store (read by `check` without being opened for writing) has none.
+    let mut links = Vec::new();
+    if format_version != tables::FORMAT_VERSION_1 {
+        for row in txn.open_table(LINKS).at(at)?.iter().at(at)? {
+            let (k, v) = row.at(at)?;
+            let ((node, shard, to_shard), (inc, seq, taken, map_seed, shards)) =
+                (k.value(), v.value());
+            links.push(crate::op::LinkCursor {
+                node,
+                shard,
+                to_shard,
+                inc,
+                seq,
+                taken,
+                map_seed,
+                shards,
+            });
+        }
+    }
+
     let meta = txn.open_table(META).at(at)?;
     let stored_next = meta
         .get(tables::NEXT_DELAYED_ID_KEY)
@@ -258,6 +280,7 @@ pub(crate) fn scan(db: &Database, at: &Place) -> Result<Scan, StoreError> {
             retained,
             delayed,
             next_delayed_id,
+            links,
         },
         usage,
         format_version,

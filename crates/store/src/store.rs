@@ -9,7 +9,7 @@ use crate::apply::Batch;
 use crate::error::{At, Place, StoreError};
 use crate::op::{Committed, Fsync, Limits, Op, Refused, Usage};
 use crate::scan::{self, Recovered};
-use crate::tables::{self, DELAYED, DELIVERIES, INBOUND, META, RETAINED, SESSIONS};
+use crate::tables::{self, DELAYED, DELIVERIES, INBOUND, LINKS, META, RETAINED, SESSIONS};
 
 /// Where a store lives.
 #[derive(Debug)]
@@ -139,13 +139,27 @@ impl Store {
 /// Writes the format version and creates the tables, unless the store has them.
 fn init(db: &Database, at: &Place) -> Result<(), StoreError> {
     let txn = db.begin_read().at(at)?;
-    if scan::format_version(&txn, at)?.is_some() {
-        return Ok(());
-    }
+    let found = scan::format_version(&txn, at)?;
     drop(txn);
+    match found {
+        Some(tables::FORMAT_VERSION) => return Ok(()),
+        // Version 2 only added a table.
+        Some(_) => {
+            let txn = db.begin_write().at(at)?;
+            {
+                txn.open_table(LINKS).at(at)?;
+                let mut meta = txn.open_table(META).at(at)?;
+                meta.insert(tables::FORMAT_VERSION_KEY, tables::FORMAT_VERSION)
+                    .at(at)?;
+            }
+            return txn.commit().at(at);
+        }
+        None => {}
+    }
     let txn = db.begin_write().at(at)?;
     {
         txn.open_table(SESSIONS).at(at)?;
+        txn.open_table(LINKS).at(at)?;
         txn.open_table(DELIVERIES).at(at)?;
         txn.open_table(INBOUND).at(at)?;
         txn.open_table(RETAINED).at(at)?;

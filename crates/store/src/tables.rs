@@ -19,6 +19,15 @@ pub(crate) const RETAINED: TableDefinition<&str, &[u8]> = TableDefinition::new(n
 /// (due, ms since the Unix epoch; id) → `DelayedRecord`: due order is key order.
 pub(crate) const DELAYED: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new(names::DELAYED);
 
+/// (sending node, its shard, the receiving shard) → (the sending shard's incarnation, the
+/// last of its forwarded batches whose writes in the receiving shard are stored, how many
+/// of that batch's messages the shard routed, the shard map's seed and shard count): a
+/// batch sent again after a restart is not delivered twice (`LinkCursor`).
+pub(crate) const LINKS: TableDefinition<LinkKey, LinkValue> = TableDefinition::new(names::LINKS);
+
+pub(crate) type LinkKey = (u64, u16, u16);
+pub(crate) type LinkValue = (u64, u64, u32, u64, u16);
+
 /// The tables' names, as errors give them.
 pub(crate) mod names {
     pub const META: &str = "meta";
@@ -27,13 +36,17 @@ pub(crate) mod names {
     pub const INBOUND: &str = "inbound_qos2";
     pub const RETAINED: &str = "retained";
     pub const DELAYED: &str = "delayed";
+    pub const LINKS: &str = "forward_links";
 }
 
 pub(crate) const FORMAT_VERSION_KEY: &str = "format_version";
 pub(crate) const NEXT_DELAYED_ID_KEY: &str = "next_delayed_id";
 
-/// The layout of the tables above; a store of any other version is refused at open.
-pub const FORMAT_VERSION: u64 = 1;
+/// The layout of the tables above; a store of any other version is refused at open, but
+/// for [`FORMAT_VERSION_1`], which is brought up to it (its tables are a subset).
+pub const FORMAT_VERSION: u64 = 2;
+/// Version 1 had no `forward_links` table.
+pub(crate) const FORMAT_VERSION_1: u64 = 1;
 
 // Logical sizes: the key's own bytes plus the encoded value, without redb's overhead.
 // They are what the broker can reason about; the file is larger (pages, copy-on-write).

@@ -9,12 +9,15 @@ use std::path::{Path, PathBuf};
 
 use redb::TableDefinition;
 use starling_store::{
-    check, DecodeProblem, Fsync, Limits, Location, Op, RecordKey, Store, StoreError,
+    check, DecodeProblem, Fsync, Limits, LinkCursor, Location, Op, RecordKey, Store, StoreError,
 };
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
 const DELIVERIES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("deliveries");
+type LinkKey = (u64, u16, u16);
+type LinkValue = (u64, u64, u32, u64, u16);
+const LINKS: TableDefinition<LinkKey, LinkValue> = TableDefinition::new("forward_links");
 
 fn open(path: &Path) -> Result<Store, StoreError> {
     let limits = Limits {
@@ -116,6 +119,51 @@ fn a_store_of_another_format_version_is_refused_naming_it() {
             "{e:?}"
         );
     }
+}
+
+/// Not a bad file: a store written before the `forward_links` table (format version 1)
+/// is read by `check` as it is, and brought up to version 2 by `open`, records kept.
+#[test]
+fn a_version_1_store_is_brought_up_to_the_current_version_with_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = good_store(dir.path());
+    with_raw(&path, |txn| {
+        assert!(
+            txn.delete_table(LINKS).unwrap(),
+            "a new store has the table"
+        );
+        txn.open_table(META)
+            .unwrap()
+            .insert("format_version", 1)
+            .unwrap();
+    });
+    let report = check(&path).unwrap();
+    assert_eq!((report.format_version, report.usage.deliveries), (1, 200));
+    let limits = Limits {
+        max_bytes: u64::MAX,
+    };
+    let (mut store, recovered) = Store::open(Location::File(path.clone()), limits).unwrap();
+    assert_eq!(recovered.sessions.len(), 1);
+    assert!(recovered.links.is_empty());
+    let cursor = LinkCursor {
+        node: 2,
+        shard: 1,
+        to_shard: 0,
+        inc: 77,
+        seq: 12,
+        taken: 3,
+        map_seed: 41,
+        shards: 2,
+    };
+    store
+        .commit(&[Op::PutLinkCursor(cursor)], Fsync::Always)
+        .unwrap();
+    drop(store);
+    let report = check(&path).unwrap();
+    assert_eq!(report.format_version, starling_store::FORMAT_VERSION);
+    let (_, recovered) = Store::open(Location::File(path), limits).unwrap();
+    assert_eq!(recovered.links, vec![cursor]);
+    assert_eq!(recovered.sessions[0].queue_seqs.len(), 200);
 }
 
 #[test]

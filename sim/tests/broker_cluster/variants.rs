@@ -100,12 +100,14 @@ pub(crate) const RECONNECT_LOCAL: Variant = Variant {
     ..SOUND
 };
 
-/// Forwards not confirmed (`cluster.forward_confirm = false`): a publisher is answered
-/// before the other nodes took its message, so a batch lost with a link is an acknowledged
-/// message lost, which check 1 must catch.
+/// Forwards not confirmed (`cluster.forward_confirm = false`), with kills: a publisher is
+/// answered before the other nodes took its message, so a batch lost with its killed
+/// sending node is an acknowledged message lost, which check 1 must catch. (Without kills
+/// the links send lost batches again, and nothing is lost: docs/clustering.md.)
 pub(crate) const FORWARD_UNCONFIRMED: Variant = Variant {
     name: "forward-unconfirmed",
     cluster: "forward_confirm = false\n",
+    kills: true,
     ..SOUND
 };
 

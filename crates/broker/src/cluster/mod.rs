@@ -10,6 +10,7 @@
 //! subscriptions (docs/clustering.md).
 
 mod actor;
+mod inlink;
 mod replica;
 mod retained;
 
@@ -30,7 +31,7 @@ use starling_rt::{start_with, time, Addr, Options};
 use crate::error::BrokerError;
 use crate::forward::{self, Frame};
 use crate::metrics::add;
-use crate::msg::{ClusterMsg, RouterMsg, ShardCluster};
+use crate::msg::{ClusterMsg, LinkFrom, RouterMsg, ShardCluster};
 use crate::settings::Shared;
 use crate::shards::Shards;
 
@@ -211,9 +212,9 @@ fn member(config: &Config) -> Member {
 /// stops at its window long before, `routing::link`).
 const ACKS_OWED: usize = 4096;
 
-/// One routed batch whose acknowledgement waits: its sending shard, its number, and the
-/// barriers of the shards its messages went to.
-type OwedAck = (u16, u64, Vec<tokio::sync::oneshot::Receiver<bool>>);
+/// One routed batch whose acknowledgement waits: its sending shard, that shard's
+/// incarnation, the batch's number, and the barriers of the shards its messages went to.
+type OwedAck = (u16, u64, u64, Vec<tokio::sync::oneshot::Receiver<bool>>);
 
 /// Routes what other nodes forward, frame by frame, in order per sender, and acknowledges
 /// each batch once its messages are in this node's shards and no subscriber there holds
@@ -230,6 +231,7 @@ async fn inbound(
 ) {
     let node_id = shared.config.node.id;
     let mut owed: BTreeMap<u64, tokio::sync::mpsc::Sender<OwedAck>> = BTreeMap::new();
+    let mut order = inlink::InLinks::default();
     let mut touched = vec![false; shards.all().len()];
     while let Some((from, frame)) = rx.recv().await {
         let frame = match forward::decode(&frame) {
@@ -243,10 +245,36 @@ async fn inbound(
         match frame {
             Frame::Publish {
                 shard,
+                pos,
                 seq,
+                probe,
                 messages,
                 groups,
             } => {
+                let v = order.batch((from, shard), pos, seq, probe, time::now());
+                if let Some(from_seq) = v.ask {
+                    tracing::debug!(
+                        node_id,
+                        from,
+                        shard,
+                        seq,
+                        missing_from = from_seq,
+                        "forwarded batches missing: asked for again"
+                    );
+                    // One try: a request that finds no room is made again by the next
+                    // batch past the gap, or the sender's probe.
+                    let _ = links.try_send(from, forward::encode_resend(shard, pos.inc, from_seq));
+                }
+                if !v.take {
+                    add(&shared.metrics.cluster_forward_out_of_order, 1);
+                    continue;
+                }
+                let link = LinkFrom {
+                    node: from,
+                    shard,
+                    inc: pos.inc,
+                    seq,
+                };
                 let messages = forward::messages(messages, groups, time::now(), time::wall());
                 add(&shared.metrics.cluster_received, messages.len() as u64);
                 touched.fill(false);
@@ -255,7 +283,7 @@ async fn inbound(
                     let i = shards.index_for_publish(&m.topic);
                     touched[i] = true;
                     if shards.all()[i]
-                        .send(RouterMsg::Forwarded(m, group.map(Box::new), from))
+                        .send(RouterMsg::Forwarded(m, group.map(Box::new), link))
                         .await
                         .is_err()
                     {
@@ -279,7 +307,7 @@ async fn inbound(
                     starling_rt::spawn(acknowledge(rx, links.clone(), from));
                     tx
                 });
-                if acks.send((shard, seq, barriers)).await.is_err() {
+                if acks.send((shard, pos.inc, seq, barriers)).await.is_err() {
                     return;
                 }
             }
@@ -297,15 +325,33 @@ async fn inbound(
                     return;
                 }
             }
-            Frame::Ack { shard, seq } => {
+            Frame::Ack { shard, inc, seq } => {
                 let Some(to) = shards.all().get(usize::from(shard)) else {
                     continue;
                 };
-                if to
-                    .send(RouterMsg::ForwardAcked { node: from, seq })
-                    .await
-                    .is_err()
-                {
+                let msg = RouterMsg::ForwardAcked {
+                    node: from,
+                    inc,
+                    seq,
+                };
+                if to.send(msg).await.is_err() {
+                    return;
+                }
+            }
+            Frame::Resend {
+                shard,
+                inc,
+                from: first,
+            } => {
+                let Some(to) = shards.all().get(usize::from(shard)) else {
+                    continue;
+                };
+                let msg = RouterMsg::ForwardResend {
+                    node: from,
+                    inc,
+                    from: first,
+                };
+                if to.send(msg).await.is_err() {
                     return;
                 }
             }
@@ -316,14 +362,14 @@ async fn inbound(
 /// Acknowledges `to`'s batches in the order they were routed, each once its barriers are
 /// answered (a shard that stops answers none: it is stopping, and so is this node).
 async fn acknowledge(mut rx: tokio::sync::mpsc::Receiver<OwedAck>, links: DataLinks, to: u64) {
-    while let Some((shard, seq, barriers)) = rx.recv().await {
+    while let Some((shard, inc, seq, barriers)) = rx.recv().await {
         let mut taken = true;
         for b in barriers {
             // A shard gone (the node stopping) took nothing for sure either.
             taken &= b.await.unwrap_or(false);
         }
         if taken {
-            ack(&links, to, shard, seq).await;
+            ack(&links, to, (shard, inc), seq).await;
         } else {
             // Unacknowledged, the batch counts as unconfirmed at its node once a later one
             // is acknowledged or it times out: its publishers are not told it is durable.
@@ -339,8 +385,8 @@ async fn acknowledge(mut rx: tokio::sync::mpsc::Receiver<OwedAck>, links: DataLi
 
 /// Sends an acknowledgement, waiting for room a little: it is small, and the sender's
 /// publishers wait for it. One that cannot go in time is settled by the sender's timeout.
-async fn ack(links: &DataLinks, to: u64, shard: u16, seq: u64) {
-    send_frame(links, to, forward::encode_ack(shard, seq)).await;
+async fn ack(links: &DataLinks, to: u64, (shard, inc): (u16, u64), seq: u64) {
+    send_frame(links, to, forward::encode_ack(shard, inc, seq)).await;
 }
 
 /// Sends `frame` to `to`, waiting up to a second for room on its stream.

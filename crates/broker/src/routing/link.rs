@@ -26,13 +26,15 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use starling_rt::ActorId;
+use starling_rt::{ActorId, Ctx};
+use starling_session::Message;
+use starling_store::{LinkCursor, Op};
 
 use super::remote::FORWARD_TIMEOUT;
 use super::RouterActor;
 use crate::destination::{remote_key, Destination, RemoteNode};
 use crate::metrics::add;
-use crate::msg::{ClientMsg, Publisher, Waiter, WaiterTo};
+use crate::msg::{ClientMsg, LinkFrom, Publisher, SharedTo, Waiter, WaiterTo};
 
 /// The store writes of the deliveries of one node's forwarded publishes, numbered in
 /// routing order: those not yet committed, and those whose commit failed and that no
@@ -62,6 +64,45 @@ impl LinkWaiter {
     }
 }
 
+/// How far this shard routed a link's batches: batch `seq` of the sending shard's
+/// incarnation `inc`, of which `taken` messages (they reach this shard in the batch's
+/// order). Stored with the writes it made (`Op::PutLinkCursor`, in the same commit), it
+/// says after a restart which messages of a batch sent again were delivered durably
+/// already: without it, a batch whose writes were committed here but whose acknowledgement
+/// was lost (with a replaced connection, or the crash) would be taken again, and a QoS 2
+/// message delivered twice (seed 11 of the kills test, before the cursor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Taken {
+    inc: u64,
+    seq: u64,
+    taken: u32,
+}
+
+/// The link a cursor op is for.
+fn cursor_of(op: &Op) -> Option<(u64, u16)> {
+    match op {
+        Op::PutLinkCursor(c) => Some((c.node, c.shard)),
+        _ => None,
+    }
+}
+
+impl From<&LinkCursor> for Taken {
+    fn from(c: &LinkCursor) -> Self {
+        Taken {
+            inc: c.inc,
+            seq: c.seq,
+            taken: c.taken,
+        }
+    }
+}
+
+impl Taken {
+    /// Whether message `taken` of batch `seq` (same incarnation) is at or before it.
+    fn covers(&self, inc: u64, seq: u64, taken: u32) -> bool {
+        self.inc == inc && (seq, taken) <= (self.seq, self.taken)
+    }
+}
+
 /// The id a node's window holds publishers under in Hold and Release (the publisher matches
 /// a Release to its Hold by shard and this id). Actor ids count up from 1; these count down
 /// from the top, so the two never meet.
@@ -70,6 +111,71 @@ pub(super) fn window_id(node: u64) -> ActorId {
 }
 
 impl RouterActor {
+    /// A publish another node forwarded, in its batch's order: routed to this node's
+    /// subscribers, unless the store says this shard delivered it before this node
+    /// restarted. What it wrote is stored with the link's cursor, and the node's next
+    /// barrier waits for the commit.
+    pub(super) fn forwarded(
+        &mut self,
+        m: Arc<Message>,
+        group: Option<Box<SharedTo>>,
+        from: LinkFrom,
+        ctx: &mut Ctx<Self>,
+    ) {
+        let link = (from.node, from.shard);
+        let t = self.link_taken.entry(link).or_insert(Taken {
+            inc: from.inc,
+            seq: from.seq,
+            taken: 0,
+        });
+        if (t.inc, t.seq) != (from.inc, from.seq) {
+            *t = Taken {
+                inc: from.inc,
+                seq: from.seq,
+                taken: 0,
+            };
+        }
+        t.taken += 1;
+        let taken = *t;
+        if self
+            .link_stored
+            .get(&link)
+            .is_some_and(|s| s.covers(from.inc, from.seq, taken.taken))
+        {
+            add(&self.shared.metrics.cluster_forward_out_of_order, 1);
+            return;
+        }
+        let before = self.to_store.len();
+        match group {
+            None => self.publish(m, None, Some(from.node), ctx),
+            Some(group) => self.publish_to_group(&m, &group, from.node, ctx),
+        }
+        if self.to_store.len() > before {
+            let cursor = Op::PutLinkCursor(LinkCursor {
+                node: from.node,
+                shard: from.shard,
+                to_shard: self.index as u16,
+                inc: taken.inc,
+                seq: taken.seq,
+                taken: taken.taken,
+                map_seed: self.map.seed(),
+                shards: self.map.count() as u16,
+            });
+            // Ops sent to the store together commit together: the link's cursor already
+            // among them moves forward (the index may be stale, from before they were
+            // last sent: then it holds another op, or nothing).
+            let at = self.link_cursor_op.get(&link).copied();
+            match at.and_then(|i| self.to_store.get_mut(i)) {
+                Some(op) if cursor_of(op) == Some(link) => *op = cursor,
+                _ => {
+                    self.link_cursor_op.insert(link, self.to_store.len());
+                    self.to_store.push(cursor);
+                }
+            }
+        }
+        self.await_link_writes(from.node, before, ctx);
+    }
+
     /// A forwarded QoS 1/2 delivery from `node` found `subscriber` backlogged: the link is
     /// held until it is not.
     pub(super) fn hold_link(&mut self, node: u64, subscriber: &Arc<str>) {

@@ -25,6 +25,7 @@ use tracing::debug;
 
 use super::{RouterActor, SubOpts};
 use crate::destination::{remote_key, Destination, RemoteNode, SharedTo};
+use crate::forward::RESEND_DAMP;
 use crate::metrics::add;
 use crate::msg::{AckTo, ClientMsg, ClusterMsg, RouterMsg, ShardCluster, Stored};
 
@@ -33,6 +34,8 @@ use crate::msg::{AckTo, ClientMsg, ClusterMsg, RouterMsg, ShardCluster, Stored};
 pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often waiting batches are checked.
 pub(super) const FORWARD_CHECK: Duration = Duration::from_secs(1);
+/// How long a node may say nothing about batches it was sent before the oldest goes again.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
 
 /// A publish being routed whose publisher waits: the nodes it was offered to.
 pub(crate) struct FwdRoute {
@@ -118,9 +121,10 @@ impl RouterActor {
             if !self.remote_nodes.contains(&node) {
                 self.remote_nodes.push(node);
             }
+            let inc = self.link_inc;
             self.destinations
                 .entry(key)
-                .or_insert_with(|| Destination::Remote(RemoteNode::new(node, links)));
+                .or_insert_with(|| Destination::Remote(RemoteNode::new(node, links, inc)));
         } else {
             let _ = self.router.unsubscribe(&key, filter);
         }
@@ -397,17 +401,23 @@ impl RouterActor {
         }
     }
 
-    /// `node` took this shard's batch `seq`. A node acknowledges every batch it takes, in
-    /// order, so earlier batches still waiting were never taken: lost on the way (a link
-    /// replaced while they were queued), they are unconfirmed, not delivered.
-    pub(super) fn forward_acked(&mut self, node: u64, seq: u64) {
+    /// `node` took this shard's batch `seq` (of this shard's incarnation `inc`), durably.
+    /// A node takes batches only in order and acknowledges each it made durable, in order,
+    /// so an earlier batch still waiting was taken but is not durable there, or its
+    /// acknowledgement was lost with a replaced link: unconfirmed, either way.
+    pub(super) fn forward_acked(&mut self, node: u64, inc: u64, seq: u64) {
         let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(node)) else {
             return;
         };
+        if inc != r.inc {
+            // For an earlier incarnation of this shard (this node restarted since).
+            return;
+        }
+        r.heard = time::now();
         let (mut done, mut lost) = (Vec::new(), Vec::new());
         while r.unacked.front().is_some_and(|u| u.seq <= seq) {
             if let Some(u) = r.unacked.pop_front() {
-                r.unacked_messages -= u.messages;
+                r.unacked_messages -= u.messages.len();
                 if u.seq == seq {
                     done.extend(u.keys);
                 } else {
@@ -436,11 +446,47 @@ impl RouterActor {
         self.window_moved(node);
     }
 
+    /// `node` is missing this shard's batches from `from` on (it takes none past a gap):
+    /// they go again, in order, ahead of anything new, unless a go-back that covers them
+    /// began a moment ago (the node asks once per gap it sees, and batches of the go-back
+    /// may still be on their way).
+    pub(super) fn forward_resend(&mut self, node: u64, inc: u64, from: u64) {
+        let key = remote_key(node);
+        let Some(Destination::Remote(r)) = self.destinations.get_mut(&key) else {
+            return;
+        };
+        if inc != r.inc {
+            return;
+        }
+        let now = time::now();
+        r.heard = now;
+        let top = r.next_seq.saturating_sub(1);
+        if r.unacked.back().is_none_or(|u| u.seq < from) {
+            return;
+        }
+        if r.resent.is_some_and(|(at, start)| {
+            start <= from && now.saturating_duration_since(at) < RESEND_DAMP
+        }) {
+            return;
+        }
+        debug!(node, from, top, "forwarded batches asked for again");
+        add(&self.shared.metrics.cluster_forward_resent, top + 1 - from);
+        r.resent = Some((now, from));
+        r.resend = Some(match r.resend {
+            Some((next, _)) => (next.min(from), top),
+            None => (from, top),
+        });
+        if !self.dirty.contains(&key) {
+            self.dirty.push(key);
+        }
+    }
+
     /// Settles what waited too long, or could not be sent; re-arms while anything waits.
     pub(super) fn forward_check(&mut self, ctx: &mut Ctx<Self>) {
         self.fwd_timer = None;
         let now = starling_rt::time::now();
         let mut late = Vec::new();
+        let mut probed = Vec::new();
         let timeout = self.forward_timeout();
         for node in &self.remote_nodes {
             let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(*node)) else {
@@ -458,9 +504,28 @@ impl RouterActor {
                         seq = u.seq,
                         "forwarded batch not acknowledged in time"
                     );
-                    r.unacked_messages -= u.messages;
+                    r.unacked_messages -= u.messages.len();
                     late.extend(u.keys);
                 }
+            }
+            // A node that said nothing for a while may have lost what it was sent (a
+            // replaced connection, its own restart) with nothing after to show it the
+            // gap: the oldest batch goes again, and the node asks for the rest.
+            let quiet = |t| now.saturating_duration_since(t) >= PROBE_AFTER;
+            if r.resend.is_none()
+                && quiet(r.heard)
+                && r.unacked.front().is_some_and(|u| quiet(u.last_sent))
+            {
+                if let Some(u) = r.unacked.front() {
+                    r.resend = Some((u.seq, u.seq));
+                    add(&self.shared.metrics.cluster_forward_resent, 1);
+                    probed.push(remote_key(r.node));
+                }
+            }
+        }
+        for key in probed {
+            if !self.dirty.contains(&key) {
+                self.dirty.push(key);
             }
         }
         // Timed out, or lost with a closed link: either lets a full window go.

@@ -13,7 +13,7 @@ use starling_session::state::{
     PendingUnsubscribeState, SubscriptionState, WillState,
 };
 use starling_store::{
-    Delayed, DeliveryStage, Op, Recovered, RecoveredSession, SessionMeta, SessionParts,
+    Delayed, DeliveryStage, LinkCursor, Op, Recovered, RecoveredSession, SessionMeta, SessionParts,
     StoredDelivery,
 };
 
@@ -85,6 +85,7 @@ pub struct Model {
     retained: BTreeMap<String, MessageState>,
     delayed: BTreeMap<(u64, u64), (String, MessageState)>,
     next_delayed_id: u64,
+    links: BTreeMap<(u64, u16, u16), LinkCursor>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,6 +184,9 @@ impl Model {
             Op::DropDelayed { id, due } => {
                 self.delayed.remove(&(ms(*due), *id));
             }
+            Op::PutLinkCursor(c) => {
+                self.links.insert((c.node, c.shard, c.to_shard), *c);
+            }
         }
         true
     }
@@ -246,6 +250,7 @@ impl Model {
                 })
                 .collect(),
             next_delayed_id: self.next_delayed_id,
+            links: self.links.values().copied().collect(),
         }
     }
 }
@@ -440,6 +445,9 @@ pub fn op() -> impl Strategy<Value = Op> {
             Op::PutDelayed { id, due: wall(due), target, message }
         }),
         1 => (0u64..4, 0u64..3).prop_map(|(id, due)| Op::DropDelayed { id, due: wall(due) }),
+        1 => (1u64..3, 0u16..2, 0u16..2, 1u64..3, 0u64..100, 1u32..9).prop_map(|(node, shard, to_shard, inc, seq, taken)| {
+            Op::PutLinkCursor(LinkCursor { node, shard, to_shard, inc, seq, taken, map_seed: 5, shards: 2 })
+        }),
     ]
 }
 

@@ -1,0 +1,185 @@
+//! The receiving end of forwarding links: which batch of each sending shard this node takes
+//! next. Sans-IO: the inbound task feeds it each `Publish` frame's position and acts on the
+//! verdict.
+//!
+//! A node takes a link's batches only in order and without a gap. Batches written into a
+//! QUIC connection that is then replaced are lost, while later ones go through on the new
+//! connection; taking those would deliver a publisher's later messages ahead of its earlier
+//! ones, and the earlier ones could come again only behind them (the publisher's own resend
+//! after its node died: seeds 289, 336 and 349 of the kills test). So a batch past a gap is
+//! dropped and the missing ones are asked for (`Resend`); the sender sends them again, in
+//! order, from the batches it keeps until they are acknowledged. A batch taken already is
+//! dropped too. A sender that gave up on a batch (its publishers settled as unconfirmed)
+//! says so in every frame (`base`), and the receiver stops waiting for it.
+
+use std::collections::HashMap;
+
+use starling_rt::time::Instant;
+
+use crate::forward::{LinkPos, RESEND_DAMP};
+
+/// What to do with a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    /// Route it: it is the next one of its link.
+    pub take: bool,
+    /// Ask the sender for its batches from this one on.
+    pub ask: Option<u64>,
+}
+
+struct InLink {
+    inc: u64,
+    /// The number of the next batch to take.
+    expected: u64,
+    /// When the sender was last asked for missing batches.
+    asked: Option<Instant>,
+}
+
+/// Every link into this node: (sending node, its shard) → where it stands.
+#[derive(Default)]
+pub(crate) struct InLinks {
+    links: HashMap<(u64, u16), InLink>,
+}
+
+impl InLinks {
+    /// Batch `seq` of `from`'s shard `shard`, sent at `pos`; `probe`: the sender heard
+    /// nothing for a while and sends its oldest batch again to learn what is missing.
+    pub(crate) fn batch(
+        &mut self,
+        (from, shard): (u64, u16),
+        pos: LinkPos,
+        seq: u64,
+        probe: bool,
+        now: Instant,
+    ) -> Verdict {
+        let fresh = || InLink {
+            inc: pos.inc,
+            expected: pos.base,
+            asked: None,
+        };
+        let l = self.links.entry((from, shard)).or_insert_with(fresh);
+        if l.inc != pos.inc {
+            // The sending node restarted: its numbering starts afresh.
+            *l = fresh();
+        }
+        // What the sender no longer holds it will never send again.
+        l.expected = l.expected.max(pos.base);
+        let take = seq == l.expected;
+        if take {
+            l.expected += 1;
+        }
+        // Past a gap; or a probe whose sender sent more than this node took (a batch lost
+        // at the tail has nothing behind it to show the gap).
+        let missing = seq > l.expected || (probe && pos.top >= l.expected);
+        let due = l
+            .asked
+            .is_none_or(|t| now.saturating_duration_since(t) >= RESEND_DAMP);
+        let ask = (missing && due).then(|| {
+            l.asked = Some(now);
+            l.expected
+        });
+        Verdict { take, ask }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn pos(inc: u64, base: u64, top: u64) -> LinkPos {
+        LinkPos { inc, base, top }
+    }
+
+    const TAKE: Verdict = Verdict {
+        take: true,
+        ask: None,
+    };
+    const DROP: Verdict = Verdict {
+        take: false,
+        ask: None,
+    };
+
+    #[test]
+    fn batches_are_taken_in_order_and_a_gap_is_asked_for_once_per_damping() {
+        let t0 = starling_rt::time::now();
+        let mut l = InLinks::default();
+        let link = (2, 0);
+        assert_eq!(l.batch(link, pos(7, 1, 1), 1, false, t0), TAKE);
+        assert_eq!(l.batch(link, pos(7, 1, 2), 2, false, t0), TAKE);
+        // 3 and 4 lost with a connection; 5 and 6 arrive.
+        assert_eq!(
+            l.batch(link, pos(7, 1, 5), 5, false, t0),
+            Verdict {
+                take: false,
+                ask: Some(3)
+            }
+        );
+        assert_eq!(l.batch(link, pos(7, 1, 6), 6, false, t0), DROP);
+        // The go-back: 3 to 6 again, behind them 7.
+        for s in 3..=6 {
+            assert_eq!(l.batch(link, pos(7, 1, 6), s, false, t0), TAKE);
+        }
+        assert_eq!(l.batch(link, pos(7, 3, 7), 7, false, t0), TAKE);
+        // A batch taken already, sent again: dropped, nothing asked.
+        assert_eq!(l.batch(link, pos(7, 3, 7), 4, false, t0), DROP);
+        // Another gap within the damping is not asked for; after it, it is.
+        assert_eq!(l.batch(link, pos(7, 3, 9), 9, false, t0), DROP);
+        let later = t0 + RESEND_DAMP;
+        assert_eq!(
+            l.batch(link, pos(7, 3, 10), 10, false, later),
+            Verdict {
+                take: false,
+                ask: Some(8)
+            }
+        );
+        // Another shard of the same node is a link of its own.
+        assert_eq!(l.batch((2, 1), pos(7, 40, 40), 40, false, t0), TAKE);
+    }
+
+    #[test]
+    fn a_batch_given_up_is_not_waited_for_and_a_restarted_sender_starts_afresh() {
+        let t0 = starling_rt::time::now();
+        let mut l = InLinks::default();
+        let link = (3, 2);
+        assert_eq!(l.batch(link, pos(1, 10, 10), 10, false, t0), TAKE);
+        // 11 lost; the sender gave up on it (timed out): its base moved past it.
+        assert_eq!(l.batch(link, pos(1, 12, 12), 12, false, t0), TAKE);
+        // The sending node restarted: incarnation 2 numbers from 1 again.
+        assert_eq!(l.batch(link, pos(2, 1, 1), 1, false, t0), TAKE);
+        assert_eq!(l.batch(link, pos(2, 1, 2), 2, false, t0), TAKE);
+        // This node restarted (no state) while the sender held 5 to 8: its first frame
+        // after that is 7; it waits for 5.
+        let mut fresh = InLinks::default();
+        assert_eq!(
+            fresh.batch(link, pos(2, 5, 8), 7, false, t0),
+            Verdict {
+                take: false,
+                ask: Some(5)
+            }
+        );
+    }
+
+    #[test]
+    fn a_probe_shows_what_was_lost_at_the_tail() {
+        let t0 = starling_rt::time::now();
+        let mut l = InLinks::default();
+        let link = (1, 0);
+        assert_eq!(l.batch(link, pos(5, 1, 1), 1, false, t0), TAKE);
+        // 2 and 3 lost, and nothing sent after them. A second later the sender probes
+        // with its oldest unacknowledged batch, 2.
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(
+            l.batch(link, pos(5, 2, 3), 2, true, t1),
+            Verdict {
+                take: true,
+                ask: Some(3)
+            }
+        );
+        // A probe of a batch taken (its acknowledgement waits for a commit, or was lost)
+        // asks for nothing when nothing is missing.
+        assert_eq!(l.batch(link, pos(5, 2, 3), 3, false, t1), TAKE);
+        let t2 = t1 + Duration::from_secs(1);
+        assert_eq!(l.batch(link, pos(5, 2, 3), 2, true, t2), DROP);
+    }
+}
