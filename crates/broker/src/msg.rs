@@ -94,6 +94,10 @@ pub(crate) enum ClientMsg {
     /// The publishes under these tags changed nothing in the store: their
     /// acknowledgements may go. One message per publisher and shard burst, not per publish.
     Routed(Vec<u32>),
+    /// What became of publishes whose acknowledgements waited for other nodes of the
+    /// cluster (and maybe the store), by tag: one message per publisher and turn of the
+    /// shard that settled them.
+    Settled(Vec<(u32, Stored)>),
     /// A session restored from the store at start: subscribe its filters again, then
     /// answer (before the listeners open).
     Resubscribe(Reply<()>),
@@ -417,19 +421,20 @@ pub(crate) enum RouterMsg {
         node: u64,
         present: bool,
     },
-    /// A publish another node forwarded: for this node's subscribers only (never forwarded
-    /// again, not retained here): its plain subscribers, or (`Some`) one member of the
-    /// shared group that node picked this node for. The last field is where it came
-    /// from: a backlogged subscriber holds that node's link back (`routing::link`).
-    Forwarded(Arc<Message>, Option<Box<SharedTo>>, LinkFrom),
-    /// Answered once no subscriber of this shard holds `node`'s link back: the node's
-    /// batches routed before it are acknowledged only then, so that the node holds its
-    /// publishers instead of flooding subscribers here that cannot keep up.
-    /// It also waits for the store: the barrier says whether every delivery of `node`'s
-    /// publishes this shard wrote before it is durable (false: one was not; the node is not
-    /// told they were taken).
-    LinkBarrier {
-        node: u64,
+    /// This shard's part of a batch another node forwarded, in the batch's order: each
+    /// publish for this node's subscribers only (never forwarded again, not retained here):
+    /// its plain subscribers, or (`Some`) one member of the shared group that node picked
+    /// this node for. A backlogged subscriber holds that node's link back
+    /// (`routing::link`).
+    ///
+    /// `done` is the link's barrier: answered once no subscriber of this shard holds the
+    /// node's link back, so that the batch is acknowledged only then and the node holds its
+    /// publishers instead of flooding subscribers here that cannot keep up. It also waits
+    /// for the store: it says whether every delivery of the node's publishes this shard
+    /// wrote so far is durable (false: one was not; the node is not told they were taken).
+    Forwarded {
+        from: LinkFrom,
+        messages: Vec<(Arc<Message>, Option<SharedTo>)>,
         done: tokio::sync::oneshot::Sender<bool>,
     },
     /// The commit of the store writes of a publish `node` forwarded (its `seq` among them,

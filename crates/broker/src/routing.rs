@@ -130,6 +130,9 @@ pub(crate) struct RouterActor {
     /// Publishers whose publishes of this burst wrote nothing to the store, with their tags:
     /// told at the burst's end (see `send_routed_acks`).
     routed_acks: Vec<(WeakAddr<ClientMsg>, Vec<u32>)>,
+    /// Publishers whose forwarded publishes were settled this turn (tag, outcome), told at
+    /// its end (see `remote::send_settled_acks`).
+    settled_acks: Vec<(WeakAddr<ClientMsg>, remote::Settled)>,
     /// This shard's next delivery key, drawn like `delayed_next`: increasing per shard, so
     /// that a session's stored deliveries of one topic come back in routing order.
     seq_next: u64,
@@ -224,6 +227,7 @@ impl RouterActor {
             delayed_next: delayed_base + index as u64,
             store_deliveries: Vec::new(),
             routed_acks: Vec::new(),
+            settled_acks: Vec::new(),
             seq_next: seq_base + index as u64,
             cluster: None,
             route_counts: HashMap::with_hasher(FixedState::with_seed(route_seed)),
@@ -401,8 +405,16 @@ impl Actor for RouterActor {
                 }
                 self.publish(m, None, None, ctx);
             }
-            RouterMsg::Forwarded(m, group, from) => self.forwarded(m, group, from, ctx),
-            RouterMsg::LinkBarrier { node, done } => self.link_barrier(node, done),
+            RouterMsg::Forwarded {
+                from,
+                messages,
+                done,
+            } => {
+                for (m, group) in messages {
+                    self.forwarded(m, group.as_ref(), from, ctx);
+                }
+                self.link_barrier(from.node, done);
+            }
             RouterMsg::LinkStored { node, seq, durable } => self.link_stored(node, seq, durable),
             RouterMsg::ForwardAcked { node, inc, seq } => self.forward_acked(node, inc, seq),
             RouterMsg::ForwardResend { node, inc, from } => self.forward_resend(node, inc, from),
@@ -591,6 +603,9 @@ impl Actor for RouterActor {
                     }
                 }
             }
+        }
+        if !self.settled_acks.is_empty() {
+            self.send_settled_acks();
         }
         // Hand out the batches once the burst is routed (nothing else waits in the mailbox),
         // or at a fixed stride under a steady stream; the publishers' answers with them.

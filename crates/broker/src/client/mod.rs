@@ -690,6 +690,29 @@ impl Client {
             ClientMsg::Routed(tags) => {
                 self.stored(&tags, Stored::Durable);
             }
+            ClientMsg::Settled(settled) => {
+                // Mostly one outcome: a pass per outcome (acknowledgements still go in
+                // the order their publishes came).
+                let mut abandoned = false;
+                for outcome in [
+                    Stored::Durable,
+                    Stored::Failed,
+                    Stored::Refused,
+                    Stored::Unconfirmed,
+                ] {
+                    let tags: Vec<u32> = settled
+                        .iter()
+                        .filter(|(_, o)| *o == outcome)
+                        .map(|(t, _)| *t)
+                        .collect();
+                    if !tags.is_empty() {
+                        abandoned |= self.stored(&tags, outcome);
+                    }
+                }
+                if abandoned {
+                    self.run_effects(ctx).await;
+                }
+            }
             ClientMsg::Shutdown(reply) => {
                 self.closing = Some(DisconnectReason::Server(ReasonCode::ServerShuttingDown));
                 self.session

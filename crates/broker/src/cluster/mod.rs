@@ -232,7 +232,6 @@ async fn inbound(
     let node_id = shared.config.node.id;
     let mut owed: BTreeMap<u64, tokio::sync::mpsc::Sender<OwedAck>> = BTreeMap::new();
     let mut order = inlink::InLinks::default();
-    let mut touched = vec![false; shards.all().len()];
     while let Some((from, frame)) = rx.recv().await {
         let frame = match forward::decode(&frame) {
             Ok(f) => f,
@@ -277,27 +276,25 @@ async fn inbound(
                 };
                 let messages = forward::messages(messages, groups, time::now(), time::wall());
                 add(&shared.metrics.cluster_received, messages.len() as u64);
-                touched.fill(false);
+                // One message per shard the batch touches, with its part in order and the
+                // link's barrier: a mailbox send per publish cost more than routing it.
+                let mut parts: Vec<Vec<_>> = vec![Vec::new(); shards.count()];
                 for (m, group) in messages {
-                    let m = Arc::new(m);
                     let i = shards.index_for_publish(&m.topic);
-                    touched[i] = true;
-                    if shards.all()[i]
-                        .send(RouterMsg::Forwarded(m, group.map(Box::new), link))
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
+                    parts[i].push((Arc::new(m), group));
                 }
                 let mut barriers = Vec::new();
-                for (i, to) in shards.all().iter().enumerate() {
-                    if !touched[i] {
+                for (to, messages) in shards.all().iter().zip(parts) {
+                    if messages.is_empty() {
                         continue;
                     }
                     let (done, wait) = tokio::sync::oneshot::channel();
-                    let barrier = RouterMsg::LinkBarrier { node: from, done };
-                    if to.send(barrier).await.is_err() {
+                    let msg = RouterMsg::Forwarded {
+                        from: link,
+                        messages,
+                        done,
+                    };
+                    if to.send(msg).await.is_err() {
                         return;
                     }
                     barriers.push(wait);

@@ -9,7 +9,7 @@
 //!   (the same [`crate::flow::Backlog`] judgement as for a local publisher) holds the
 //!   sending node's link: the delivery is kept past the queue bound, as held back, and the
 //!   shard notes the link. The node's inbound side sends every shard a
-//!   `RouterMsg::LinkBarrier` after each batch and acknowledges the batch only once every
+//!   with its part of each batch a barrier (`RouterMsg::Forwarded`'s `done`) and acknowledges the batch only once every
 //!   shard answered it, and a shard answers once no subscriber of it holds that link. The
 //!   subscriber's stall rules bound how long that is.
 //! - **Sending node.** A shard keeps, per destination node, what it forwarded and has no
@@ -118,7 +118,7 @@ impl RouterActor {
     pub(super) fn forwarded(
         &mut self,
         m: Arc<Message>,
-        group: Option<Box<SharedTo>>,
+        group: Option<&SharedTo>,
         from: LinkFrom,
         ctx: &mut Ctx<Self>,
     ) {
@@ -148,7 +148,7 @@ impl RouterActor {
         let before = self.to_store.len();
         match group {
             None => self.publish(m, None, Some(from.node), ctx),
-            Some(group) => self.publish_to_group(&m, &group, from.node, ctx),
+            Some(group) => self.publish_to_group(&m, group, from.node, ctx),
         }
         if self.to_store.len() > before {
             let cursor = Op::PutLinkCursor(LinkCursor {

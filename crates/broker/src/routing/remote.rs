@@ -75,6 +75,9 @@ pub(crate) enum Offered {
     Dropped,
 }
 
+/// A publisher's publishes settled in one turn: (tag, outcome).
+pub(crate) type Settled = Vec<(u32, Stored)>;
+
 /// A publisher's answer waiting for other nodes (and maybe the store).
 pub(crate) struct FwdAck {
     to: AckTo,
@@ -362,12 +365,23 @@ impl RouterActor {
         }
     }
 
+    /// Gathered per publisher, sent at the end of the turn (`send_settled_acks`): one
+    /// acknowledgement of a node settles a whole batch, often many publishes of each
+    /// publisher, and a message per publish cost each publisher a turn per publish.
     fn answer(&mut self, w: FwdAck) {
-        let msg = ClientMsg::Stored {
-            tag: w.to.tag,
-            outcome: w.outcome,
-        };
-        self.control(&w.to.addr, msg);
+        let id = w.to.addr.id();
+        let entry = (w.to.tag, w.outcome);
+        match self.settled_acks.iter_mut().find(|(a, _)| a.id() == id) {
+            Some((_, settled)) => settled.push(entry),
+            None => self.settled_acks.push((w.to.addr, vec![entry])),
+        }
+    }
+
+    /// Tells each publisher the outcomes of its publishes settled this turn.
+    pub(super) fn send_settled_acks(&mut self) {
+        for (addr, settled) in std::mem::take(&mut self.settled_acks) {
+            self.control(&addr, ClientMsg::Settled(settled));
+        }
     }
 
     /// One node's part of `key` is settled (`None`: it took the message), or the retained
