@@ -359,6 +359,13 @@ pub(crate) struct LinkFrom {
     pub seq: u64,
 }
 
+/// A shard's part of a forwarded batch (see [`RouterMsg::Forwarded`]).
+pub(crate) struct ForwardedPart {
+    pub from: LinkFrom,
+    pub messages: Vec<(Arc<Message>, Option<SharedTo>)>,
+    pub done: tokio::sync::oneshot::Sender<bool>,
+}
+
 pub(crate) enum RouterMsg {
     /// Route (and retain, or schedule if `$delayed/`) a message; with its publisher when
     /// it may be held back, and whom to tell once what it changed in the store is durable
@@ -432,11 +439,8 @@ pub(crate) enum RouterMsg {
     /// publishers instead of flooding subscribers here that cannot keep up. It also waits
     /// for the store: it says whether every delivery of the node's publishes this shard
     /// wrote so far is durable (false: one was not; the node is not told they were taken).
-    Forwarded {
-        from: LinkFrom,
-        messages: Vec<(Arc<Message>, Option<SharedTo>)>,
-        done: tokio::sync::oneshot::Sender<bool>,
-    },
+    /// (Boxed: one per batch and shard, and the mailbox's slots stay small.)
+    Forwarded(Box<ForwardedPart>),
     /// The commit of the store writes of a publish `node` forwarded (its `seq` among them,
     /// see `routing::link::LinkWrites`) is done: `durable` or not.
     LinkStored { node: u64, seq: u64, durable: bool },

@@ -405,11 +405,12 @@ impl Actor for RouterActor {
                 }
                 self.publish(m, None, None, ctx);
             }
-            RouterMsg::Forwarded {
-                from,
-                messages,
-                done,
-            } => {
+            RouterMsg::Forwarded(part) => {
+                let crate::msg::ForwardedPart {
+                    from,
+                    messages,
+                    done,
+                } = *part;
                 for (m, group) in messages {
                     self.forwarded(m, group.as_ref(), from, ctx);
                 }

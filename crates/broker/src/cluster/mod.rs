@@ -31,7 +31,7 @@ use starling_rt::{start_with, time, Addr, Options};
 use crate::error::BrokerError;
 use crate::forward::{self, Frame};
 use crate::metrics::add;
-use crate::msg::{ClusterMsg, LinkFrom, RouterMsg, ShardCluster};
+use crate::msg::{ClusterMsg, ForwardedPart, LinkFrom, RouterMsg, ShardCluster};
 use crate::settings::Shared;
 use crate::shards::Shards;
 
@@ -289,11 +289,11 @@ async fn inbound(
                         continue;
                     }
                     let (done, wait) = tokio::sync::oneshot::channel();
-                    let msg = RouterMsg::Forwarded {
+                    let msg = RouterMsg::Forwarded(Box::new(ForwardedPart {
                         from: link,
                         messages,
                         done,
-                    };
+                    }));
                     if to.send(msg).await.is_err() {
                         return;
                     }
