@@ -459,7 +459,11 @@ impl Client {
 
     /// After a turn: arm the session's timer, schedule the write, retire an ended session.
     async fn after_turn(&mut self, ctx: &mut Ctx<Self>) {
-        self.write_store(ctx).await;
+        // Boxed, and only when there is something to write: its future is a kilobyte, and
+        // inline it made every turn's that large (allocated and copied per turn).
+        if self.store_pending() {
+            Box::pin(self.write_store(ctx)).await;
+        }
         if let Some(c) = &self.conn {
             // Deferred while more messages wait: they are encoded before the write, so a
             // burst goes out in one write (each later turn comes back here). Not when the
@@ -522,7 +526,7 @@ impl Client {
     async fn turn(&mut self, msg: ClientMsg, ctx: &mut Ctx<Self>) {
         let attached = self.session.is_attached();
         let timeout = matches!(msg, ClientMsg::Timeout);
-        if !Box::pin(self.handle_msg(msg, ctx)).await {
+        if !self.handle_msg(msg, ctx).await {
             return;
         }
         if timeout || attached != self.session.is_attached() {
@@ -537,6 +541,9 @@ impl Client {
     }
 
     /// One message; false when the turn ends without the after-turn work.
+    ///
+    /// Rare messages' work is boxed where it awaits much: this future is allocated and
+    /// copied every turn, and its size is its largest branch's.
     async fn handle_msg(&mut self, msg: ClientMsg, ctx: &mut Ctx<Self>) -> bool {
         match msg {
             ClientMsg::Attach(nc) => Box::pin(self.attach(nc, ctx)).await,
@@ -721,7 +728,7 @@ impl Client {
                 // Detached, as the restart finds it.
                 self.meta_changed(false);
                 self.stage_qos1();
-                self.write_store(ctx).await;
+                Box::pin(self.write_store(ctx)).await;
                 let _ = reply.send(());
                 return false;
             }
@@ -739,11 +746,11 @@ impl Client {
                 let _ = reply.send(self.subscription_list());
             }
             ClientMsg::Kick(reply) => {
-                let was = self.kick(ctx).await;
+                let was = Box::pin(self.kick(ctx)).await;
                 let _ = reply.send(was);
             }
             ClientMsg::HandOver(reply) => {
-                let h = self.hand_over(ctx).await;
+                let h = Box::pin(self.hand_over(ctx)).await;
                 let _ = reply.send(h);
             }
             ClientMsg::Subscribe {
@@ -751,15 +758,15 @@ impl Client {
                 qos,
                 reply,
             } => {
-                let r = self.operator_subscribe(filters, qos, ctx).await;
+                let r = Box::pin(self.operator_subscribe(filters, qos, ctx)).await;
                 let _ = reply.send(r);
             }
             ClientMsg::Unsubscribe { filters, reply } => {
-                let r = self.operator_unsubscribe(filters).await;
+                let r = Box::pin(self.operator_unsubscribe(filters)).await;
                 let _ = reply.send(r);
             }
             ClientMsg::Resubscribe(reply) => {
-                self.resubscribe(ctx).await;
+                Box::pin(self.resubscribe(ctx)).await;
                 let _ = reply.send(());
             }
         }

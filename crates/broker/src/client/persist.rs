@@ -170,6 +170,11 @@ impl Client {
         }
     }
 
+    /// Whether `write_store` has anything to do.
+    pub(super) fn store_pending(&self) -> bool {
+        matches!(&self.persist, Some(p) if p.meta_dirty || !p.ops.is_empty() || p.barrier_at.is_some())
+    }
+
     /// Sends what the turn changed, in one write (the meta last: it is the newest state).
     pub(super) async fn write_store(&mut self, ctx: &mut Ctx<Self>) {
         let meta = match &self.persist {
