@@ -104,9 +104,10 @@ pub(crate) enum ClientMsg {
     /// The broker is stopping.
     Shutdown(Reply<()>),
     /// The node is leaving its cluster: the connection closes with 0x9C Use another server
-    /// and the session stays (for the node the client reconnects to, which takes it over),
-    /// or ends with it if it does not outlive its connection.
-    Move,
+    /// (MQTT 5: with a Server Reference naming another member's MQTT address, when there is
+    /// one) and the session stays (for the node the client reconnects to, which takes it
+    /// over), or ends with it if it does not outlive its connection.
+    Move(Option<Arc<String>>),
     /// An operator asks what this client is (the HTTP API).
     Info(Reply<ClientInfo>),
     /// An operator asks for this client's subscriptions.
@@ -213,9 +214,13 @@ pub(crate) enum RegistryMsg {
     Shutdown(Reply<()>),
     /// The node is leaving its cluster: CONNECTs are refused from now on (0x9C Use another
     /// server, 3.x: 3 Server unavailable) and every connection is closed with 0x9C, the
-    /// sessions staying for the nodes their clients reconnect to. Answered with the
-    /// sessions still here.
-    Drain(Reply<usize>),
+    /// sessions staying for the nodes their clients reconnect to, each client pointed at
+    /// one of `to` (the other members' MQTT addresses) in turn. Answered with the sessions
+    /// still here.
+    Drain {
+        to: Vec<Arc<String>>,
+        reply: Reply<usize>,
+    },
     /// How many sessions this node still holds.
     Sessions(Reply<usize>),
     /// Every client actor, for an operator's list.

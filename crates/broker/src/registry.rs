@@ -65,6 +65,8 @@ pub(crate) struct Registry {
     /// The node is leaving its cluster (`RegistryMsg::Drain`): CONNECTs are refused, so
     /// that clients reconnect to another node and their sessions follow them there.
     draining: bool,
+    /// Where the clients it sends away are pointed (MQTT 5 Server Reference).
+    draining_to: Vec<Arc<String>>,
 }
 
 /// Sessions kept for claims not yet answered, at most (each is a session's whole state).
@@ -98,6 +100,7 @@ impl Registry {
             claiming: HashMap::new(),
             resuming: HashMap::new(),
             draining: false,
+            draining_to: Vec::new(),
         }
     }
 
@@ -409,8 +412,11 @@ impl Registry {
     /// Tells every client actor to send its client away (`ClientMsg::Move`), without
     /// waiting: on the urgent lane, so that a busy client's own traffic does not delay it.
     fn send_away(&self) {
-        for e in self.clients.values() {
-            let _ = e.addr.try_send_urgent(ClientMsg::Move);
+        let to = &self.draining_to;
+        for (i, e) in self.clients.values().enumerate() {
+            // Spread over the other members, so that they share the clients.
+            let reference = (!to.is_empty()).then(|| to[i % to.len()].clone());
+            let _ = e.addr.try_send_urgent(ClientMsg::Move(reference));
         }
     }
 
@@ -628,8 +634,9 @@ impl Actor for Registry {
                     self.connect_here(client_id, conn, ctx).await;
                 }
             }
-            RegistryMsg::Drain(reply) => {
+            RegistryMsg::Drain { to, reply } => {
                 self.draining = true;
+                self.draining_to = to;
                 self.send_away();
                 let _ = reply.send(self.clients.len());
             }

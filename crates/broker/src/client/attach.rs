@@ -65,6 +65,7 @@ impl Client {
             clean_start: connect.clean_start,
             _permit: permit,
             timed: None,
+            moved_to: None,
         });
         match self.session.attach(time::now(), &connect) {
             Ok(a) => {

@@ -403,6 +403,27 @@ impl Client {
         Box::pin(self.run_effects(ctx)).await;
     }
 
+    /// The node is leaving: an MQTT 5 client's DISCONNECT 0x9C will name `reference` as
+    /// the server to use (MQTT 5 §3.14.2.2.5), if it fits the client's Maximum Packet Size.
+    fn point_to(&mut self, reference: Option<Arc<String>>) {
+        let max = self.session.client_packet_size_max();
+        let Some(c) = self.conn.as_mut().filter(|c| c.protocol.is_v5()) else {
+            return;
+        };
+        let Some(r) = reference else { return };
+        let d = Packet::Disconnect(Disconnect {
+            reason_code: ReasonCode::UseAnotherServer,
+            properties: Properties {
+                server_reference: Some(r.to_string()),
+                ..Properties::default()
+            },
+        });
+        let mut scratch = bytes::BytesMut::new();
+        if encode(&d, c.protocol, max, &mut scratch).is_ok() {
+            c.moved_to = Some(r);
+        }
+    }
+
     /// Writes the last bytes (a DISCONNECT with `code` for v5), then closes the socket.
     async fn close_conn(&mut self, code: Option<ReasonCode>, ctx: &mut Ctx<Self>) {
         // Acknowledgements still waiting belonged to this connection: its client sends
@@ -422,9 +443,13 @@ impl Client {
         // again on its next connection (MQTT 4.4).
         c.out.truncate(sendable);
         if let Some(code) = code.filter(|_| c.protocol.is_v5()) {
+            let mut properties = Properties::default();
+            if code == ReasonCode::UseAnotherServer {
+                properties.server_reference = c.moved_to.take().map(|r| r.to_string());
+            }
             let d = Packet::Disconnect(Disconnect {
                 reason_code: code,
-                properties: Properties::default(),
+                properties,
             });
             let _ = encode(&d, c.protocol, PACKET_SIZE_MAX, &mut c.out);
         }
@@ -732,7 +757,8 @@ impl Client {
                 let _ = reply.send(());
                 return false;
             }
-            ClientMsg::Move => {
+            ClientMsg::Move(reference) => {
+                self.point_to(reference);
                 if self.conn.is_some() {
                     self.closing = Some(DisconnectReason::Server(ReasonCode::UseAnotherServer));
                     self.session.detach(time::now(), DetachReason::Moved);

@@ -1,7 +1,8 @@
 """An MQTT 5 subscriber with paho-mqtt 2.x that reports what happens to it, a line each:
 `subscribed` once its SUBACK came, `msg TOPIC PAYLOAD` per message, and
-`disconnected CODE` (the reason code's value, e.g. 152 for 0x98 Administrative action)
-when the broker ends the connection, after which it exits.
+`disconnected CODE` (the reason code's value, e.g. 152 for 0x98 Administrative action;
+followed by ` ref=ADDRESS` when the DISCONNECT names a Server Reference) when the broker
+ends the connection, after which it exits.
 
     python3 watch_v5.py --port 1883 --id watcher --topic 'api/#' [--expiry 3600]
         [--delay-ms 1 --receive-max 4]
@@ -80,7 +81,8 @@ def main():
             time.sleep(args.delay_ms / 1000)
 
     def on_disconnect(c, userdata, flags, reason_code, properties):
-        say(f"disconnected {reason_code.value}")
+        ref = getattr(properties, "ServerReference", None) if properties else None
+        say(f"disconnected {reason_code.value}" + (f" ref={ref}" if ref else ""))
         over.set()
 
     client.on_connect = on_connect

@@ -17,8 +17,9 @@
 //!   a record yet (the first members, by their `cluster.peers` entry); a member that left
 //!   and is out of raft's configuration is no longer dialed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use starling_cluster::{decode, encode, Command, Member, Output};
@@ -268,6 +269,7 @@ impl ClusterActor {
         };
         let me = self.node;
         let registry = self.registry.clone();
+        let to = move_targets(&self.members, me);
         self.leave_running = true;
         // Under the request id of this node's own `Join`s, with the next number: raft's
         // deduplication then refuses any of them still on its way (a retry after a leader
@@ -282,7 +284,7 @@ impl ClusterActor {
                 let r = match may_leave(&raft, me).await {
                     Ok(voters) => {
                         let behind = match registry {
-                            Some(r) => drain_sessions(&r, me, drain).await,
+                            Some(r) => drain_sessions(&r, me, to, drain).await,
                             None => 0,
                         };
                         leave(&raft, me, voters, request).await.map(|()| behind)
@@ -493,6 +495,23 @@ async fn may_leave(raft: &RaftHandle, me: u64) -> Result<usize, MembershipError>
     Ok(st.voters.iter().filter(|v| **v != me).count())
 }
 
+/// The MQTT addresses of the other members a leaving node points its MQTT 5 clients to
+/// (Server Reference): their `cluster.advertise_mqtt`, or their first TCP listener's bind.
+/// A wildcard bind (0.0.0.0, ::) names no server a client could reach, so it is left out.
+fn move_targets(members: &BTreeMap<u64, Member>, me: u64) -> Vec<Arc<String>> {
+    members
+        .iter()
+        .filter(|(node, _)| **node != me)
+        .map(|(_, m)| m.mqtt.as_str())
+        .filter(|a| !a.is_empty())
+        .filter(|a| {
+            a.parse::<std::net::SocketAddr>()
+                .map_or(true, |s| !s.ip().is_unspecified())
+        })
+        .map(|a| Arc::new(a.to_owned()))
+        .collect()
+}
+
 /// Closes every connection with 0x9C Use another server and refuses new ones, then waits,
 /// up to `drain`, for the sessions here to move with their clients to the nodes they
 /// reconnect to (each such CONNECT claims the client id, and this node hands the session
@@ -500,9 +519,10 @@ async fn may_leave(raft: &RaftHandle, me: u64) -> Result<usize, MembershipError>
 async fn drain_sessions(
     registry: &starling_rt::Addr<RegistryMsg>,
     me: u64,
+    to: Vec<Arc<String>>,
     drain: Duration,
 ) -> usize {
-    let Ok(mut left) = registry.ask(RegistryMsg::Drain).await else {
+    let Ok(mut left) = registry.ask(|reply| RegistryMsg::Drain { to, reply }).await else {
         return 0;
     };
     tracing::info!(
