@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use bytes::BytesMut;
-use starling_codec::{encode, Packet, Protocol, ReasonCode};
+use starling_codec::{encode, Connack, Packet, Protocol, ReasonCode};
 use starling_rt::time;
 use starling_session::refusal;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -25,16 +25,29 @@ pub(crate) async fn refuse<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + ?Sized,
 {
+    refuse_with(io, protocol, refusal(code), u32::MAX, written).await;
+}
+
+/// As [`refuse`], with a CONNACK of the caller's (properties such as a Server Reference):
+/// sent if it fits `client_max` (the CONNECT's Maximum Packet Size), else the plain
+/// refusal with its reason code.
+pub(crate) async fn refuse_with<S>(
+    io: &mut S,
+    protocol: Protocol,
+    connack: Connack,
+    client_max: u32,
+    written: impl FnOnce(),
+) where
+    S: AsyncRead + AsyncWrite + Unpin + ?Sized,
+{
+    let code = connack.reason_code;
     let mut out = BytesMut::new();
-    if encode(
-        &Packet::Connack(refusal(code)),
-        protocol,
-        u32::MAX,
-        &mut out,
-    )
-    .is_err()
-    {
-        return;
+    if encode(&Packet::Connack(connack), protocol, client_max, &mut out).is_err() {
+        out.clear();
+        let plain = Packet::Connack(refusal(code));
+        if encode(&plain, protocol, u32::MAX, &mut out).is_err() {
+            return;
+        }
     }
     let _ = time::timeout(REFUSE_WAIT, async {
         io.write_all(&out).await?;

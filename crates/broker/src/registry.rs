@@ -15,7 +15,7 @@ use tracing::debug;
 use crate::client::Client;
 use crate::metrics::add;
 use crate::msg::{Claim, ClaimError, ClientMsg, ClusterMsg, HandOff, NewConn, RegistryMsg};
-use crate::refuse::refuse;
+use crate::refuse::refuse_with;
 use crate::settings::Shared;
 use crate::shards::Shards;
 
@@ -420,6 +420,20 @@ impl Registry {
         }
     }
 
+    /// Where a CONNECT refused while this node drains is pointed (MQTT 5 Server
+    /// Reference): one of the other members, the same one for a client id each time.
+    fn reference_for(&self, client_id: &str) -> Option<String> {
+        use std::hash::{Hash, Hasher};
+        let to = &self.draining_to;
+        if to.is_empty() {
+            return None;
+        }
+        // SipHash with fixed keys: the same member for the same id across retries.
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        client_id.hash(&mut h);
+        Some(to[(h.finish() % to.len() as u64) as usize].to_string())
+    }
+
     fn refuse(&self, conn: Box<NewConn>, code: ReasonCode) {
         add(&self.shared.metrics.connections_refused, 1);
         if code == ReasonCode::ClientIdentifierNotValid {
@@ -446,10 +460,15 @@ impl Registry {
                 what: What::ClientConnack { peer, code },
             });
         }
+        let mut connack = starling_session::refusal(code);
+        if code == ReasonCode::UseAnotherServer && connect.protocol.is_v5() {
+            connack.properties.server_reference = self.reference_for(&connect.client_id);
+        }
+        let client_max = connect.properties.maximum_packet_size.unwrap_or(u32::MAX);
         let shared = self.shared.clone();
         starling_rt::spawn(async move {
             let timed = || shared.metrics.connack_written(listener, accepted);
-            refuse(&mut io, connect.protocol, code, timed).await;
+            refuse_with(&mut io, connect.protocol, connack, client_max, timed).await;
             drop(permit);
         });
     }

@@ -237,6 +237,20 @@ fn a_node_joins_a_running_cluster_and_members_leave_it() {
          others ({others:?}): {said:?}"
     );
     let _ = moving.wait();
+    // While node 2 drains (the session is still there), a new MQTT 5 CONNECT to it is
+    // refused with 0x9C, and pointed to another member too.
+    let (mut turned, turned_rx) = watcher_with(ports[1].mqtt, "turned-away", "drain/#", &[]);
+    let refused: Vec<String> = others
+        .iter()
+        .map(|l| l.replace("disconnected", "refused"))
+        .collect();
+    let said = turned_rx.recv_timeout(Duration::from_secs(20)).ok();
+    assert!(
+        said.as_ref().is_some_and(|l| refused.contains(l)),
+        "node 2 refuses a CONNECT while it drains with 0x9C, naming one of the others \
+         ({refused:?}): {said:?}"
+    );
+    let _ = turned.wait();
     let mut p = publisher(ports[0].mqtt, "drain/x", 20);
     let queued = acked_lines(&mut p, |_| {});
     assert_eq!(queued.len(), 40, "published while the subscriber moves");

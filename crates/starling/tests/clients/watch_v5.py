@@ -2,7 +2,8 @@
 `subscribed` once its SUBACK came, `msg TOPIC PAYLOAD` per message, and
 `disconnected CODE` (the reason code's value, e.g. 152 for 0x98 Administrative action;
 followed by ` ref=ADDRESS` when the DISCONNECT names a Server Reference) when the broker
-ends the connection, after which it exits.
+ends the connection, after which it exits; `refused CODE` (with ` ref=ADDRESS` likewise)
+when its CONNACK refuses it.
 
     python3 watch_v5.py --port 1883 --id watcher --topic 'api/#' [--expiry 3600]
         [--delay-ms 1 --receive-max 4]
@@ -64,7 +65,8 @@ def main():
 
     def on_connect(c, userdata, flags, reason_code, properties):
         if reason_code.is_failure:
-            say(f"refused {reason_code.value}")
+            ref = getattr(properties, "ServerReference", None) if properties else None
+            say(f"refused {reason_code.value}" + (f" ref={ref}" if ref else ""))
             over.set()
             return
         c.subscribe(args.topic, qos=1)
