@@ -475,16 +475,21 @@ impl RouterActor {
         let now = time::now();
         r.heard = now;
         let top = r.next_seq.saturating_sub(1);
-        if r.unacked.back().is_none_or(|u| u.seq < from) {
+        let (Some(oldest), Some(newest)) = (r.unacked.front(), r.unacked.back()) else {
+            return;
+        };
+        if newest.seq < from {
             return;
         }
+        // Batches before the oldest held were given up on: they are not sent again.
+        let first = from.max(oldest.seq);
         if r.resent.is_some_and(|(at, start)| {
             start <= from && now.saturating_duration_since(at) < RESEND_DAMP
         }) {
             return;
         }
         debug!(node, from, top, "forwarded batches asked for again");
-        add(&self.shared.metrics.cluster_forward_resent, top + 1 - from);
+        add(&self.shared.metrics.cluster_forward_resent, top + 1 - first);
         r.resent = Some((now, from));
         r.resend = Some(match r.resend {
             Some((next, _)) => (next.min(from), top),
