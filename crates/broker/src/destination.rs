@@ -207,15 +207,13 @@ impl RemoteNode {
     fn send_again(&mut self, shard: u16) -> Result<(), ()> {
         let (now, wall) = (starling_rt::time::now(), starling_rt::time::wall());
         while let Some((from, last)) = self.resend {
-            let base = self.unacked.front().map_or(self.next_seq, |u| u.seq);
-            let at = from.max(base);
-            debug_assert!(at >= base);
+            let pos = self.pos();
+            let at = from.max(pos.base);
             if at > last || at >= self.next_seq {
                 self.resend = None;
                 break;
             }
-            let pos = self.pos();
-            let i = (at - base) as usize;
+            let i = (at - pos.base) as usize;
             let u = &self.unacked[i];
             debug_assert_eq!(
                 u.seq, at,
