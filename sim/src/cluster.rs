@@ -25,6 +25,21 @@ pub fn node_ip(i: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 0, (i + 1) as u8))
 }
 
+/// The `[cluster.peers]` entries of broker nodes `nodes` (0-based; raft id `i + 1`), each
+/// at its address and `port`: `1 = "10.0.0.1:7001"`, a line each.
+pub fn peers_toml(nodes: impl IntoIterator<Item = usize>, port: u16) -> String {
+    nodes
+        .into_iter()
+        .map(|n| {
+            format!(
+                "{} = \"{}\"\n",
+                n + 1,
+                std::net::SocketAddr::new(node_ip(n), port)
+            )
+        })
+        .collect()
+}
+
 impl Cluster {
     /// Builds `n` nodes; `init(i)` is the node's main task, run at start and at each restart.
     pub fn build<F, Fut>(n: usize, init: F) -> Cluster

@@ -67,6 +67,7 @@ pub(crate) struct Metrics {
     pub cluster_forward_out_of_order: AtomicU64,
     pub cluster_link_holds: AtomicU64,
     pub cluster_sessions_received: AtomicU64,
+    pub cluster_sessions_stored: AtomicU64,
     pub cluster_handover_timeouts: AtomicU64,
     /// High-water marks of `clients_connected` and of the sessions the registry holds
     /// (RMQTT's `connections.max`, `sessions.max`): raised where the count rises.
@@ -320,8 +321,10 @@ pub struct MetricsSnapshot {
     /// Times a subscriber here that fell behind held another node's link back (its
     /// batches acknowledged only once it drained), counted per link and stretch.
     pub cluster_link_holds: u64,
-    /// Sessions other nodes handed over here, and CONNECTs that waited for one in vain.
+    /// Sessions other nodes handed over here, those of them written to this node's store
+    /// before they were resumed, and CONNECTs that waited for one in vain.
     pub cluster_sessions_received: u64,
+    pub cluster_sessions_stored: u64,
     pub cluster_handover_timeouts: u64,
 }
 
@@ -368,6 +371,7 @@ impl Metrics {
             cluster_forward_out_of_order: get(&self.cluster_forward_out_of_order),
             cluster_link_holds: get(&self.cluster_link_holds),
             cluster_sessions_received: get(&self.cluster_sessions_received),
+            cluster_sessions_stored: get(&self.cluster_sessions_stored),
             cluster_handover_timeouts: get(&self.cluster_handover_timeouts),
         };
         // Its sums and aliases are made of the figures above.
@@ -395,7 +399,7 @@ impl MetricsSnapshot {
 
     /// Every figure of Starling's own with its name (the field's), what it counts and its
     /// kind ([`MetricsSnapshot::every`] adds RMQTT's, for expositions that list them all).
-    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 40] {
+    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 41] {
         use MetricKind::{Counter as C, Gauge as G};
         [
             (
@@ -583,6 +587,12 @@ impl MetricsSnapshot {
                 "Sessions other nodes of the cluster handed over here",
                 C,
                 self.cluster_sessions_received,
+            ),
+            (
+                "cluster_sessions_stored",
+                "Sessions handed over here that were written to this node's store before they resumed",
+                C,
+                self.cluster_sessions_stored,
             ),
             (
                 "cluster_handover_timeouts",

@@ -457,6 +457,9 @@ pub(crate) enum RouterMsg {
     ForwardStored { key: u64, outcome: Stored },
     /// Settle forwarded batches that waited too long for their node.
     ForwardCheck,
+    /// Answers this shard's next delivery seq, after raising it to `at_least` at the least
+    /// (keeping the shard's residue): see `Shards::reserve_seqs`.
+    SeqFloor { at_least: u64, reply: Reply<u64> },
     /// The node's stored sessions are routed again: tell the cluster actor, behind this
     /// shard's route reports (`ClusterMsg::Restored`).
     Restored,

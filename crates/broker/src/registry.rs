@@ -337,7 +337,7 @@ impl Registry {
                 return Some((client_id, conn));
             }
         };
-        let addr = self.start_restored(session, h.owner.map(Arc::from), ctx);
+        let addr = self.start_restored(session, h.owner.map(Arc::from), true, ctx);
         add(&self.shared.metrics.cluster_sessions_received, 1);
         self.resuming.insert(client_id.clone(), conn);
         ctx.spawn_then(
@@ -511,12 +511,13 @@ fn take_conn(m: ClientMsg) -> Option<Box<NewConn>> {
 }
 
 impl Registry {
-    /// A detached client actor for `session` (read back from the store, or handed over by
-    /// another node), belonging to `owner`, registered under its client id.
+    /// A detached client actor for `session` (read back from the store, or `handed_over`
+    /// by another node), belonging to `owner`, registered under its client id.
     fn start_restored(
         &mut self,
         session: starling_session::Session,
         owner: Option<Arc<str>>,
+        handed_over: bool,
         ctx: &mut Ctx<Self>,
     ) -> Addr<ClientMsg> {
         let client_id = session.client_id().clone();
@@ -527,6 +528,7 @@ impl Registry {
             ctx.weak_addr(),
             session,
             owner.clone(),
+            handed_over,
         );
         let opts = Options::named("client").capacity(self.shared.client_mailbox);
         let addr = start_with(client, opts);
@@ -596,7 +598,7 @@ impl Actor for Registry {
             RegistryMsg::Restore(sessions, reply) => {
                 let mut asks = Vec::with_capacity(sessions.len());
                 for (session, owner) in sessions {
-                    asks.push(self.start_restored(session, owner, ctx));
+                    asks.push(self.start_restored(session, owner, false, ctx));
                 }
                 // Routed before the listeners open: a publish after start reaches them. A few
                 // hundred at a time (one join over 100k asks spent most of a start polling).

@@ -421,6 +421,16 @@ impl Actor for RouterActor {
             RouterMsg::ForwardResend { node, inc, from } => self.forward_resend(node, inc, from),
             RouterMsg::ForwardStored { key, outcome } => self.forward_stored(key, outcome),
             RouterMsg::ForwardCheck => self.forward_check(ctx),
+            RouterMsg::SeqFloor { at_least, reply } => {
+                // This shard's seqs are `index` modulo the shard count: the first such
+                // value at or above `at_least`.
+                let step = self.map.count() as u64;
+                if self.seq_next < at_least {
+                    let behind = (at_least - self.seq_next).div_ceil(step);
+                    self.seq_next += behind * step;
+                }
+                let _ = reply.send(self.seq_next);
+            }
             RouterMsg::Restored => {
                 if self.cluster.is_some() {
                     self.route_outbox
@@ -599,6 +609,9 @@ impl Actor for RouterActor {
                                 }
                                 WaiterTo::Shard(_, key) => self.forward_stored(key, Stored::Failed),
                                 WaiterTo::Link(_, node, seq) => self.link_stored(node, seq, false),
+                                WaiterTo::Done(tx) => {
+                                    let _ = tx.send(Stored::Failed);
+                                }
                             }
                         }
                     }

@@ -171,6 +171,34 @@ impl Shards {
         self.0.store.as_ref()
     }
 
+    /// A block of `n` delivery seqs, `base..base + n`, that no shard hands out afterwards,
+    /// all of its later seqs being above it: for a session that arrives with its deliveries
+    /// (a handover), whose records need keys of this node's. Seqs key a session's own
+    /// records, so a shard's handing out some of the block to other sessions meanwhile
+    /// collides with nothing; and the session is subscribed here only after, so what is
+    /// routed to it here later sorts behind its queue at a restart. `None` if a shard
+    /// stopped.
+    pub(crate) async fn reserve_seqs(&self, n: u64) -> Option<u64> {
+        let mut base = 0;
+        for a in self.0.addrs.iter() {
+            let next = a
+                .ask(|reply| RouterMsg::SeqFloor { at_least: 0, reply })
+                .await
+                .ok()?;
+            base = base.max(next);
+        }
+        let top = base.checked_add(n)?;
+        for a in self.0.addrs.iter() {
+            a.ask(|reply| RouterMsg::SeqFloor {
+                at_least: top,
+                reply,
+            })
+            .await
+            .ok()?;
+        }
+        Some(base)
+    }
+
     pub(crate) fn count(&self) -> usize {
         self.0.addrs.len()
     }

@@ -379,6 +379,9 @@ fn tell(w: Waiter, outcome: Stored) {
             let durable = outcome == Stored::Durable;
             send_urgent(&shard, RouterMsg::LinkStored { node, seq, durable });
         }
+        WaiterTo::Done(tx) => {
+            let _ = tx.send(outcome);
+        }
     }
 }
 

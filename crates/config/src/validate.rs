@@ -643,5 +643,6 @@ fn validate_cluster(
         retained_reads: raw.retained_reads,
         reconnect_reads: raw.reconnect_reads,
         forward_confirm: raw.forward_confirm,
+        raft_priority: raw.raft_priority,
     })
 }

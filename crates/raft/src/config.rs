@@ -52,8 +52,10 @@ pub struct Config {
     pub pending_max: usize,
     /// The write-ahead log (fsync policy, segment size).
     pub log: LogOptions,
-    /// Raft messages travel on the mailbox's urgent lane, ahead of client work. Default on;
-    /// off only to show what happens without it (the follower-overload test).
+    /// Raft messages travel on the mailbox's urgent lane, ahead of client work, and the
+    /// driver runs on a thread of its own (`Options::own_thread`), not behind the client
+    /// turns ready on a worker. Default on; off only to show what happens without it (the
+    /// follower-overload tests).
     pub raft_priority: bool,
     /// Room on the urgent lane for raft messages; beyond it they are dropped (raft
     /// retransmits). Default 1024.

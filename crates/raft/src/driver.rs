@@ -312,6 +312,9 @@ pub fn start<L: LogStore, S: StateMachine, T: Transport>(
         mailbox_capacity: cfg.client_queue_max,
         urgent_capacity: cfg.raft_queue_max,
         name: "raft",
+        // Its peers take a late answer for a dead node: on a worker it would wait behind
+        // every client turn ready there.
+        own_thread: cfg.raft_priority,
         ..Options::default()
     };
     let addr = starling_rt::start_with(driver, opts);
@@ -387,6 +390,7 @@ impl<L: LogStore, S: StateMachine, T: Transport> Driver<L, S, T> {
                     }
                 }
                 Effect::LeaderChanged { term, leader } => {
+                    tracing::info!(term, leader = leader.unwrap_or(0), "raft leader changed");
                     self.metrics.leader_changes.fetch_add(1, Ordering::Relaxed);
                     self.metrics.term.store(term, Ordering::Relaxed);
                     self.metrics

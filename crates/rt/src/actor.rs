@@ -110,6 +110,10 @@ pub struct Options {
     /// Run on this worker (modulo their number), overriding `placement`: for actors that
     /// should each have a thread of their own, such as the router's shards.
     pub worker: Option<usize>,
+    /// Run on a thread that no other actor shares (production backend), overriding both:
+    /// for an actor whose answers must not wait behind the workers' run queues, such as
+    /// the raft driver, whose peers take a late answer for a dead node.
+    pub own_thread: bool,
     /// A static name for tracing spans.
     pub name: &'static str,
 }
@@ -121,6 +125,7 @@ impl Default for Options {
             urgent_capacity: 16,
             placement: None,
             worker: None,
+            own_thread: false,
             name: "actor",
         }
     }
@@ -146,6 +151,11 @@ impl Options {
 
     pub fn on_worker(mut self, worker: usize) -> Self {
         self.worker = Some(worker);
+        self
+    }
+
+    pub fn own_thread(mut self) -> Self {
+        self.own_thread = true;
         self
     }
 }
@@ -595,9 +605,11 @@ where
         children: None,
     };
     let place = match opts.worker {
+        _ if opts.own_thread => crate::backend::Place::Own,
         Some(w) => crate::backend::Place::Worker(w),
         None => crate::backend::Place::Key(opts.placement.unwrap_or(id.0)),
     };
+    let cpu = crate::backend::CpuSlot::new(place, opts.name);
     // Boxed before the task is made: an async block keeps a moved-in value's slot for its
     // whole life, so an actor passed by value would take its size two or three times over
     // in every task (4.1 KB for an idle client actor of 1.2 KB).
@@ -606,12 +618,12 @@ where
     // the larger, the in-place one, whichever ran.
     if A::TURNS_IN_PLACE {
         crate::backend::spawn_actor(place, async move {
-            let exit = run::<A, InPlace>(cell, rx).await;
+            let exit = run::<A, InPlace>(cell, rx, cpu).await;
             after(id, exit).await;
         });
     } else {
         crate::backend::spawn_actor(place, async move {
-            let exit = run::<A, Boxed>(cell, rx).await;
+            let exit = run::<A, Boxed>(cell, rx, cpu).await;
             after(id, exit).await;
         });
     }
@@ -760,7 +772,11 @@ impl Turn for InPlace {
     }
 }
 
-async fn run<A: Actor, T: Turn>(mut cell: Box<Cell<A>>, rx: Receiver<A::Msg>) -> Exit {
+async fn run<A: Actor, T: Turn>(
+    mut cell: Box<Cell<A>>,
+    rx: Receiver<A::Msg>,
+    cpu: crate::backend::CpuSlot,
+) -> Exit {
     let Cell { actor, ctx } = &mut *cell;
     // Boxed for the same reason as `handle` below.
     if let Err(p) = Box::pin(guarded(actor.started(ctx))).await {
@@ -837,6 +853,9 @@ async fn run<A: Actor, T: Turn>(mut cell: Box<Cell<A>>, rx: Receiver<A::Msg>) ->
         // inside this loop's future for the actor's whole life, idle or not; boxed, an idle
         // actor holds only the wait below. One allocation per turn, and turns carry
         // batches.
+        // The simulated node's CPU, when a test gives it one: the turn waits for its thread
+        // and takes its cost in simulated time (nothing at all otherwise).
+        cpu.charge().await;
         if let Err(p) = T::wrap(guarded(actor.handle(msg, ctx))).await {
             tracing::warn!(name = ctx.name, actor_id = %ctx.id, panic = %p, "actor panicked");
             stop_children(ctx);
@@ -888,7 +907,8 @@ mod tests {
             children: None,
         };
         let cell = Box::new(Cell { actor: Big, ctx });
-        std::mem::size_of_val(&run::<Big, T>(cell, rx))
+        let cpu = crate::backend::CpuSlot::new(crate::backend::Place::Key(1), "big");
+        std::mem::size_of_val(&run::<Big, T>(cell, rx, cpu))
     }
 
     #[test]

@@ -16,6 +16,10 @@ type Registry = Vec<(usize, Arc<[ArbiterHandle]>)>;
 /// spawned from any arbiter thread must find their siblings. Never used under madsim.
 static ARBITERS: Mutex<Registry> = Mutex::new(Vec::new());
 
+/// The threads of actors that have one of their own ([`Place::Own`]), by system id: stopped
+/// and joined with the system's workers.
+static OWN: Mutex<Vec<(usize, Arbiter)>> = Mutex::new(Vec::new());
+
 fn arbiters_of(system: usize) -> Option<Arc<[ArbiterHandle]>> {
     let reg = ARBITERS.lock().unwrap_or_else(|e| e.into_inner());
     reg.iter()
@@ -35,6 +39,22 @@ pub(crate) enum Place {
     Key(u64),
     /// On this arbiter, modulo their number.
     Worker(usize),
+    /// On an arbiter of its own, which stops when the actor ends.
+    Own,
+}
+
+/// The CPU model's handle on a turn: nothing in production (see the simulation backend).
+pub(crate) struct CpuSlot;
+
+impl CpuSlot {
+    pub(crate) fn new(_place: Place, _name: &'static str) -> Self {
+        CpuSlot
+    }
+
+    #[inline]
+    pub(crate) fn charge(&self) -> std::future::Ready<()> {
+        std::future::ready(())
+    }
 }
 
 pub(crate) fn spawn_actor<F>(place: Place, fut: F)
@@ -47,6 +67,17 @@ where
                 let i = match place {
                     Place::Key(key) => slot(key, arbs.len()),
                     Place::Worker(w) => w % arbs.len(),
+                    Place::Own => {
+                        let own = Arbiter::new();
+                        let _ = own.spawn(async move {
+                            fut.await;
+                            Arbiter::current().stop();
+                        });
+                        OWN.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push((sys.id(), own));
+                        return;
+                    }
                 };
                 // A stopped arbiter drops the future, which closes the actor's mailbox: its
                 // senders then see `Closed`, never a silent black hole.
@@ -105,10 +136,18 @@ impl Runtime {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|(s, _)| *s != id);
-        for a in &arbiters {
+        let own: Vec<Arbiter> = {
+            let mut all = OWN.lock().unwrap_or_else(|e| e.into_inner());
+            let (mine, others) = std::mem::take(&mut *all)
+                .into_iter()
+                .partition(|(s, _)| *s == id);
+            *all = others;
+            mine.into_iter().map(|(_, a)| a).collect()
+        };
+        for a in arbiters.iter().chain(&own) {
             a.stop();
         }
-        for a in arbiters {
+        for a in arbiters.into_iter().chain(own) {
             let _ = a.join();
         }
         out

@@ -3,11 +3,29 @@
 
 use std::future::Future;
 
-/// Where an actor runs: nothing to choose in a single-threaded simulation.
+/// Where an actor runs: which of its node's simulated threads it waits for when a test gave
+/// the node a CPU model (`crate::cpu`); nothing to choose otherwise.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Place {
-    Key(#[allow(dead_code)] u64),
-    Worker(#[allow(dead_code)] usize),
+    Key(u64),
+    Worker(usize),
+    Own,
+}
+
+/// A turn's claim on the simulated node's CPU model.
+pub(crate) struct CpuSlot {
+    place: Place,
+    name: &'static str,
+}
+
+impl CpuSlot {
+    pub(crate) fn new(place: Place, name: &'static str) -> Self {
+        CpuSlot { place, name }
+    }
+
+    pub(crate) async fn charge(&self) {
+        crate::cpu::charge(self.place, self.name).await
+    }
 }
 
 /// One worker: the simulated node runs every task on one thread.

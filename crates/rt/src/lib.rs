@@ -10,6 +10,8 @@
 
 mod actor;
 pub mod blocking;
+#[cfg(madsim)]
+pub mod cpu;
 mod mailbox;
 pub mod rng;
 pub mod throttle;

@@ -84,7 +84,7 @@ use starling_codec::{
     Packet, Properties, Protocol, PubAck, Publish, QoS, ReasonCode, RetainHandling, Subscribe,
     SubscribeFilter, SubscriptionOptions,
 };
-use starling_sim::cluster::node_ip;
+use starling_sim::cluster::{node_ip, peers_toml};
 use starling_sim::mqtt::{pid, ClientNodes, ConnectOpts, MqttClient};
 use starling_sim::nemesis::Record;
 use starling_sim::runner::run_seed;
@@ -219,15 +219,7 @@ fn node_config(setup: &Setup, node: usize) -> String {
     } else {
         (false, node..node + 1)
     };
-    let peers: String = listed
-        .map(|n| {
-            format!(
-                "{} = \"{}\"\n",
-                n + 1,
-                SocketAddr::new(node_ip(n), CLUSTER_PORT)
-            )
-        })
-        .collect();
+    let peers = peers_toml(listed, CLUSTER_PORT);
     format!(
         "[node]\nid = {id}\nname = \"node{id}\"\ndata_dir = \"{base}/node{id}\"\n\
          [[listeners]]\nkind = \"tcp\"\nbind = \"0.0.0.0:{MQTT_PORT}\"\n\

@@ -792,6 +792,7 @@ impl Client {
                 let _ = reply.send(r);
             }
             ClientMsg::Resubscribe(reply) => {
+                Box::pin(self.adopt()).await;
                 Box::pin(self.resubscribe(ctx)).await;
                 let _ = reply.send(());
             }

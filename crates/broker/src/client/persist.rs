@@ -20,11 +20,12 @@ use starling_codec::{Packet, PacketId};
 use starling_hooks::Chain;
 use starling_rt::{time, Ctx, WeakAddr};
 use starling_session::{Session, StoreChange, SubscribeRequest};
-use starling_store::{DeliveryStage, Op, SessionParts};
+use starling_store::{DeliveryStage, Op, SessionParts, StoredDelivery};
 
 use super::acks::Resent;
 use super::Client;
 use crate::gate::AuthGate;
+use crate::metrics::add;
 use crate::msg::{AckTo, RegistryMsg, StoreMsg, Stored, Waiter, WaiterTo, OWN_WRITE};
 use crate::settings::Shared;
 use crate::shards::Shards;
@@ -45,12 +46,22 @@ pub(super) struct Persist {
     meta_dirty: bool,
     /// The inbound QoS 2 identifier of the publish about to be routed.
     pub(super) inbound: Option<PacketId>,
+    /// Handed over by another node: nothing of it is in this node's store yet, and all of
+    /// it is written before it subscribes (`Client::adopt`).
+    adopt: bool,
 }
 
 impl Persist {
     pub(super) fn restored() -> Self {
         Self {
             stored: true,
+            ..Self::default()
+        }
+    }
+
+    fn adopted() -> Self {
+        Self {
+            adopt: true,
             ..Self::default()
         }
     }
@@ -255,8 +266,9 @@ impl Client {
         })
     }
 
-    /// A client actor for a session restored from the store at start, detached, belonging
-    /// to `owner`.
+    /// A client actor for a session restored from the store at start, or handed over by
+    /// another node (`handed_over`: not in this node's store yet), detached, belonging to
+    /// `owner`.
     pub(crate) fn restored(
         shared: Arc<Shared>,
         shards: Shards,
@@ -264,6 +276,7 @@ impl Client {
         registry: WeakAddr<RegistryMsg>,
         session: Session,
         owner: Option<Arc<str>>,
+        handed_over: bool,
     ) -> Self {
         let gate = AuthGate::new(
             shared.clone(),
@@ -273,8 +286,114 @@ impl Client {
             std::net::Ipv4Addr::UNSPECIFIED.into(),
         );
         let mut c = Self::with(shared, shards, registry, session, gate);
-        c.persist = Some(Box::new(Persist::restored()));
+        c.persist = Some(Box::new(if handed_over {
+            Persist::adopted()
+        } else {
+            Persist::restored()
+        }));
         c
+    }
+
+    /// A session handed over by another node writes all it holds to this node's store (its
+    /// meta, its deliveries under seqs of this node's, its inbound QoS 2 identifiers) and
+    /// waits until that is durable, before it subscribes: the registry lets its CONNECT
+    /// resume only after, so a crash of this node right after the move loses none of what
+    /// the old node held. Nothing on a node without a store, or for a session that does
+    /// not outlive its connection; a write that fails leaves it in memory only (logged),
+    /// as every handover was before.
+    pub(super) async fn adopt(&mut self) {
+        if !self
+            .persist
+            .as_mut()
+            .is_some_and(|p| std::mem::take(&mut p.adopt))
+        {
+            return;
+        }
+        let Some(store) = self.shards.store().cloned() else {
+            return;
+        };
+        if !self.session.outlives_connection() {
+            return;
+        }
+        let state = self.session.snapshot(time::now(), time::wall());
+        let Some(mut parts) = SessionParts::split(state) else {
+            return;
+        };
+        let n = parts.inflight.len() + parts.queue.len();
+        let Some(base) = self.shards.reserve_seqs(n as u64).await else {
+            return;
+        };
+        parts.meta.owner = self.gate.username().map(|u| u.to_string());
+        parts.meta.connected = false;
+        let client_id = parts.client_id;
+        let mut ops = Vec::with_capacity(n + parts.inbound_qos2.len() + 2);
+        // Whatever an earlier life of this client id here left: the session is this one.
+        ops.push(Op::DropSession {
+            client_id: client_id.clone(),
+        });
+        ops.push(Op::PutSession {
+            client_id: client_id.clone(),
+            meta: parts.meta,
+        });
+        let mut seqs = base..;
+        let mut put = |seq: u64, stage: DeliveryStage, delivery| {
+            ops.push(Op::PutDelivery {
+                client_id: client_id.clone(),
+                seq,
+                record: StoredDelivery { stage, delivery },
+            });
+            Some(seq)
+        };
+        let inflight: Vec<Option<u64>> = parts
+            .inflight
+            .into_iter()
+            .zip(&mut seqs)
+            .map(|(f, seq)| {
+                let stage = DeliveryStage::Inflight {
+                    packet_id: f.packet_id,
+                    phase: f.phase,
+                };
+                put(seq, stage, f.delivery)
+            })
+            .collect();
+        let queue: Vec<Option<u64>> = parts
+            .queue
+            .into_iter()
+            .zip(&mut seqs)
+            .map(|(d, seq)| put(seq, DeliveryStage::Queued, d))
+            .collect();
+        for packet_id in parts.inbound_qos2 {
+            ops.push(Op::PutInbound {
+                client_id: client_id.clone(),
+                packet_id,
+            });
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let write = StoreMsg::Write {
+            then: vec![Waiter {
+                to: WaiterTo::Done(tx),
+                ops: 0..ops.len(),
+            }],
+            ops,
+            retained: Vec::new(),
+            deliveries: Vec::new(),
+            shard: None,
+        };
+        if store.send(write).await.is_err() {
+            return;
+        }
+        match rx.await {
+            Ok(Stored::Durable) => {
+                self.session.set_store_keys(inflight, queue);
+                if let Some(p) = &mut self.persist {
+                    p.stored = true;
+                }
+                add(&self.shared.metrics.cluster_sessions_stored, 1);
+            }
+            outcome => {
+                tracing::warn!(%client_id, ?outcome, deliveries = n, "a handed-over session was not stored: it is kept in memory only");
+            }
+        }
     }
 
     /// Whether the shards store this session's QoS 1/2 deliveries before handing them over.

@@ -336,14 +336,31 @@ impl ClusterActor {
     }
 
     /// Ownership of `client_id` changed to `owner`: a claim by another node takes over a
-    /// session held here under an older one.
-    async fn owner_changed(&mut self, client_id: String, owner: Option<Owner>) {
+    /// session held here under an older one, or under none (`unowned_takes`).
+    ///
+    /// A claim applied again at a restart (`unowned_takes` false) takes a session here only
+    /// when it took the id from this node: the log is applied again from the oldest claim,
+    /// and an older claim of another node, before this node's own, handed away the session
+    /// this node had just restored from its store (to a node that no longer wanted it). A
+    /// new claim, or a snapshot, which says who owns the id now, takes whatever session
+    /// this node holds for the id: one restored under a claim it no longer shows, or one a
+    /// reconnect got from a stale claim.
+    async fn owner_changed(
+        &mut self,
+        client_id: String,
+        owner: Option<Owner>,
+        unowned_takes: bool,
+    ) {
         let before = match owner {
             Some(o) => self.owners.insert(client_id.clone(), o),
             None => self.owners.remove(&client_id),
         };
         let Some(o) = owner else { return };
-        if o.node == self.node || before.is_some_and(|b| b.node != self.node) {
+        let takes = match before {
+            Some(b) => b.node == self.node,
+            None => unowned_takes,
+        };
+        if o.node == self.node || !takes {
             return;
         }
         if let Some(r) = &self.registry {
@@ -394,7 +411,7 @@ impl ClusterActor {
         }
     }
 
-    async fn changed(&mut self, changes: Vec<Change>) {
+    async fn changed(&mut self, changes: Vec<Change>, replayed: bool) {
         for c in changes {
             match c {
                 Change::Member { node, member } => {
@@ -418,7 +435,9 @@ impl ClusterActor {
                     self.sync_peers();
                 }
                 Change::Route { filter, nodes } => self.route(filter, nodes).await,
-                Change::Owner { client_id, owner } => self.owner_changed(client_id, owner).await,
+                Change::Owner { client_id, owner } => {
+                    self.owner_changed(client_id, owner, !replayed).await
+                }
                 Change::Retained { topic, message } => {
                     self.retained_changed(topic, message).await;
                 }
@@ -487,7 +506,7 @@ impl ClusterActor {
         for (c, o) in owners {
             gone.remove(&c);
             if self.owners.get(&c) != Some(&o) {
-                self.owner_changed(c, Some(o)).await;
+                self.owner_changed(c, Some(o), true).await;
             }
         }
         for c in gone {
@@ -541,8 +560,8 @@ impl Actor for ClusterActor {
                 self.propose_due(ctx);
             }
             ClusterMsg::RouteWait { filter, done } => self.wait_route(filter, done),
-            ClusterMsg::Changed(changes) => {
-                self.changed(changes).await;
+            ClusterMsg::Changed { changes, replayed } => {
+                self.changed(changes, replayed).await;
                 self.propose_due(ctx);
             }
             ClusterMsg::Reset(all) => {

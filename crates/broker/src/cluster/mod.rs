@@ -85,6 +85,7 @@ impl ClusterNode {
         }
         rc.tick_interval = std::time::Duration::from_millis(u64::from(c.tick_ms));
         rc.election_tick = c.election_tick as usize;
+        rc.raft_priority = c.raft_priority;
         rc.log.fsync = match c.fsync {
             FsyncPolicy::Always => RaftFsync::Always,
             FsyncPolicy::Never => RaftFsync::Never,
@@ -96,6 +97,8 @@ impl ClusterNode {
         let log = DiskLog::open(disk, rc.log.clone())
             .map_err(|e| fail(&format!("raft log {}", dir.display()), &e))?;
 
+        // What the log held committed at start is applied again, in log order.
+        let replay_until = starling_raft::LogStore::hard_state(&log).commit;
         let me = member(config);
         let (left_tx, left) = tokio::sync::watch::channel(false);
         let mut rng = starling_rt::rng::rng();
@@ -120,7 +123,7 @@ impl ClusterNode {
         let node = Node::new(
             rc,
             log,
-            ClusterSm::new(NodeReplica::new(actor.clone())),
+            ClusterSm::new(NodeReplica::new(actor.clone(), replay_until)),
             rng,
         )
         .map_err(|e| fail(&format!("raft log {}", dir.display()), &e))?;

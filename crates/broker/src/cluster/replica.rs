@@ -12,13 +12,16 @@ pub(crate) struct NodeReplica {
     actor: Addr<ClusterMsg>,
     /// Changes were dropped: the next call sends the whole state.
     behind: bool,
+    /// The log's commit index at start: entries up to it are applied again, not new.
+    replay_until: u64,
 }
 
 impl NodeReplica {
-    pub(crate) fn new(actor: Addr<ClusterMsg>) -> Self {
+    pub(crate) fn new(actor: Addr<ClusterMsg>, replay_until: u64) -> Self {
         NodeReplica {
             actor,
             behind: false,
+            replay_until,
         }
     }
 
@@ -31,11 +34,13 @@ impl NodeReplica {
 }
 
 impl Replica for NodeReplica {
-    fn changed(&mut self, _: u64, changes: Vec<Change>, _: &Output, state: &ClusterState) {
+    fn changed(&mut self, index: u64, changes: Vec<Change>, _: &Output, state: &ClusterState) {
         if self.behind {
             self.send_all(state);
         } else if !changes.is_empty() {
-            self.behind = self.actor.try_send(ClusterMsg::Changed(changes)).is_err();
+            let replayed = index <= self.replay_until;
+            let msg = ClusterMsg::Changed { changes, replayed };
+            self.behind = self.actor.try_send(msg).is_err();
         }
     }
 

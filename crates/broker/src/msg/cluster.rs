@@ -127,9 +127,13 @@ pub(crate) enum ClusterMsg {
     BarrierDone(bool),
     /// The read for the reconnects' confirmations in flight answered.
     ConfirmDone(Result<starling_cluster::Answer, String>),
-    /// What entries of the raft log changed, in order (from the replica, on the raft
-    /// driver's turn).
-    Changed(Vec<starling_cluster::Change>),
+    /// What an entry of the raft log changed, in order (from the replica, on the raft
+    /// driver's turn). `replayed`: the entry was committed before this node started (a
+    /// restart applies the log again from its start or its snapshot).
+    Changed {
+        changes: Vec<starling_cluster::Change>,
+        replayed: bool,
+    },
     /// The whole replicated state, as changes from nothing: the state was replaced by a
     /// snapshot, or changes were lost on the way.
     Reset(Vec<starling_cluster::Change>),

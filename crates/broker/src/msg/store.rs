@@ -78,6 +78,9 @@ pub(crate) enum WaiterTo {
     /// The shard that wrote the deliveries of a publish the node given forwarded, under
     /// that node's write number: the node's acknowledgement waits for it (`routing::link`).
     Link(WeakAddr<RouterMsg>, u64, u64),
+    /// Whoever waits on this channel: a handed-over session's first write, which its
+    /// client actor awaits before it subscribes (`client::persist`).
+    Done(starling_rt::Reply<Stored>),
 }
 
 /// Whom the store tells: a publisher's client actor, with the tag it gave.

@@ -27,6 +27,7 @@ pub(crate) struct RawCluster {
     pub retained_reads: ClusterReads,
     pub reconnect_reads: ClusterReads,
     pub forward_confirm: bool,
+    pub raft_priority: bool,
 }
 
 impl Default for RawCluster {
@@ -44,6 +45,7 @@ impl Default for RawCluster {
             retained_reads: ClusterReads::Linearizable,
             reconnect_reads: ClusterReads::Linearizable,
             forward_confirm: true,
+            raft_priority: true,
         }
     }
 }
@@ -103,6 +105,11 @@ pub struct ClusterConfig {
     /// (default true), or at once (false: lower latency, but a forward lost with a link or
     /// a node is lost after the publisher was told it arrived).
     pub forward_confirm: bool,
+    /// The raft driver runs on a thread of its own and takes its peers' messages ahead of
+    /// client work (default true). False puts it on a worker, behind the clients there:
+    /// only to show what a follower flooded by clients then does to its leader (the
+    /// simulation's overload test).
+    pub raft_priority: bool,
 }
 
 impl Default for ClusterConfig {
@@ -121,6 +128,7 @@ impl Default for ClusterConfig {
             retained_reads: raw.retained_reads,
             reconnect_reads: raw.reconnect_reads,
             forward_confirm: raw.forward_confirm,
+            raft_priority: raw.raft_priority,
         }
     }
 }

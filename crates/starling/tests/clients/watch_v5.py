@@ -6,7 +6,7 @@ ends the connection, after which it exits; `refused CODE` (with ` ref=ADDRESS` l
 when its CONNACK refuses it.
 
     python3 watch_v5.py --port 1883 --id watcher --topic 'api/#' [--expiry 3600]
-        [--delay-ms 1 --receive-max 4]
+        [--delay-ms 1 --receive-max 4 --no-ack]
 """
 
 import argparse
@@ -42,6 +42,11 @@ def main():
         help="MQTT 5 Receive Maximum: QoS 1/2 messages the broker may have unacknowledged",
     )
     ap.add_argument(
+        "--no-ack",
+        action="store_true",
+        help="never acknowledge a QoS 1/2 message: they stay in flight at the broker",
+    )
+    ap.add_argument(
         "--will-topic",
         default="",
         help="a will (QoS 1, payload `gone ID`, no delay) on this topic",
@@ -56,7 +61,10 @@ def main():
     if not hasattr(mqtt, "CallbackAPIVersion"):
         sys.exit("paho-mqtt 2.x is needed")
     client = mqtt.Client(
-        mqtt.CallbackAPIVersion.VERSION2, client_id=args.id, protocol=mqtt.MQTTv5
+        mqtt.CallbackAPIVersion.VERSION2,
+        client_id=args.id,
+        protocol=mqtt.MQTTv5,
+        manual_ack=args.no_ack,
     )
     over = threading.Event()
 

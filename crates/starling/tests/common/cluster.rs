@@ -67,13 +67,45 @@ pub fn configs(dir: &Path, extra: &str) -> (Vec<PathBuf>, Vec<Ports>) {
                 "node{i}.toml took its ports"
             );
         }
-        text.push_str(extra);
+        let text = with_extra(text, extra);
         let path = dir.join(format!("node{i}.toml"));
         std::fs::write(&path, text).expect("write config");
         files.push(path);
     }
+    // The ACL the example files name, next to them.
+    std::fs::copy(repo_file("config/cluster/acl.toml"), dir.join("acl.toml"))
+        .expect("copy acl.toml");
     node_certs(dir, "1,2,3");
     (files, ports)
+}
+
+/// `text` with the tables of `extra`: a table the file has already (the examples have
+/// `[mqtt]` and `[auth]`) gets the extra keys at its top, TOML allowing a table once; the
+/// others are appended.
+fn with_extra(mut text: String, extra: &str) -> String {
+    let mut rest = String::new();
+    let mut sections: Vec<(String, String)> = Vec::new();
+    for line in extra.lines() {
+        let t = line.trim();
+        if t.starts_with('[') && t.ends_with(']') {
+            sections.push((t.to_owned(), String::new()));
+        } else if let Some((_, body)) = sections.last_mut() {
+            body.push_str(line);
+            body.push('\n');
+        } else {
+            rest.push_str(line);
+            rest.push('\n');
+        }
+    }
+    for (header, body) in sections {
+        let at = format!("\n{header}\n");
+        match text.find(&at) {
+            Some(i) if !header.starts_with("[[") => text.insert_str(i + at.len(), &body),
+            _ => text.push_str(&format!("\n{header}\n{body}")),
+        }
+    }
+    text.push_str(&rest);
+    text
 }
 
 /// The certificates of `nodes` (`1,2,3`) in `dir/certs`, from its CA (made once).
@@ -192,6 +224,22 @@ pub fn gather(
 
 pub fn missing(want: &BTreeSet<(String, String)>, seen: &BTreeSet<(String, String)>) -> usize {
     want.difference(seen).count()
+}
+
+/// Publishes a probe (`topic`, one QoS 1 and one QoS 2 message) through `port` until the
+/// watcher behind `rx` gets it, for up to 20 s: a SUBACK waits at most 3 s for its route,
+/// so on a loaded machine it may come before other nodes forward to the subscriber. False
+/// if it never came.
+pub fn until_forwarded(port: u16, topic: &str, rx: &mpsc::Receiver<String>) -> bool {
+    let probe: BTreeSet<(String, String)> = [(topic.to_owned(), "1:0".to_owned())].into();
+    let mut seen = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while missing(&probe, &seen) > 0 && Instant::now() < deadline {
+        let mut p = publisher(port, topic, 1);
+        acked_lines(&mut p, |_| {});
+        gather(rx, &mut seen, &probe, Duration::from_secs(1));
+    }
+    missing(&probe, &seen) == 0
 }
 
 /// The three example nodes with `extra` in their configs, started, with a leader that
