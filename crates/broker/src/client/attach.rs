@@ -66,6 +66,8 @@ impl Client {
             _permit: permit,
             timed: None,
             moved_to: None,
+            urgent: false,
+            deferred: 0,
         });
         match self.session.attach(time::now(), &connect) {
             Ok(a) => {

@@ -19,6 +19,11 @@ use starling_session::{DetachReason, DropReason, Effect, Message, Session};
 use tracing::{debug, Instrument};
 
 use crate::conn::{linger, write_out, Conn, WRITE_BATCH_MAX};
+
+/// A write of deliveries smaller than this at the end of a burst waits for one yield
+/// first, at most [`COALESCE_MAX`] times in a row (see `Client::after_turn`).
+const COALESCE_BELOW: usize = 16 * 1024;
+const COALESCE_MAX: u8 = 4;
 use crate::gate::AuthGate;
 use crate::metrics::{add, dec};
 use crate::msg::{AckTo, ClientMsg, NewConn, Publisher, RegistryMsg, RouterMsg, Stored, OWN_WRITE};
@@ -364,6 +369,7 @@ impl Client {
     fn encode(&mut self, p: &Packet) {
         let max = self.session.client_packet_size_max();
         if let Some(c) = &mut self.conn {
+            c.urgent = true;
             if let Err(e) = encode(p, c.protocol, max, &mut c.out) {
                 debug!(error = %e, packet = ?p.packet_type(), "packet not encodable, not sent");
             }
@@ -380,6 +386,8 @@ impl Client {
         if n == 0 {
             return;
         }
+        c.urgent = false;
+        c.deferred = 0;
         // What waits for the store stays (see `persist`); the rest goes.
         let rest = (n < c.out.len()).then(|| c.out.split_off(n));
         let ok = write_out(c).await;
@@ -501,7 +509,28 @@ impl Client {
             // answer brings a turn that writes it.
             let sendable = self.sendable(c.out.len());
             let full = sendable >= WRITE_BATCH_MAX || c.timed_full();
-            if sendable > 0 && (full || idle || stalled) {
+            let mut flush = sendable > 0 && (full || idle || stalled);
+            if flush
+                && !full
+                && !stalled
+                && !c.urgent
+                && sendable < COALESCE_BELOW
+                && c.deferred < COALESCE_MAX
+            {
+                // A small write of deliveries only, at the end of a burst: the shard that
+                // feeds this subscriber gets a turn first, and what it routes meanwhile
+                // goes out in the same write. One by one, a fan-out's deliveries cost a
+                // send per subscriber and burst, and its readers a receive each: the
+                // broker then wrote in small pieces and sat idle in between (fan-out QoS 0,
+                // docs/benchmarks.md). Acknowledgements are never put off: a publisher's
+                // round trip would wait for it.
+                if let Some(c) = &mut self.conn {
+                    c.deferred += 1;
+                }
+                starling_rt::yield_now().await;
+                flush = ctx.queued() == 0;
+            }
+            if flush {
                 self.flush(ctx).await;
             }
             if idle {
