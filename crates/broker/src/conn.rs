@@ -72,8 +72,8 @@ pub(crate) struct Conn {
     /// connection rather than 16.
     #[allow(clippy::rc_buffer)]
     pub(crate) moved_to: Option<std::sync::Arc<String>>,
-    /// The output holds more than deliveries (an acknowledgement, a CONNACK, a SUBACK...):
-    /// it is not put off (see `Client::after_turn`). Cleared by a write.
+    /// The output holds more than QoS 0 deliveries (an acknowledgement, a CONNACK, a QoS 1
+    /// delivery...): it is not put off (see `Client::after_turn`). Cleared by a write.
     pub(crate) urgent: bool,
     /// Small writes of deliveries put off in a row at the end of a burst.
     pub(crate) deferred: u8,

@@ -20,7 +20,7 @@ use tracing::{debug, Instrument};
 
 use crate::conn::{linger, write_out, Conn, WRITE_BATCH_MAX};
 
-/// A write of deliveries smaller than this at the end of a burst waits for one yield
+/// A write of QoS 0 deliveries smaller than this at the end of a burst waits for one yield
 /// first, at most [`COALESCE_MAX`] times in a row (see `Client::after_turn`).
 const COALESCE_BELOW: usize = 16 * 1024;
 const COALESCE_MAX: u8 = 4;
@@ -222,6 +222,9 @@ impl Client {
                 }
                 Effect::SendPublish(op) => {
                     if let Some(c) = &mut self.conn {
+                        // A QoS 1/2 delivery is not put off: the subscriber's acknowledgement
+                        // opens its window, and the round trip bounds it (fan-in QoS 1).
+                        c.urgent |= op.qos != QoS::AtMostOnce;
                         c.out.extend_from_slice(&op.header);
                         c.out.extend_from_slice(&op.msg.payload);
                         add(&self.shared.metrics.messages_sent, 1);
@@ -517,13 +520,13 @@ impl Client {
                 && sendable < COALESCE_BELOW
                 && c.deferred < COALESCE_MAX
             {
-                // A small write of deliveries only, at the end of a burst: the shard that
-                // feeds this subscriber gets a turn first, and what it routes meanwhile
-                // goes out in the same write. One by one, a fan-out's deliveries cost a
-                // send per subscriber and burst, and its readers a receive each: the
+                // A small write of QoS 0 deliveries only, at the end of a burst: the shard
+                // that feeds this subscriber gets a turn first, and what it routes
+                // meanwhile goes out in the same write. One by one, a fan-out's deliveries
+                // cost a send per subscriber and burst, and its readers a receive each: the
                 // broker then wrote in small pieces and sat idle in between (fan-out QoS 0,
-                // docs/benchmarks.md). Acknowledgements are never put off: a publisher's
-                // round trip would wait for it.
+                // docs/benchmarks.md). Acknowledgements and QoS 1/2 deliveries are never
+                // put off: a round trip waits for each.
                 if let Some(c) = &mut self.conn {
                     c.deferred += 1;
                 }
