@@ -49,6 +49,8 @@ pub(crate) struct Metrics {
     // The durable store (storage.rs).
     pub store_commits: AtomicU64,
     pub store_ops: AtomicU64,
+    /// Delivery records retired before their commit: neither written (`storage`).
+    pub store_cancelled: AtomicU64,
     /// Summed over commits: divided by `store_commits`, the mean commit latency.
     pub store_commit_us: AtomicU64,
     pub store_refused: AtomicU64,
@@ -295,6 +297,8 @@ pub struct MetricsSnapshot {
     /// Store commits, and the ops they carried.
     pub store_commits: u64,
     pub store_ops: u64,
+    /// Delivery records retired before their commit, so neither was written.
+    pub store_cancelled: u64,
     /// Microseconds spent in commits, summed.
     pub store_commit_us: u64,
     /// Writes the store refused (full, or for a session it does not hold).
@@ -357,6 +361,7 @@ impl Metrics {
             verdict_timeouts: get(&self.verdict_timeouts),
             store_commits: get(&self.store_commits),
             store_ops: get(&self.store_ops),
+            store_cancelled: get(&self.store_cancelled),
             store_commit_us: get(&self.store_commit_us),
             store_refused: get(&self.store_refused),
             store_errors: get(&self.store_errors),
@@ -399,7 +404,7 @@ impl MetricsSnapshot {
 
     /// Every figure of Starling's own with its name (the field's), what it counts and its
     /// kind ([`MetricsSnapshot::every`] adds RMQTT's, for expositions that list them all).
-    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 41] {
+    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 42] {
         use MetricKind::{Counter as C, Gauge as G};
         [
             (
@@ -602,6 +607,12 @@ impl MetricsSnapshot {
             ),
             ("store_commits", "Store commits", C, self.store_commits),
             ("store_ops", "Store operations committed", C, self.store_ops),
+            (
+                "store_cancelled",
+                "Delivery records retired before their commit (neither written)",
+                C,
+                self.store_cancelled,
+            ),
             (
                 "store_commit_us",
                 "Microseconds spent in store commits",

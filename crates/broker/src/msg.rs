@@ -424,6 +424,9 @@ pub(crate) enum RouterMsg {
     /// Deliveries to persistent sessions whose records are now durable (or, for those
     /// without a record, which waited behind them): hand them over.
     StoredDeliveries(Vec<(Arc<str>, ActorId, Delivery)>),
+    /// Whether the store has room enough that a QoS 1 delivery to an online persistent
+    /// session may go before its record is durable (see `storage`).
+    StoreRoom(bool),
     /// The cluster's wiring (see [`ShardCluster`]).
     Cluster(Box<ShardCluster>),
     /// The replicated routes list `node` for `filter` (`present`) or no longer do: publishes

@@ -64,7 +64,14 @@ pub(crate) fn start_shards(
                 },
             )
         })
-        .collect();
+        .collect::<Vec<Addr<RouterMsg>>>();
+    if let Some(store) = store {
+        // Told whether the store has room for deliveries that go before their commit.
+        let weak = addrs.iter().map(Addr::downgrade).collect();
+        if store.try_send(StoreMsg::Shards(weak)).is_err() {
+            tracing::warn!("the store did not take the shards' addresses: they hold deliveries");
+        }
+    }
     tracing::debug!(shards = count, "router started");
     Shards::new(map, addrs, shared.topic_limits, store.cloned())
 }

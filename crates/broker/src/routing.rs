@@ -40,8 +40,8 @@ use crate::destination::Destination;
 use crate::flow::{Qos0Tally, StallRules};
 use crate::metrics::add;
 use crate::msg::{
-    AckTo, ClientMsg, DelayedKey, HeldDelivery, Publisher, Restore, RouterMsg, StoreMsg, Stored,
-    SubscribeMsg, Waiter, WaiterTo, BATCH_MAX,
+    AckTo, ClientMsg, DelayedKey, HeldDelivery, Publisher, Restore, RouterMsg, StoreMsg, StoreOp,
+    Stored, SubscribeMsg, Waiter, WaiterTo, BATCH_MAX,
 };
 use crate::settings::Shared;
 
@@ -117,7 +117,7 @@ pub(crate) struct RouterActor {
     store: Option<Addr<StoreMsg>>,
     /// Written to the store at the end of the turn (the store may push back), with the
     /// publishers waiting for their part of it.
-    to_store: Vec<Op>,
+    to_store: Vec<StoreOp>,
     store_waiters: Vec<Waiter>,
     /// The retained puts among `to_store` (op index, message).
     store_retained: Vec<(usize, Arc<Message>)>,
@@ -127,6 +127,9 @@ pub(crate) struct RouterActor {
     /// Deliveries to persistent sessions held for the commit of `to_store` (see
     /// [`HeldDelivery`]).
     store_deliveries: Vec<HeldDelivery>,
+    /// Whether a QoS 1 delivery to an online persistent session may go before its record
+    /// is durable: the storage actor says so while the store has room (`StoreRoom`).
+    store_early: bool,
     /// Publishers whose publishes of this burst wrote nothing to the store, with their tags:
     /// told at the burst's end (see `send_routed_acks`).
     routed_acks: Vec<(WeakAddr<ClientMsg>, Vec<u32>)>,
@@ -226,6 +229,7 @@ impl RouterActor {
             store_retained: Vec::new(),
             delayed_next: delayed_base + index as u64,
             store_deliveries: Vec::new(),
+            store_early: false,
             routed_acks: Vec::new(),
             settled_acks: Vec::new(),
             seq_next: seq_base + index as u64,
@@ -263,10 +267,13 @@ impl RouterActor {
         let before = self.to_store.len();
         if let Some((client_id, packet_id)) = ack.as_ref().and_then(|a| a.inbound.clone()) {
             if self.store.is_some() {
-                self.to_store.push(Op::PutInbound {
-                    client_id: client_id.to_string(),
-                    packet_id,
-                });
+                self.to_store.push(
+                    Op::PutInbound {
+                        client_id: client_id.to_string(),
+                        packet_id,
+                    }
+                    .into(),
+                );
             }
         }
         // Forwarded copies of a publish whose publisher waits count towards its answer.
@@ -401,7 +408,7 @@ impl Actor for RouterActor {
             RouterMsg::DelayedDue(m, key) => {
                 self.delayed = self.delayed.saturating_sub(1);
                 if let Some(DelayedKey { id, due }) = key {
-                    self.to_store.push(Op::DropDelayed { id, due });
+                    self.to_store.push(Op::DropDelayed { id, due }.into());
                 }
                 self.publish(m, None, None, ctx);
             }
@@ -476,6 +483,7 @@ impl Actor for RouterActor {
                 let _ = done.send(());
             }
             RouterMsg::StoredDeliveries(ds) => self.stored_deliveries(ds),
+            RouterMsg::StoreRoom(early) => self.store_early = early,
             RouterMsg::RetryBlocked => {
                 self.retry = None;
                 if !self.outbox.is_empty() && self.dirty.is_empty() {

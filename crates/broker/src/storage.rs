@@ -5,7 +5,13 @@
 //! A commit starts as soon as writes are pending and none is running (after at most
 //! `storage.commit_interval_ms`, when that is set); what arrives while one runs goes into
 //! the next. Each write may ask to be told when it is durable.
+//!
+//! A delivery record retired before its commit started (a QoS 1 delivery sent at once and
+//! acknowledged meanwhile, see `routing::deliver`) is taken out of the pending batch with
+//! its retirement: neither is written. Under load, with commits back to back, most of a
+//! persistent subscriber's records go this way.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,14 +24,34 @@ use tracing::{debug, error, warn};
 
 use crate::metrics::add;
 use crate::msg::{
-    ClientMsg, CommitDone, Delivery, HeldDelivery, RouterMsg, StoreMsg, Stored, Waiter, WaiterTo,
+    ClientMsg, CommitDone, Delivery, HeldDelivery, RouterMsg, StoreMsg, StoreOp, Stored, Waiter,
+    WaiterTo, OWN_WRITE,
 };
+
 use crate::settings::Shared;
 
 /// Pending ops past which a commit starts without waiting for `commit_interval_ms`. A commit
 /// takes what is pending whole (each publisher is told about its own ops), so a commit is
 /// bounded by what the mailbox holds: at most `STORE_MAILBOX` writes of one shard turn each.
 const COMMIT_OPS_MAX: usize = 8192;
+
+/// A delivery record may go out before its commit while more than this share of
+/// `max_bytes` is free (1/4): near the cap, a record the store refuses must not have been
+/// delivered, since its publisher hears it was not taken.
+const EARLY_ROOM_DIVISOR: u64 = 4;
+
+/// A waiter on the pending batch.
+struct Waiting {
+    /// `None` once told.
+    waiter: Option<Waiter>,
+    range: std::ops::Range<usize>,
+    /// Ops of `range` that are not holes.
+    live: usize,
+}
+
+/// A seq in `StorageActor::puts` written more than once in the pending batch (a record
+/// and a change of its stage by a second put): its retirement is written, not cancelled.
+const PUT_AGAIN: usize = usize::MAX;
 
 pub(crate) struct StorageActor {
     shared: Arc<Shared>,
@@ -34,10 +60,22 @@ pub(crate) struct StorageActor {
     pool: BlockingPool,
     fsync: Fsync,
     interval: Duration,
-    pending: Vec<Op>,
+    /// What the next commit writes; `None` where a record and its retirement cancelled
+    /// out (kept as a hole so that the indices below stay put).
+    pending: Vec<Option<StoreOp>>,
+    /// The delivery records of `pending` by seq (a seq is this node's, never reused), for
+    /// the retirements that cancel them.
+    puts: HashMap<u64, usize>,
+    /// How many of `pending` are holes.
+    holes: usize,
+    /// Whether the shards may send QoS 1 deliveries to persistent sessions before their
+    /// records are durable (`routing::deliver`): while the store has room.
+    early: bool,
+    /// The shards that wrote, told when `early` changes.
+    shards: Vec<WeakAddr<RouterMsg>>,
     /// Told when the commit holding their ops is durable (or failed); their ranges index
-    /// `pending`.
-    waiting: Vec<Waiter>,
+    /// `pending`, in order. One whose ops all became holes is told at once.
+    waiting: Vec<Waiting>,
     /// Retained puts of `pending` (op index, message, its shard), taken back if refused.
     retained: Vec<(usize, Arc<Message>, WeakAddr<RouterMsg>)>,
     /// Deliveries held for `pending` (op indices into it), handed back to their shard.
@@ -61,6 +99,7 @@ impl StorageActor {
         let interval = Duration::from_millis(u64::from(s.commit_interval_ms));
         // What the store held at open, before the first commit.
         set_usage(&shared, &store);
+        let early = has_room(&store);
         Self {
             shared,
             store: Some(store),
@@ -70,6 +109,10 @@ impl StorageActor {
             fsync,
             interval,
             pending: Vec::new(),
+            puts: HashMap::new(),
+            holes: 0,
+            early,
+            shards: Vec::new(),
             waiting: Vec::new(),
             retained: Vec::new(),
             deliveries: Vec::new(),
@@ -82,7 +125,7 @@ impl StorageActor {
 
     fn write(
         &mut self,
-        ops: Vec<Op>,
+        ops: Vec<StoreOp>,
         then: Vec<Waiter>,
         retained: Vec<(usize, Arc<Message>)>,
         deliveries: Vec<HeldDelivery>,
@@ -91,6 +134,7 @@ impl StorageActor {
     ) {
         let base = self.pending.len();
         if let Some(shard) = shard {
+            self.know(shard.clone());
             self.retained.extend(
                 retained
                     .into_iter()
@@ -101,15 +145,25 @@ impl StorageActor {
                 (h, shard.clone())
             }));
         }
-        self.waiting.extend(then.into_iter().map(|w| Waiter {
-            ops: w.ops.start + base..w.ops.end + base,
-            to: w.to,
+        self.waiting.extend(then.into_iter().map(|w| {
+            let range = w.ops.start + base..w.ops.end + base;
+            Waiting {
+                live: range.len(),
+                range: range.clone(),
+                waiter: Some(Waiter {
+                    ops: range,
+                    to: w.to,
+                }),
+            }
         }));
-        if self.pending.is_empty() {
-            self.pending = ops;
-        } else {
-            self.pending.extend(ops);
+        self.pending.reserve(ops.len());
+        let mut answered = Vec::new();
+        for op in ops {
+            self.push_op(op, &mut answered);
         }
+        // Publishes whose every record was retired before its commit: delivered and
+        // acknowledged wherever they were stored for, so nothing of them needs the disk.
+        tell_all(answered.into_iter().map(|w| (w, Stored::Durable)));
         if self.store.is_none() {
             // A commit runs: this goes into the next.
             return;
@@ -121,6 +175,67 @@ impl StorageActor {
             self.start(ctx);
         } else if self.armed.is_none() {
             self.armed = Some(ctx.after(self.interval, StoreMsg::CommitNow));
+        }
+    }
+
+    /// A shard to tell whether the store has room (shards hold every record's delivery until
+    /// told).
+    fn know(&mut self, shard: WeakAddr<RouterMsg>) {
+        if !self.shards.iter().any(|s| s.id() == shard.id()) {
+            send_urgent(&shard, RouterMsg::StoreRoom(self.early));
+            self.shards.push(shard);
+        }
+    }
+
+    /// Appends one op, or a hole for it and its record when it retires a record still
+    /// pending: nothing of that delivery need be written.
+    fn push_op(&mut self, op: StoreOp, answered: &mut Vec<Waiter>) {
+        let at = self.pending.len();
+        match op.delivery_key() {
+            Some((_, seq, true)) => {
+                self.puts
+                    .entry(seq)
+                    .and_modify(|i| *i = PUT_AGAIN)
+                    .or_insert(at);
+            }
+            Some((client_id, seq, false)) => {
+                if let Some(i) = self.puts.remove(&seq).filter(|&i| i != PUT_AGAIN) {
+                    let same = self.pending[i]
+                        .as_ref()
+                        .and_then(StoreOp::delivery_key)
+                        .is_some_and(|(c, _, put)| put && c == client_id);
+                    if same {
+                        self.pending[i] = None;
+                        self.pending.push(None);
+                        self.holes += 2;
+                        add(&self.shared.metrics.store_cancelled, 1);
+                        self.hole_at(i, answered);
+                        self.hole_at(at, answered);
+                        return;
+                    }
+                }
+            }
+            None => {}
+        }
+        self.pending.push(Some(op));
+    }
+
+    /// `pending[k]` became a hole: the waiter whose range holds it has one op less to wait
+    /// for, and none left is told now (into `answered`).
+    fn hole_at(&mut self, k: usize, answered: &mut Vec<Waiter>) {
+        let n = self.waiting.partition_point(|w| w.range.start <= k);
+        let Some(w) = n.checked_sub(1).map(|n| &mut self.waiting[n]) else {
+            return;
+        };
+        if !w.range.contains(&k) {
+            return;
+        }
+        w.live -= 1;
+        // Only a publisher's: a client counts the answers to its own writes in order, and
+        // the cluster's waiters go by the commit too.
+        let publisher = matches!(&w.waiter, Some(Waiter { to: WaiterTo::Client(to), .. }) if to.tag != OWN_WRITE);
+        if w.live == 0 && publisher {
+            answered.extend(w.waiter.take());
         }
     }
 
@@ -142,14 +257,48 @@ impl StorageActor {
         if let Some(t) = self.armed.take() {
             ctx.cancel(t);
         }
-        let ops = std::mem::take(&mut self.pending);
-        let waiting = std::mem::take(&mut self.waiting);
+        let pending = std::mem::take(&mut self.pending);
+        self.puts.clear();
+        let holes = std::mem::take(&mut self.holes);
+        // Holes out; `live` maps the store's op indices back to `pending`'s.
+        let (ops, live): (Vec<StoreOp>, Vec<usize>) = if holes == 0 {
+            (pending.into_iter().flatten().collect(), Vec::new())
+        } else {
+            let mut live = Vec::with_capacity(pending.len() - holes);
+            let ops = pending
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, op)| op.inspect(|_| live.push(i)))
+                .collect();
+            (ops, live)
+        };
+        let waiting: Vec<Waiter> = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .filter_map(|w| w.waiter)
+            .collect();
         let retained = std::mem::take(&mut self.retained);
         let deliveries = std::mem::take(&mut self.deliveries);
         let fsync = self.fsync;
         let n = ops.len();
+        if n == 0 {
+            // Everything cancelled out: nothing to make durable, no sync.
+            let done = CommitDone {
+                store: Some(store),
+                result: Ok(starling_store::Committed::default()),
+                ops: 0,
+                live,
+                waiting,
+                retained,
+                deliveries,
+                took: Duration::ZERO,
+            };
+            return self.committed(done, ctx);
+        }
         let started = time::now();
         let job = self.pool.try_run(move || {
+            // Encoded here, off the threads that serve connections.
+            let (now, wall) = (time::now(), time::wall());
+            let ops: Vec<Op> = ops.into_iter().map(|op| op.into_op(now, wall)).collect();
             let result = store.commit(&ops, fsync);
             (store, result)
         });
@@ -164,6 +313,7 @@ impl StorageActor {
                     store,
                     result,
                     ops: n,
+                    live,
                     waiting,
                     retained,
                     deliveries,
@@ -185,14 +335,22 @@ impl StorageActor {
         }
     }
 
-    fn committed(&mut self, done: CommitDone, ctx: &mut Ctx<Self>) {
+    fn committed(&mut self, mut done: CommitDone, ctx: &mut Ctx<Self>) {
         let m = &self.shared.metrics;
-        add(&m.store_commits, 1);
-        add(&m.store_ops, done.ops as u64);
-        add(
-            &m.store_commit_us,
-            u64::try_from(done.took.as_micros()).unwrap_or(u64::MAX),
-        );
+        if done.ops > 0 {
+            add(&m.store_commits, 1);
+            add(&m.store_ops, done.ops as u64);
+            add(
+                &m.store_commit_us,
+                u64::try_from(done.took.as_micros()).unwrap_or(u64::MAX),
+            );
+        }
+        if let (Ok(c), false) = (&mut done.result, done.live.is_empty()) {
+            // Back to the batch's indices, holes included.
+            for r in &mut c.refused {
+                r.op = done.live[r.op];
+            }
+        }
         match &done.result {
             Ok(c) if !c.refused.is_empty() => {
                 add(&m.store_refused, c.refused.len() as u64);
@@ -217,7 +375,7 @@ impl StorageActor {
             Err(_) => &[],
         };
         hand_back(&self.shared, done.deliveries, refused);
-        for w in done.waiting {
+        let outcomes = done.waiting.into_iter().map(|w| {
             let outcome = match &done.result {
                 Err(_) => Stored::Failed,
                 Ok(c)
@@ -229,11 +387,19 @@ impl StorageActor {
                 }
                 Ok(_) => Stored::Durable,
             };
-            tell(w, outcome);
-        }
+            (w, outcome)
+        });
+        tell_all(outcomes);
         match done.store {
             Some(store) => {
                 set_usage(&self.shared, &store);
+                let early = has_room(&store);
+                if early != self.early {
+                    self.early = early;
+                    for shard in &self.shards {
+                        send_urgent(shard, RouterMsg::StoreRoom(early));
+                    }
+                }
                 self.store = Some(store);
             }
             None => {
@@ -285,6 +451,11 @@ impl Actor for StorageActor {
                     return;
                 }
                 self.write(ops, then, retained, deliveries, shard, ctx);
+            }
+            StoreMsg::Shards(shards) => {
+                for shard in shards {
+                    self.know(shard);
+                }
             }
             StoreMsg::CommitNow => {
                 self.armed = None;
@@ -346,6 +517,12 @@ fn drops(reason: &starling_store::Refusal) -> bool {
     !matches!(reason, starling_store::Refusal::NoSession)
 }
 
+/// Whether more than a quarter of `max_bytes` is free (see [`EARLY_ROOM_DIVISOR`]).
+fn has_room(store: &Store) -> bool {
+    let max = store.limits().max_bytes;
+    store.usage().bytes < max - max / EARLY_ROOM_DIVISOR
+}
+
 /// The store's gauges for `$SYS`.
 fn set_usage(shared: &Shared, store: &Store) {
     let (u, m) = (store.usage(), &shared.metrics);
@@ -360,6 +537,38 @@ fn set_usage(shared: &Shared, store: &Store) {
 
 /// A shard and the deliveries a commit made durable for it.
 type ToShard = (WeakAddr<RouterMsg>, Vec<(Arc<str>, ActorId, Delivery)>);
+
+/// A publisher's answers, by tag.
+type Settled = Vec<(u32, Stored)>;
+
+/// Tells each waiter its outcome: one message per publisher (a commit answers hundreds of
+/// publishes of one publisher under load, and one message each overflowed its urgent lane).
+fn tell_all(outcomes: impl Iterator<Item = (Waiter, Stored)>) {
+    let mut answers: Vec<(WeakAddr<ClientMsg>, Settled)> = Vec::new();
+    let mut by_client: HashMap<ActorId, usize> = HashMap::new();
+    for (w, outcome) in outcomes {
+        match w.to {
+            WaiterTo::Client(to) if to.tag != OWN_WRITE => match by_client.get(&to.addr.id()) {
+                Some(&i) => answers[i].1.push((to.tag, outcome)),
+                None => {
+                    by_client.insert(to.addr.id(), answers.len());
+                    answers.push((to.addr, vec![(to.tag, outcome)]));
+                }
+            },
+            to => tell(Waiter { to, ops: w.ops }, outcome),
+        }
+    }
+    for (addr, mut settled) in answers {
+        let msg = match settled.len() {
+            1 => {
+                let (tag, outcome) = settled.remove(0);
+                ClientMsg::Stored { tag, outcome }
+            }
+            _ => ClientMsg::Settled(settled),
+        };
+        send_urgent(&addr, msg);
+    }
+}
 
 /// Tells a publisher (or the shard that gathers its acknowledgement): its acknowledgements
 /// wait for this.

@@ -114,6 +114,7 @@ impl SysActor {
             ("delayed/count", g.delayed.count().to_string()),
             ("store/commits", m.store_commits.to_string()),
             ("store/ops", m.store_ops.to_string()),
+            ("store/cancelled", m.store_cancelled.to_string()),
             (
                 "store/commit_us_mean",
                 m.store_commit_us

@@ -157,6 +157,106 @@ fn a_publish_to_a_persistent_session_is_acknowledged_once_stored() {
 }
 
 #[test]
+fn a_qos1_delivery_acknowledged_by_an_online_persistent_session_before_its_commit_is_never_written()
+{
+    on_actix(async {
+        let dir = temp_dir("sessions-early");
+        let (b, addr) = broker_with(config(&dir, "commit_interval_ms = 1000\n")).await;
+        let (mut s, _) = persistent(addr, Protocol::V5, "early", 3600).await;
+        s.subscribe(1, "e/#", QoS::AtLeastOnce).await;
+        let mut p = Client::connect(addr, Protocol::V5, "pub", true).await;
+        // The shards hear from the store whether it has room just after start: past that.
+        let (code, _) = tokio::join!(
+            p.publish_code("e/warm", b"warm", QoS::AtLeastOnce, false),
+            s.recv_publish()
+        );
+        assert!(!code.is_error());
+        // Its retirement committed too.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let before = b.metrics();
+
+        let t = starling_rt::time::now();
+        let (code, seen) = tokio::join!(
+            async {
+                let code = p
+                    .publish_code("e/x", b"early", QoS::AtLeastOnce, false)
+                    .await;
+                (code, starling_rt::time::now() - t)
+            },
+            async {
+                let m = s.recv_publish().await;
+                (m, starling_rt::time::now() - t)
+            }
+        );
+        let ((code, acked), (m, received)) = (code, seen);
+        assert!(!code.is_error(), "{code:?}");
+        assert_eq!(&m.payload[..], b"early");
+        assert!(
+            received < Duration::from_millis(600),
+            "delivered only with its commit: {received:?}"
+        );
+        // The subscriber's PUBACK came before the commit: neither the record nor its
+        // retirement is written, and the publisher, whose message is delivered wherever it
+        // was to be stored, need not wait for the disk.
+        assert!(
+            acked < Duration::from_millis(600) && acked >= received,
+            "acknowledged at {acked:?}, delivered at {received:?}"
+        );
+        let m = b.metrics();
+        assert_eq!(m.store_cancelled, before.store_cancelled + 1, "{m:?}");
+        assert_eq!(m.store_messages, 0, "{m:?}");
+        s.disconnect().await;
+        p.disconnect().await;
+        b.shutdown().await;
+        let report = starling_store::check(&dir.join("store.redb")).expect("a good store");
+        assert_eq!(report.usage.deliveries, 0);
+        assert_eq!(report.usage.sessions, 1);
+    });
+}
+
+#[test]
+fn near_a_full_store_a_delivery_to_an_online_persistent_session_waits_for_its_commit() {
+    on_actix(async {
+        let dir = temp_dir("sessions-tight");
+        let (b, addr) = broker_with(config(
+            &dir,
+            "max_bytes = 1048576\ncommit_interval_ms = 1000\n",
+        ))
+        .await;
+        let (mut hoarder, _) = persistent(addr, Protocol::V5, "hoarder", 3600).await;
+        hoarder.subscribe(1, "big/#", QoS::AtLeastOnce).await;
+        hoarder.disconnect().await;
+        let (mut s, _) = persistent(addr, Protocol::V5, "online", 3600).await;
+        s.subscribe(1, "o/#", QoS::AtLeastOnce).await;
+        let mut p = Client::connect(addr, Protocol::V5, "pub", true).await;
+        // Past three quarters of the cap, queued for the session that is away.
+        let payload = vec![7u8; 200 * 1024];
+        for _ in 0..4 {
+            p.publish("big/x", &payload, QoS::AtLeastOnce, false).await;
+        }
+        assert!(b.metrics().store_bytes > 786_432, "{:?}", b.metrics());
+        let t = starling_rt::time::now();
+        let (code, (m, received)) = tokio::join!(
+            p.publish_code("o/x", b"late", QoS::AtLeastOnce, false),
+            async {
+                let m = s.recv_publish().await;
+                (m, starling_rt::time::now() - t)
+            }
+        );
+        assert!(!code.is_error(), "{code:?}");
+        assert_eq!(&m.payload[..], b"late");
+        assert!(
+            received >= Duration::from_millis(900),
+            "delivered before its record was durable, near the cap: {received:?}"
+        );
+        assert_eq!(b.metrics().store_cancelled, 0);
+        s.disconnect().await;
+        p.disconnect().await;
+        b.shutdown().await;
+    });
+}
+
+#[test]
 fn a_full_store_refuses_deliveries_to_a_persistent_session_with_quota_exceeded() {
     on_actix(async {
         let dir = temp_dir("sessions-full");

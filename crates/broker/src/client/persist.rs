@@ -26,14 +26,14 @@ use super::acks::Resent;
 use super::Client;
 use crate::gate::AuthGate;
 use crate::metrics::add;
-use crate::msg::{AckTo, RegistryMsg, StoreMsg, Stored, Waiter, WaiterTo, OWN_WRITE};
+use crate::msg::{AckTo, RegistryMsg, StoreMsg, StoreOp, Stored, Waiter, WaiterTo, OWN_WRITE};
 use crate::settings::Shared;
 use crate::shards::Shards;
 
 /// Made when a session that outlives its connection first writes (or is restored).
 #[derive(Debug, Default)]
 pub(super) struct Persist {
-    ops: Vec<Op>,
+    ops: Vec<StoreOp>,
     /// `ops` holds a change what is sent next must wait for: the output from this offset
     /// on waits for it.
     barrier_at: Option<usize>,
@@ -96,7 +96,7 @@ impl Client {
 
     /// A change the session reported.
     pub(super) fn store_change(&mut self, change: StoreChange) {
-        let client_id = self.session.client_id().to_string();
+        let client_id = self.session.client_id();
         let at = self.out_len();
         let Some(p) = self.persist.as_mut().filter(|p| p.stored) else {
             return;
@@ -110,15 +110,21 @@ impl Client {
                 packet_id,
                 phase,
             } => Op::StageDelivery {
-                client_id,
+                client_id: client_id.to_string(),
                 seq,
                 stage: DeliveryStage::Inflight { packet_id, phase },
+            }
+            .into(),
+            // The shared id: most retirements cancel their record before its commit.
+            StoreChange::Retire { seq } => StoreOp::Retire {
+                client_id: client_id.clone(),
+                seq,
             },
-            StoreChange::Retire { seq } => Op::DropDelivery { client_id, seq },
             StoreChange::InboundReleased(packet_id) => Op::DropInbound {
-                client_id,
+                client_id: client_id.to_string(),
                 packet_id,
-            },
+            }
+            .into(),
             StoreChange::InboundRouted(packet_id) => {
                 p.inbound = Some(packet_id);
                 return;
@@ -143,7 +149,7 @@ impl Client {
         if let Some(p) = self.persist.as_mut().filter(|p| p.stored) {
             // What the session changed before is moot: its records all go.
             p.ops.clear();
-            p.ops.push(Op::DropSession { client_id });
+            p.ops.push(Op::DropSession { client_id }.into());
             p.stored = false;
             p.meta_dirty = false;
         }
@@ -203,13 +209,16 @@ impl Client {
             p.meta_dirty = false;
             match meta {
                 Some(op) => {
-                    p.ops.push(op);
+                    p.ops.push(op.into());
                     p.stored = true;
                 }
                 None if p.stored => {
-                    p.ops.push(Op::DropSession {
-                        client_id: self.session.client_id().to_string(),
-                    });
+                    p.ops.push(
+                        Op::DropSession {
+                            client_id: self.session.client_id().to_string(),
+                        }
+                        .into(),
+                    );
                     p.stored = false;
                 }
                 None => {}
@@ -374,7 +383,7 @@ impl Client {
                 to: WaiterTo::Done(tx),
                 ops: 0..ops.len(),
             }],
-            ops,
+            ops: ops.into_iter().map(StoreOp::from).collect(),
             retained: Vec::new(),
             deliveries: Vec::new(),
             shard: None,

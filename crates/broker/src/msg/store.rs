@@ -2,9 +2,12 @@
 //! commits.
 
 use std::sync::Arc;
+use std::time::{Instant, SystemTime};
 
 use starling_rt::{ActorId, Reply, WeakAddr};
+use starling_session::state::DeliveryState;
 use starling_session::Message;
+use starling_store::{DeliveryStage, Op, StoredDelivery};
 
 use super::*;
 
@@ -15,7 +18,7 @@ pub(crate) enum StoreMsg {
     /// `retained` names, for each retained message put, the op and the message: if the
     /// store refuses it, `shard` is told to take it back out of memory.
     Write {
-        ops: Vec<starling_store::Op>,
+        ops: Vec<StoreOp>,
         then: Vec<Waiter>,
         retained: Vec<(usize, Arc<Message>)>,
         /// Deliveries held until their ops are durable (see [`HeldDelivery`]), handed back
@@ -23,6 +26,10 @@ pub(crate) enum StoreMsg {
         deliveries: Vec<HeldDelivery>,
         shard: Option<WeakAddr<RouterMsg>>,
     },
+    /// The router's shards, told now and whenever the store's room changes whether a QoS 1
+    /// delivery to an online persistent session may go before its commit
+    /// (`RouterMsg::StoreRoom`).
+    Shards(Vec<WeakAddr<RouterMsg>>),
     /// The commit interval passed.
     CommitNow,
     Committed(Box<CommitDone>),
@@ -32,12 +39,105 @@ pub(crate) enum StoreMsg {
     Close(Reply<()>),
 }
 
+/// One write as its writer hands it to the storage actor. A delivery record and its
+/// retirement stay cheap (shared message, shared client id) until a commit starts: most of
+/// a connected subscriber's are retired before, and then neither is ever encoded.
+#[derive(Debug)]
+pub(crate) enum StoreOp {
+    /// Boxed: an `Op` is over 500 bytes, a delivery record here a tenth of that.
+    Op(Box<Op>),
+    /// Records a delivery under `seq` as queued (`Op::PutDelivery`), at the QoS and RETAIN
+    /// flag the session sends it with.
+    Delivery {
+        client_id: Arc<str>,
+        seq: u64,
+        message: Arc<Message>,
+        qos: starling_codec::QoS,
+        retain: bool,
+        subscription_ids: Vec<u32>,
+    },
+    /// Drops a delivery's record (`Op::DropDelivery`).
+    Retire { client_id: Arc<str>, seq: u64 },
+}
+
+impl From<Op> for StoreOp {
+    fn from(op: Op) -> Self {
+        StoreOp::Op(Box::new(op))
+    }
+}
+
+impl StoreOp {
+    /// The record of `message` delivered with `opts`, as the session will take it.
+    pub(crate) fn delivery(
+        client_id: Arc<str>,
+        seq: u64,
+        message: &Arc<Message>,
+        opts: &starling_session::DeliveryOptions,
+    ) -> Self {
+        StoreOp::Delivery {
+            client_id,
+            seq,
+            qos: message.qos.min(opts.qos),
+            retain: opts.from_retained || (opts.retain_as_published && message.retain),
+            subscription_ids: opts.subscription_ids.clone(),
+            message: message.clone(),
+        }
+    }
+
+    /// The delivery record this writes or drops: (client id, seq, whether a put).
+    pub(crate) fn delivery_key(&self) -> Option<(&str, u64, bool)> {
+        match self {
+            StoreOp::Delivery { client_id, seq, .. } => Some((client_id, *seq, true)),
+            StoreOp::Op(op) => match &**op {
+                Op::PutDelivery { client_id, seq, .. } => Some((client_id, *seq, true)),
+                Op::DropDelivery { client_id, seq } => Some((client_id, *seq, false)),
+                _ => None,
+            },
+            StoreOp::Retire { client_id, seq } => Some((client_id, *seq, false)),
+        }
+    }
+
+    /// The store's op, a message's expiry made wall-clock with `now` and `wall`.
+    pub(crate) fn into_op(self, now: Instant, wall: SystemTime) -> Op {
+        match self {
+            StoreOp::Op(op) => *op,
+            StoreOp::Delivery {
+                client_id,
+                seq,
+                message,
+                qos,
+                retain,
+                subscription_ids,
+            } => Op::PutDelivery {
+                client_id: client_id.to_string(),
+                seq,
+                record: StoredDelivery {
+                    stage: DeliveryStage::Queued,
+                    delivery: DeliveryState {
+                        message: message.to_state(now, wall),
+                        qos,
+                        retain,
+                        subscription_ids,
+                    },
+                },
+            },
+            StoreOp::Retire { client_id, seq } => Op::DropDelivery {
+                client_id: client_id.to_string(),
+                seq,
+            },
+        }
+    }
+}
+
 /// What a commit on the worker gives back.
 pub(crate) struct CommitDone {
     pub store: Option<starling_store::Store>,
     /// The store's answer, or why there is none (the worker died).
     pub result: Result<starling_store::Committed, String>,
     pub ops: usize,
+    /// The batch index of each op the store was given, when holes were taken out
+    /// (empty: none were, the indices are the batch's).
+    pub live: Vec<usize>,
     pub waiting: Vec<Waiter>,
     /// The retained puts of the commit (op index, message, shard), for refusals.
     pub retained: Vec<(usize, Arc<Message>, WeakAddr<RouterMsg>)>,

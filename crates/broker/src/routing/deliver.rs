@@ -6,15 +6,13 @@ use std::sync::Arc;
 use starling_router::DeliveryKind;
 use starling_rt::{time, ActorId, Ctx};
 use starling_session::{DeliveryOptions, Message};
-use starling_store::Op;
 use tracing::debug;
 
-use super::stored::stored_delivery;
 use super::{remote, RouterActor, Source, RETRY_BLOCKED};
 use crate::destination::{is_qos0, Destination, Flushed, SharedTo};
 use crate::flow::Qos0Tally;
 use crate::metrics::add;
-use crate::msg::{HeldDelivery, RouterMsg};
+use crate::msg::{HeldDelivery, RouterMsg, StoreOp};
 
 impl RouterActor {
     /// One delivery to one subscriber's destination: held-back marking, the saturated
@@ -103,22 +101,51 @@ impl RouterActor {
         }
         let mut no_room = false;
         let mut first = false;
-        // A persistent session's QoS 1/2 delivery waits for its record to be durable, and
-        // whatever follows it to that session waits behind it (order, MQTT 4.6).
+        // A persistent session's delivery that needs a record waits for it to be durable,
+        // and whatever follows it to that session waits behind it (order, MQTT 4.6); but a
+        // QoS 1 delivery to an online subscriber goes at once, while the store has room
+        // (`store_early`): its publisher's acknowledgement still waits for the record, and
+        // a subscriber's PUBACK that comes before the commit takes the record back out of
+        // it unwritten (`storage`). A crash before the commit may send it twice, which QoS 1
+        // allows; QoS 2 must not show its packet id before it is durable.
         let store = self.store.is_some()
             && client.persistent
             && (!is_qos0(msg, &opts) || (self.shared.limits.queue_qos0_offline && !client.online));
-        if store || client.held > 0 {
+        let early = store
+            && self.store_early
+            && client.held == 0
+            && client.online
+            && msg.qos.min(opts.qos) == starling_codec::QoS::AtLeastOnce;
+        if early {
+            let seq = self.seq_next;
+            self.seq_next += self.map.count() as u64;
+            opts.stored = Some(seq);
+            self.to_store
+                .push(StoreOp::delivery(subscriber.clone(), seq, msg, &opts));
+            let was_empty = client.pending.is_empty();
+            // Kept up to the hard bound, as a held one is: its publisher may be told it is
+            // stored.
+            if client.pending.push(
+                (msg.clone(), opts),
+                self.shared.limits.mqueue_len_hard(),
+                self.shared.limits.mqueue_policy,
+            ) {
+                first = was_empty;
+            } else {
+                add(&self.shared.metrics.dropped_mailbox_full, 1);
+                // Cancels the record in the same write.
+                self.to_store.push(StoreOp::Retire {
+                    client_id: subscriber.clone(),
+                    seq,
+                });
+            }
+        } else if store || client.held > 0 {
             let op = store.then(|| {
                 let seq = self.seq_next;
                 self.seq_next += self.map.count() as u64;
                 opts.stored = Some(seq);
-                let record = stored_delivery(msg, &opts);
-                self.to_store.push(Op::PutDelivery {
-                    client_id: subscriber.to_string(),
-                    seq,
-                    record,
-                });
+                self.to_store
+                    .push(StoreOp::delivery(subscriber.clone(), seq, msg, &opts));
                 self.to_store.len() - 1
             });
             client.held += 1;

@@ -34,7 +34,7 @@ use super::remote::FORWARD_TIMEOUT;
 use super::RouterActor;
 use crate::destination::{remote_key, Destination, RemoteNode};
 use crate::metrics::add;
-use crate::msg::{ClientMsg, LinkFrom, Publisher, SharedTo, Waiter, WaiterTo};
+use crate::msg::{ClientMsg, LinkFrom, Publisher, SharedTo, StoreOp, Waiter, WaiterTo};
 
 /// The store writes of the deliveries of one node's forwarded publishes, numbered in
 /// routing order: those not yet committed, and those whose commit failed and that no
@@ -79,9 +79,12 @@ pub(crate) struct Taken {
 }
 
 /// The link a cursor op is for.
-fn cursor_of(op: &Op) -> Option<(u64, u16)> {
+fn cursor_of(op: &StoreOp) -> Option<(u64, u16)> {
     match op {
-        Op::PutLinkCursor(c) => Some((c.node, c.shard)),
+        StoreOp::Op(op) => match &**op {
+            Op::PutLinkCursor(c) => Some((c.node, c.shard)),
+            _ => None,
+        },
         _ => None,
     }
 }
@@ -151,7 +154,7 @@ impl RouterActor {
             Some(group) => self.publish_to_group(&m, group, from.node, ctx),
         }
         if self.to_store.len() > before {
-            let cursor = Op::PutLinkCursor(LinkCursor {
+            let cursor = StoreOp::from(Op::PutLinkCursor(LinkCursor {
                 node: from.node,
                 shard: from.shard,
                 to_shard: self.index as u16,
@@ -160,7 +163,7 @@ impl RouterActor {
                 taken: taken.taken,
                 map_seed: self.map.seed(),
                 shards: self.map.count() as u16,
-            });
+            }));
             // Ops sent to the store together commit together: the link's cursor already
             // among them moves forward (the index may be stale, from before they were
             // last sent: then it holds another op, or nothing).

@@ -6,29 +6,14 @@ use std::time::Duration;
 
 use starling_router::{parse_delayed, Delayed};
 use starling_rt::{time, ActorId, Ctx};
-use starling_session::state::DeliveryState;
-use starling_session::{DeliveryOptions, Message};
-use starling_store::{DeliveryStage, Op, StoredDelivery};
+use starling_session::Message;
+use starling_store::Op;
 use tracing::debug;
 
 use super::RouterActor;
 use crate::destination::Destination;
 use crate::metrics::add;
-use crate::msg::{DelayedKey, Delivery, RouterMsg};
-
-/// The record of a delivery to a persistent session, as the session will take it (QoS and
-/// RETAIN as its `deliver` sets them).
-pub(super) fn stored_delivery(msg: &Message, opts: &DeliveryOptions) -> StoredDelivery {
-    StoredDelivery {
-        stage: DeliveryStage::Queued,
-        delivery: DeliveryState {
-            message: msg.to_state(time::now(), time::wall()),
-            qos: msg.qos.min(opts.qos),
-            retain: opts.from_retained || (opts.retain_as_published && msg.retain),
-            subscription_ids: opts.subscription_ids.clone(),
-        },
-    }
-}
+use crate::msg::{DelayedKey, Delivery, RouterMsg, StoreOp};
 
 impl RouterActor {
     /// Deliveries whose records are durable (or that waited behind such), in routing order:
@@ -45,8 +30,8 @@ impl RouterActor {
             }
             let Some(Destination::Local(client)) = dest else {
                 if let Some(seq) = d.1.stored {
-                    self.to_store.push(Op::DropDelivery {
-                        client_id: subscriber.to_string(),
+                    self.to_store.push(StoreOp::Retire {
+                        client_id: subscriber.clone(),
                         seq,
                     });
                 }
@@ -65,8 +50,8 @@ impl RouterActor {
             } else {
                 add(&self.shared.metrics.dropped_mailbox_full, 1);
                 if let Some(seq) = seq {
-                    self.to_store.push(Op::DropDelivery {
-                        client_id: subscriber.to_string(),
+                    self.to_store.push(StoreOp::Retire {
+                        client_id: subscriber.clone(),
                         seq,
                     });
                 }
@@ -88,13 +73,16 @@ impl RouterActor {
             Ok(_) if self.store.is_some() && !msg.topic.starts_with("$SYS") => {
                 let topic = msg.topic.to_string();
                 if msg.payload.is_empty() {
-                    self.to_store.push(Op::DropRetained { topic });
+                    self.to_store.push(Op::DropRetained { topic }.into());
                 } else {
                     self.store_retained.push((self.to_store.len(), msg.clone()));
-                    self.to_store.push(Op::PutRetained {
-                        topic,
-                        message: msg.to_state(time::now(), time::wall()),
-                    });
+                    self.to_store.push(
+                        Op::PutRetained {
+                            topic,
+                            message: msg.to_state(time::now(), time::wall()),
+                        }
+                        .into(),
+                    );
                 }
             }
             Ok(_) => {}
@@ -159,12 +147,15 @@ impl RouterActor {
                 due: time::wall() + delay,
             };
             self.delayed_next += self.map.count() as u64;
-            self.to_store.push(Op::PutDelayed {
-                id: key.id,
-                due: key.due,
-                target: due.topic.to_string(),
-                message: due.to_state(time::now(), time::wall()),
-            });
+            self.to_store.push(
+                Op::PutDelayed {
+                    id: key.id,
+                    due: key.due,
+                    target: due.topic.to_string(),
+                    message: due.to_state(time::now(), time::wall()),
+                }
+                .into(),
+            );
             key
         });
         ctx.after(delay, RouterMsg::DelayedDue(Arc::new(due), key));
