@@ -329,8 +329,13 @@ impl Client {
             return;
         };
         let n = parts.inflight.len() + parts.queue.len();
-        let Some(base) = self.shards.reserve_seqs(n as u64).await else {
-            return;
+        // Keys only for deliveries: a session that brought none asks no shard.
+        let base = match n {
+            0 => 0,
+            n => match self.shards.reserve_seqs(n as u64).await {
+                Some(base) => base,
+                None => return,
+            },
         };
         parts.meta.owner = self.gate.username().map(|u| u.to_string());
         parts.meta.connected = false;
