@@ -30,6 +30,10 @@ use crate::msg::{
 
 use crate::settings::Shared;
 
+mod batch;
+
+use batch::{Batch, Taken};
+
 /// Pending ops past which a commit starts without waiting for `commit_interval_ms`. A commit
 /// takes what is pending whole (each publisher is told about its own ops), so a commit is
 /// bounded by what the mailbox holds: at most `STORE_MAILBOX` writes of one shard turn each.
@@ -40,19 +44,6 @@ const COMMIT_OPS_MAX: usize = 8192;
 /// delivered, since its publisher hears it was not taken.
 const EARLY_ROOM_DIVISOR: u64 = 4;
 
-/// A waiter on the pending batch.
-struct Waiting {
-    /// `None` once told.
-    waiter: Option<Waiter>,
-    range: std::ops::Range<usize>,
-    /// Ops of `range` that are not holes.
-    live: usize,
-}
-
-/// A seq in `StorageActor::puts` written more than once in the pending batch (a record
-/// and a change of its stage by a second put): its retirement is written, not cancelled.
-const PUT_AGAIN: usize = usize::MAX;
-
 pub(crate) struct StorageActor {
     shared: Arc<Shared>,
     /// `None` while a commit runs (the store is on the worker).
@@ -60,22 +51,14 @@ pub(crate) struct StorageActor {
     pool: BlockingPool,
     fsync: Fsync,
     interval: Duration,
-    /// What the next commit writes; `None` where a record and its retirement cancelled
-    /// out (kept as a hole so that the indices below stay put).
-    pending: Vec<Option<StoreOp>>,
-    /// The delivery records of `pending` by seq (a seq is this node's, never reused), for
-    /// the retirements that cancel them.
-    puts: HashMap<u64, usize>,
-    /// How many of `pending` are holes.
-    holes: usize,
+    /// What the next commit writes, and who waits for it (see [`Batch`]). The indices
+    /// below are into it.
+    pending: Batch<Waiter>,
     /// Whether the shards may send QoS 1 deliveries to persistent sessions before their
     /// records are durable (`routing::deliver`): while the store has room.
     early: bool,
     /// The shards that wrote, told when `early` changes.
     shards: Vec<WeakAddr<RouterMsg>>,
-    /// Told when the commit holding their ops is durable (or failed); their ranges index
-    /// `pending`, in order. One whose ops all became holes is told at once.
-    waiting: Vec<Waiting>,
     /// Retained puts of `pending` (op index, message, its shard), taken back if refused.
     retained: Vec<(usize, Arc<Message>, WeakAddr<RouterMsg>)>,
     /// Deliveries held for `pending` (op indices into it), handed back to their shard.
@@ -108,12 +91,9 @@ impl StorageActor {
             pool: BlockingPool::new("store", 1, 1),
             fsync,
             interval,
-            pending: Vec::new(),
-            puts: HashMap::new(),
-            holes: 0,
+            pending: Batch::default(),
             early,
             shards: Vec::new(),
-            waiting: Vec::new(),
             retained: Vec::new(),
             deliveries: Vec::new(),
             armed: None,
@@ -145,25 +125,18 @@ impl StorageActor {
                 (h, shard.clone())
             }));
         }
-        self.waiting.extend(then.into_iter().map(|w| {
-            let range = w.ops.start + base..w.ops.end + base;
-            Waiting {
-                live: range.len(),
-                range: range.clone(),
-                waiter: Some(Waiter {
-                    ops: range,
-                    to: w.to,
-                }),
-            }
-        }));
-        self.pending.reserve(ops.len());
-        let mut answered = Vec::new();
-        for op in ops {
-            self.push_op(op, &mut answered);
-        }
+        // Only a publisher may be told before the commit: a client counts the answers to
+        // its own writes in order, and the cluster's waiters go by the commit.
+        let then = then.into_iter().map(|w| {
+            let early = matches!(&w.to, WaiterTo::Client(to) if to.tag != OWN_WRITE);
+            let ops = w.ops.clone();
+            (w, ops, early)
+        });
+        let (told, cancelled) = self.pending.add(ops, then);
+        add(&self.shared.metrics.store_cancelled, cancelled);
         // Publishes whose every record was retired before its commit: delivered and
         // acknowledged wherever they were stored for, so nothing of them needs the disk.
-        tell_all(answered.into_iter().map(|w| (w, Stored::Durable)));
+        tell_all(told.into_iter().map(|w| (w, Stored::Durable)));
         if self.store.is_none() {
             // A commit runs: this goes into the next.
             return;
@@ -187,64 +160,12 @@ impl StorageActor {
         }
     }
 
-    /// Appends one op, or a hole for it and its record when it retires a record still
-    /// pending: nothing of that delivery need be written.
-    fn push_op(&mut self, op: StoreOp, answered: &mut Vec<Waiter>) {
-        let at = self.pending.len();
-        match op.delivery_key() {
-            Some((_, seq, true)) => {
-                self.puts
-                    .entry(seq)
-                    .and_modify(|i| *i = PUT_AGAIN)
-                    .or_insert(at);
-            }
-            Some((client_id, seq, false)) => {
-                if let Some(i) = self.puts.remove(&seq).filter(|&i| i != PUT_AGAIN) {
-                    let same = self.pending[i]
-                        .as_ref()
-                        .and_then(StoreOp::delivery_key)
-                        .is_some_and(|(c, _, put)| put && c == client_id);
-                    if same {
-                        self.pending[i] = None;
-                        self.pending.push(None);
-                        self.holes += 2;
-                        add(&self.shared.metrics.store_cancelled, 1);
-                        self.hole_at(i, answered);
-                        self.hole_at(at, answered);
-                        return;
-                    }
-                }
-            }
-            None => {}
-        }
-        self.pending.push(Some(op));
-    }
-
-    /// `pending[k]` became a hole: the waiter whose range holds it has one op less to wait
-    /// for, and none left is told now (into `answered`).
-    fn hole_at(&mut self, k: usize, answered: &mut Vec<Waiter>) {
-        let n = self.waiting.partition_point(|w| w.range.start <= k);
-        let Some(w) = n.checked_sub(1).map(|n| &mut self.waiting[n]) else {
-            return;
-        };
-        if !w.range.contains(&k) {
-            return;
-        }
-        w.live -= 1;
-        // Only a publisher's: a client counts the answers to its own writes in order, and
-        // the cluster's waiters go by the commit too.
-        let publisher = matches!(&w.waiter, Some(Waiter { to: WaiterTo::Client(to), .. }) if to.tag != OWN_WRITE);
-        if w.live == 0 && publisher {
-            answered.extend(w.waiter.take());
-        }
-    }
-
     fn start(&mut self, ctx: &mut Ctx<Self>) {
         if self.store.is_none() {
             // A commit runs: this goes into the next.
             return;
         }
-        if self.pending.is_empty() && self.waiting.is_empty() {
+        if self.pending.is_empty() && !self.pending.has_waiters() {
             // Nothing to commit: deliveries that only waited behind earlier commits (all
             // done now) go back to their shards.
             let held = std::mem::take(&mut self.deliveries);
@@ -257,24 +178,11 @@ impl StorageActor {
         if let Some(t) = self.armed.take() {
             ctx.cancel(t);
         }
-        let pending = std::mem::take(&mut self.pending);
-        self.puts.clear();
-        let holes = std::mem::take(&mut self.holes);
-        // Holes out; `live` maps the store's op indices back to `pending`'s.
-        let (ops, live): (Vec<StoreOp>, Vec<usize>) = if holes == 0 {
-            (pending.into_iter().flatten().collect(), Vec::new())
-        } else {
-            let mut live = Vec::with_capacity(pending.len() - holes);
-            let ops = pending
-                .into_iter()
-                .enumerate()
-                .filter_map(|(i, op)| op.inspect(|_| live.push(i)))
-                .collect();
-            (ops, live)
-        };
-        let waiting: Vec<Waiter> = std::mem::take(&mut self.waiting)
+        let Taken { ops, live, waiting } = self.pending.take();
+        // Their ranges are batch indices, as the refusals are made again (`committed`).
+        let waiting: Vec<Waiter> = waiting
             .into_iter()
-            .filter_map(|w| w.waiter)
+            .map(|(w, ops)| Waiter { to: w.to, ops })
             .collect();
         let retained = std::mem::take(&mut self.retained);
         let deliveries = std::mem::take(&mut self.deliveries);
@@ -410,7 +318,9 @@ impl StorageActor {
             }
         }
         if self.store.is_some()
-            && (!self.pending.is_empty() || !self.waiting.is_empty() || !self.deliveries.is_empty())
+            && (!self.pending.is_empty()
+                || self.pending.has_waiters()
+                || !self.deliveries.is_empty())
         {
             self.start(ctx);
         }
