@@ -42,7 +42,7 @@ pub(crate) enum StoreMsg {
 /// One write as its writer hands it to the storage actor. A delivery record and its
 /// retirement stay cheap (shared message, shared client id) until a commit starts: most of
 /// a connected subscriber's are retired before, and then neither is ever encoded.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum StoreOp {
     /// Boxed: an `Op` is over 500 bytes, a delivery record here a tenth of that.
     Op(Box<Op>),

@@ -119,7 +119,7 @@ proptest! {
                     }),
                     _ => StoreOp::from(Op::DropRetained { topic: "r".into() }),
                 };
-                all.push(op(clone_op(&s)));
+                all.push(op(s.clone()));
                 ops.push(s);
             }
             // Waiters over consecutive, disjoint ranges of this write.
@@ -170,32 +170,6 @@ proptest! {
         for (w, range) in &taken.waiting {
             prop_assert_eq!(range, &waiters[*w].0);
         }
-    }
-}
-
-/// A copy of an op the batch will own (the test keeps what each write meant).
-fn clone_op(s: &StoreOp) -> StoreOp {
-    match s {
-        StoreOp::Op(o) => StoreOp::from((**o).clone()),
-        StoreOp::Delivery {
-            client_id,
-            seq,
-            message,
-            qos,
-            retain,
-            subscription_ids,
-        } => StoreOp::Delivery {
-            client_id: client_id.clone(),
-            seq: *seq,
-            message: message.clone(),
-            qos: *qos,
-            retain: *retain,
-            subscription_ids: subscription_ids.clone(),
-        },
-        StoreOp::Retire { client_id, seq } => StoreOp::Retire {
-            client_id: client_id.clone(),
-            seq: *seq,
-        },
     }
 }
 
