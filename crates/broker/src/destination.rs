@@ -31,6 +31,17 @@ pub(crate) fn is_qos0(m: &Message, o: &DeliveryOptions) -> bool {
 /// from the front and, when the destination has no room, put back there, each in the time
 /// of the batch, not of the whole list (a list of a thousand behind a busy client, moved
 /// twice per flush, took four fifths of a shard's time in a fan-out).
+/// What became of a delivery offered to a full or not full [`Pending`] list.
+#[must_use]
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    /// In the list; `evicted` is the store key of an older delivery the policy dropped to
+    /// make room, when it had a record (which must go too, or a restart brings it back).
+    Taken { evicted: Option<u64> },
+    /// The new delivery is the one dropped.
+    Refused,
+}
+
 #[derive(Default)]
 pub(crate) struct Pending {
     items: VecDeque<Delivery>,
@@ -50,18 +61,20 @@ impl Pending {
     }
 
     /// Appends a delivery to a list bounded by `bound`; when full, `policy` picks the
-    /// victim. False when the new delivery is the one dropped.
-    pub(crate) fn push(&mut self, d: Delivery, bound: usize, policy: QueueFullPolicy) -> bool {
+    /// victim.
+    pub(crate) fn push(&mut self, d: Delivery, bound: usize, policy: QueueFullPolicy) -> Pushed {
+        let mut evicted = None;
         if self.items.len() >= bound {
             let items = &self.items;
             let victim = policy.victim(items.len(), self.qos0, || {
                 items.iter().position(|(m, o)| is_qos0(m, o))
             });
             let Some(i) = victim else {
-                return false;
+                return Pushed::Refused;
             };
             if let Some((m, o)) = self.items.remove(i) {
                 self.qos0 -= usize::from(is_qos0(&m, &o));
+                evicted = o.stored;
             }
         }
         self.qos0 += usize::from(is_qos0(&d.0, &d.1));
@@ -73,7 +86,7 @@ impl Pending {
             self.qos0,
             self.items.iter().filter(|(m, o)| is_qos0(m, o)).count()
         );
-        true
+        Pushed::Taken { evicted }
     }
 
     /// Takes up to `max` of the oldest.
@@ -422,14 +435,27 @@ mod tests {
     fn a_full_list_applies_the_sessions_policy() {
         let fill = |policy| {
             let mut p = Pending::default();
-            assert!(p.push(d(QoS::AtLeastOnce, 0), 2, policy));
-            assert!(p.push(d(QoS::AtMostOnce, 1), 2, policy));
+            let mut stored = d(QoS::AtLeastOnce, 0);
+            stored.1.stored = Some(7);
+            let none = Pushed::Taken { evicted: None };
+            assert_eq!(p.push(stored, 2, policy), none);
+            assert_eq!(p.push(d(QoS::AtMostOnce, 1), 2, policy), none);
             let kept = p.push(d(QoS::AtLeastOnce, 2), 2, policy);
             (kept, tags(&mut p))
         };
-        assert_eq!(fill(QueueFullPolicy::DropNew), (false, vec![0, 1]));
-        assert_eq!(fill(QueueFullPolicy::DropOldestQos0), (true, vec![0, 2]));
-        assert_eq!(fill(QueueFullPolicy::DropOldest), (true, vec![1, 2]));
+        assert_eq!(
+            fill(QueueFullPolicy::DropNew),
+            (Pushed::Refused, vec![0, 1])
+        );
+        assert_eq!(
+            fill(QueueFullPolicy::DropOldestQos0),
+            (Pushed::Taken { evicted: None }, vec![0, 2])
+        );
+        // The victim had a record: its key comes back, for the shard to drop it.
+        assert_eq!(
+            fill(QueueFullPolicy::DropOldest),
+            (Pushed::Taken { evicted: Some(7) }, vec![1, 2])
+        );
     }
 
     #[test]
@@ -439,7 +465,8 @@ mod tests {
             .into_iter()
             .enumerate()
         {
-            assert!(p.push(d(q, i as u8), 8, QueueFullPolicy::DropOldestQos0));
+            let pushed = p.push(d(q, i as u8), 8, QueueFullPolicy::DropOldestQos0);
+            assert_eq!(pushed, Pushed::Taken { evicted: None });
         }
         let first = p.take(2);
         assert_eq!(p.qos0, 1);

@@ -9,7 +9,7 @@ use starling_session::{DeliveryOptions, Message};
 use tracing::debug;
 
 use super::{remote, RouterActor, Source, RETRY_BLOCKED};
-use crate::destination::{is_qos0, Destination, Flushed, SharedTo};
+use crate::destination::{is_qos0, Destination, Flushed, Pushed, SharedTo};
 use crate::flow::Qos0Tally;
 use crate::metrics::add;
 use crate::msg::{HeldDelivery, RouterMsg, StoreOp};
@@ -125,15 +125,23 @@ impl RouterActor {
             let was_empty = client.pending.is_empty();
             // Kept up to the hard bound, as a held one is: its publisher may be told it is
             // stored.
-            if client.pending.push(
+            let pushed = client.pending.push(
                 (msg.clone(), opts),
                 self.shared.limits.mqueue_len_hard(),
                 self.shared.limits.mqueue_policy,
-            ) {
-                first = was_empty;
-            } else {
-                add(&self.shared.metrics.dropped_mailbox_full, 1);
-                // Cancels the record in the same write.
+            );
+            // Dropped, this one (its record cancelled in the same write) or an older one.
+            let dropped = match pushed {
+                Pushed::Taken { evicted } => {
+                    first = was_empty;
+                    evicted
+                }
+                Pushed::Refused => {
+                    add(&self.shared.metrics.dropped_mailbox_full, 1);
+                    Some(seq)
+                }
+            };
+            if let Some(seq) = dropped {
                 self.to_store.push(StoreOp::Retire {
                     client_id: subscriber.clone(),
                     seq,
@@ -168,18 +176,27 @@ impl RouterActor {
             };
             // Full: this one or an older one is dropped.
             no_room = client.pending.len() >= bound;
-            if client
+            match client
                 .pending
                 .push((msg.clone(), opts), bound, self.shared.limits.mqueue_policy)
             {
-                first = was_empty;
-                if no_room {
-                    // An older delivery made room (the queue policy's victim): a drop too.
-                    add(&self.shared.metrics.dropped_mailbox_full, 1);
+                Pushed::Taken { evicted } => {
+                    first = was_empty;
+                    if no_room {
+                        // An older delivery made room (the queue policy's victim): a drop too.
+                        add(&self.shared.metrics.dropped_mailbox_full, 1);
+                    }
+                    if let Some(seq) = evicted {
+                        self.to_store.push(StoreOp::Retire {
+                            client_id: subscriber.clone(),
+                            seq,
+                        });
+                    }
                 }
-            } else {
-                add(&self.shared.metrics.dropped_mailbox_full, 1);
-                debug!(client_id = %subscriber, topic = %msg.topic, "delivery dropped: client behind");
+                Pushed::Refused => {
+                    add(&self.shared.metrics.dropped_mailbox_full, 1);
+                    debug!(client_id = %subscriber, topic = %msg.topic, "delivery dropped: client behind");
+                }
             }
         }
         if qos0_may_hold {

@@ -11,7 +11,7 @@ use starling_store::Op;
 use tracing::debug;
 
 use super::RouterActor;
-use crate::destination::Destination;
+use crate::destination::{Destination, Pushed};
 use crate::metrics::add;
 use crate::msg::{DelayedKey, Delivery, RouterMsg, StoreOp};
 
@@ -40,21 +40,27 @@ impl RouterActor {
             client.held = client.held.saturating_sub(1);
             let was_empty = client.pending.is_empty();
             let seq = d.1.stored;
-            if client
+            // Dropped, with its record: this one, or an older one the policy picked.
+            let dropped = match client
                 .pending
                 .push(d, hard, self.shared.limits.mqueue_policy)
             {
-                if was_empty {
-                    self.dirty.push(subscriber);
+                Pushed::Taken { evicted } => {
+                    if was_empty {
+                        self.dirty.push(subscriber.clone());
+                    }
+                    evicted
                 }
-            } else {
-                add(&self.shared.metrics.dropped_mailbox_full, 1);
-                if let Some(seq) = seq {
-                    self.to_store.push(StoreOp::Retire {
-                        client_id: subscriber.clone(),
-                        seq,
-                    });
+                Pushed::Refused => {
+                    add(&self.shared.metrics.dropped_mailbox_full, 1);
+                    seq
                 }
+            };
+            if let Some(seq) = dropped {
+                self.to_store.push(StoreOp::Retire {
+                    client_id: subscriber,
+                    seq,
+                });
             }
         }
     }
