@@ -27,7 +27,6 @@ use crate::msg::{
     ClientMsg, CommitDone, Delivery, HeldDelivery, RouterMsg, StoreMsg, StoreOp, Stored, Waiter,
     WaiterTo, OWN_WRITE,
 };
-
 use crate::settings::Shared;
 
 mod batch;
@@ -57,7 +56,7 @@ pub(crate) struct StorageActor {
     /// Whether the shards may send QoS 1 deliveries to persistent sessions before their
     /// records are durable (`routing::deliver`): while the store has room.
     early: bool,
-    /// The shards that wrote, told when `early` changes.
+    /// The router's shards (`StoreMsg::Shards`, at start), told when `early` changes.
     shards: Vec<WeakAddr<RouterMsg>>,
     /// Retained puts of `pending` (op index, message, its shard), taken back if refused.
     retained: Vec<(usize, Arc<Message>, WeakAddr<RouterMsg>)>,
@@ -114,7 +113,6 @@ impl StorageActor {
     ) {
         let base = self.pending.len();
         if let Some(shard) = shard {
-            self.know(shard.clone());
             self.retained.extend(
                 retained
                     .into_iter()
@@ -148,15 +146,6 @@ impl StorageActor {
             self.start(ctx);
         } else if self.armed.is_none() {
             self.armed = Some(ctx.after(self.interval, StoreMsg::CommitNow));
-        }
-    }
-
-    /// A shard to tell whether the store has room (shards hold every record's delivery until
-    /// told).
-    fn know(&mut self, shard: WeakAddr<RouterMsg>) {
-        if !self.shards.iter().any(|s| s.id() == shard.id()) {
-            send_urgent(&shard, RouterMsg::StoreRoom(self.early));
-            self.shards.push(shard);
         }
     }
 
@@ -363,9 +352,11 @@ impl Actor for StorageActor {
                 self.write(ops, then, retained, deliveries, shard, ctx);
             }
             StoreMsg::Shards(shards) => {
-                for shard in shards {
-                    self.know(shard);
+                // A shard holds every record's delivery until told.
+                for shard in &shards {
+                    send_urgent(shard, RouterMsg::StoreRoom(self.early));
                 }
+                self.shards = shards;
             }
             StoreMsg::CommitNow => {
                 self.armed = None;

@@ -19,11 +19,6 @@ use starling_session::{DetachReason, DropReason, Effect, Message, Session};
 use tracing::{debug, Instrument};
 
 use crate::conn::{linger, write_out, Conn, WRITE_BATCH_MAX};
-
-/// A write of QoS 0 deliveries smaller than this at the end of a burst waits for one yield
-/// first, at most [`COALESCE_MAX`] times in a row (see `Client::after_turn`).
-const COALESCE_BELOW: usize = 16 * 1024;
-const COALESCE_MAX: u8 = 4;
 use crate::gate::AuthGate;
 use crate::metrics::{add, dec};
 use crate::msg::{AckTo, ClientMsg, NewConn, Publisher, RegistryMsg, RouterMsg, Stored, OWN_WRITE};
@@ -46,6 +41,10 @@ use input::passes_hold;
 
 /// Packets decoded per input item: a turn's work budget, and the unit of write batching.
 const INPUT_BATCH_MAX: usize = 64;
+/// A write of QoS 0 deliveries smaller than this at the end of a burst waits for one yield
+/// first, at most [`COALESCE_MAX`] times in a row (see `Client::after_turn`).
+const COALESCE_BELOW: usize = 16 * 1024;
+const COALESCE_MAX: u8 = 4;
 /// Packets held back at most while the client's publishes are (see [`crate::flow`]): past
 /// this nothing more is read, acknowledgements included, until it is released.
 const HELD_MAX: usize = 256;
