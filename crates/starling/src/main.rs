@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use starling_broker::Broker;
 use starling_config::{Config, Warning};
 
+mod alloc;
 mod cluster_cli;
 mod ctl;
 
