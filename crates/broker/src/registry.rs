@@ -393,7 +393,9 @@ impl Registry {
             conn,
         );
         let owner = client.owner();
-        let opts = Options::named("client").capacity(self.shared.client_mailbox);
+        let opts = Options::named("client")
+            .capacity(self.shared.client_mailbox)
+            .release_idle_queues();
         let addr = start_with(client, opts);
         self.clients.insert(
             client_id,
@@ -530,7 +532,9 @@ impl Registry {
             owner.clone(),
             handed_over,
         );
-        let opts = Options::named("client").capacity(self.shared.client_mailbox);
+        let opts = Options::named("client")
+            .capacity(self.shared.client_mailbox)
+            .release_idle_queues();
         let addr = start_with(client, opts);
         let entry = Entry {
             addr: addr.clone(),

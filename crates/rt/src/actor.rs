@@ -116,6 +116,12 @@ pub struct Options {
     pub own_thread: bool,
     /// A static name for tracing spans.
     pub name: &'static str,
+    /// Give back the mailbox's queue buffers each time the actor finds it empty and waits,
+    /// for actors counted in millions that are mostly idle (every connection's): an idle
+    /// client that once took a delivery would otherwise keep its lane's buffer (4 slots at
+    /// least) for good. The price is an allocation per burst of mail; actors that are few
+    /// and busy (the router's shards, whose lanes hold thousands) keep theirs.
+    pub release_idle_queues: bool,
 }
 
 impl Default for Options {
@@ -127,6 +133,7 @@ impl Default for Options {
             worker: None,
             own_thread: false,
             name: "actor",
+            release_idle_queues: false,
         }
     }
 }
@@ -141,6 +148,12 @@ impl Options {
 
     pub fn capacity(mut self, n: usize) -> Self {
         self.mailbox_capacity = n;
+        self
+    }
+
+    /// See [`Options::release_idle_queues`].
+    pub fn release_idle_queues(mut self) -> Self {
+        self.release_idle_queues = true;
         self
     }
 
@@ -594,6 +607,9 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = mailbox::mailbox(opts.mailbox_capacity, opts.urgent_capacity);
+    if opts.release_idle_queues {
+        rx.release_idle_queues();
+    }
     let id = next_id();
     let ctx = Ctx {
         id,

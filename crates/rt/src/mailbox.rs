@@ -84,6 +84,9 @@ struct State<M> {
     closed: bool,
     /// Someone asked the actor to stop; the receiver sees it before any queued message.
     stop_requested: bool,
+    /// The lanes' buffers are given back when the receiver finds them empty and waits
+    /// (`Options::release_idle_queues`).
+    release_idle: bool,
 }
 
 pub(crate) struct Shared<M> {
@@ -146,6 +149,7 @@ pub(crate) fn mailbox<M>(capacity: usize, urgent_capacity: usize) -> (Sender<M>,
             senders: 1,
             closed: false,
             stop_requested: false,
+            release_idle: false,
         }),
     });
     (
@@ -360,7 +364,14 @@ pub(crate) struct Receiver<M> {
 
 impl<M> Receiver<M> {
     /// Non-blocking: `None` when there is nothing to do right now.
+    /// See `Options::release_idle_queues`.
+    pub(crate) fn release_idle_queues(&self) {
+        self.shared.lock().release_idle = true;
+    }
+
     pub(crate) fn poll_recv(&self, waker: Option<&Waker>) -> Option<Recv<M>> {
+        // Buffers given back are freed after the lock is let go.
+        let mut spare = None;
         let (out, wake) = {
             let mut st = self.shared.lock();
             if st.stop_requested {
@@ -386,11 +397,19 @@ impl<M> Receiver<M> {
                             Some(old) if old.will_wake(w) => {}
                             _ => st.rx_waker = Some(w.clone()),
                         }
+                        if st.release_idle && (st.urgent.capacity() > 0 || st.normal.capacity() > 0)
+                        {
+                            spare = Some((
+                                std::mem::take(&mut st.urgent),
+                                std::mem::take(&mut st.normal),
+                            ));
+                        }
                     }
                     (None, Vec::new())
                 }
             }
         };
+        drop(spare);
         for w in wake {
             w.wake();
         }
@@ -421,5 +440,57 @@ impl<M> Drop for Receiver<M> {
         for w in wakers {
             w.wake();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Capacity of the lanes after one message went through and the receiver waited.
+    fn capacity_after_a_wait(release: bool) -> usize {
+        let (tx, rx) = mailbox::<u64>(64, 16);
+        if release {
+            rx.release_idle_queues();
+        }
+        tx.try_send(1).unwrap();
+        assert!(matches!(
+            rx.poll_recv(Some(Waker::noop())),
+            Some(Recv::Msg(1))
+        ));
+        assert!(rx.poll_recv(Some(Waker::noop())).is_none());
+        let st = rx.shared.lock();
+        st.normal.capacity() + st.urgent.capacity()
+    }
+
+    #[test]
+    fn an_idle_lean_mailbox_holds_no_queue_buffer_and_a_default_one_keeps_it() {
+        assert_eq!(capacity_after_a_wait(true), 0);
+        assert!(capacity_after_a_wait(false) > 0);
+    }
+
+    /// Given back only on a wait: a poll without a waker (a look, not a wait) and a poll
+    /// that finds mail leave the buffer.
+    #[test]
+    fn a_lean_mailbox_keeps_its_buffer_while_mail_is_waiting() {
+        let (tx, rx) = mailbox::<u64>(64, 16);
+        rx.release_idle_queues();
+        tx.try_send(1).unwrap();
+        tx.try_send(2).unwrap();
+        assert!(matches!(
+            rx.poll_recv(Some(Waker::noop())),
+            Some(Recv::Msg(1))
+        ));
+        assert!(rx.shared.lock().normal.capacity() > 0);
+        assert!(matches!(rx.poll_recv(None), Some(Recv::Msg(2))));
+        assert!(rx.poll_recv(None).is_none());
+        assert!(rx.shared.lock().normal.capacity() > 0);
+        // Mail after a release is taken as before.
+        assert!(rx.poll_recv(Some(Waker::noop())).is_none());
+        tx.try_send(3).unwrap();
+        assert!(matches!(
+            rx.poll_recv(Some(Waker::noop())),
+            Some(Recv::Msg(3))
+        ));
     }
 }
