@@ -43,6 +43,7 @@ mod limits;
 mod message;
 mod session;
 pub mod state;
+mod subscriptions;
 #[cfg(test)]
 mod tests;
 
@@ -52,6 +53,7 @@ pub use limits::{check_connect, refusal, ClientIdentity, QueueFullPolicy, Sessio
 pub use message::{DeliveryOptions, Expiry, Message, SharedHeaders};
 pub use session::{AllowAll, Attached, DetachReason, Gate, Session};
 pub use state::SessionState;
+pub use subscriptions::{Subscription, Subscriptions};
 
 /// The monotonic instant every input takes, a plain value: the broker passes its runtime's
 /// `now` (`starling_rt::time::now()`, virtual under the simulator); the session depends on

@@ -8,12 +8,12 @@ use std::time::Duration;
 use bytes::BytesMut;
 use starling_codec::{
     Disconnect, LastWill, Packet, PacketId, Properties, Protocol, PubAck, QoS, ReasonCode,
-    SubscriptionOptions, PACKET_SIZE_MAX,
+    PACKET_SIZE_MAX,
 };
 
 use crate::{
     DropReason, Effect, Instant, Message, SessionError, SessionLimits, StoreChange,
-    SubscribeRequest,
+    SubscribeRequest, Subscriptions,
 };
 
 mod inbound;
@@ -134,7 +134,7 @@ pub struct Session {
     /// an idle session does not carry its empty collections.
     rare: Option<Box<Rare>>,
     /// Filters granted by the router, with their options.
-    subscriptions: BTreeMap<String, (SubscriptionOptions, Option<u32>)>,
+    subscriptions: Subscriptions,
     effects: VecDeque<Effect>,
     /// Reused buffer for PUBLISH headers.
     scratch: BytesMut,
@@ -270,7 +270,7 @@ impl Session {
             next_packet_id: 1,
             next_seq: 0,
             rare: None,
-            subscriptions: BTreeMap::new(),
+            subscriptions: Subscriptions::new(),
             effects: VecDeque::new(),
             scratch: BytesMut::new(),
         }
@@ -413,7 +413,7 @@ impl Session {
         &self.limits
     }
 
-    pub fn subscriptions(&self) -> &BTreeMap<String, (SubscriptionOptions, Option<u32>)> {
+    pub fn subscriptions(&self) -> &Subscriptions {
         &self.subscriptions
     }
 
