@@ -93,15 +93,6 @@ impl std::ops::Index<&str> for Subscriptions {
     }
 }
 
-impl<'a> IntoIterator for &'a Subscriptions {
-    type Item = (&'a String, &'a Subscription);
-    type IntoIter = Box<dyn Iterator<Item = Self::Item> + 'a>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        Box::new(self.iter())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
