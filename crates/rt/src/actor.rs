@@ -606,10 +606,11 @@ where
     F: FnOnce(ActorId, Exit) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let (tx, rx) = mailbox::mailbox(opts.mailbox_capacity, opts.urgent_capacity);
-    if opts.release_idle_queues {
-        rx.release_idle_queues();
-    }
+    let (tx, rx) = mailbox::mailbox(
+        opts.mailbox_capacity,
+        opts.urgent_capacity,
+        opts.release_idle_queues,
+    );
     let id = next_id();
     let ctx = Ctx {
         id,
@@ -912,7 +913,7 @@ mod tests {
     }
 
     fn run_future<T: Turn>() -> usize {
-        let (_tx, rx) = mailbox::mailbox::<()>(4, 4);
+        let (_tx, rx) = mailbox::mailbox::<()>(4, 4, false);
         let ctx = Ctx {
             id: ActorId(1),
             name: "big",

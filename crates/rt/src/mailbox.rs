@@ -133,7 +133,12 @@ impl<M> Shared<M> {
 
 /// Creates a mailbox whose normal lane holds at most `capacity` messages and whose urgent lane
 /// holds at most `urgent_capacity`.
-pub(crate) fn mailbox<M>(capacity: usize, urgent_capacity: usize) -> (Sender<M>, Receiver<M>) {
+/// `release_idle`: see `Options::release_idle_queues`.
+pub(crate) fn mailbox<M>(
+    capacity: usize,
+    urgent_capacity: usize,
+    release_idle: bool,
+) -> (Sender<M>, Receiver<M>) {
     assert!(
         capacity > 0,
         "a mailbox needs room for at least one message"
@@ -149,7 +154,7 @@ pub(crate) fn mailbox<M>(capacity: usize, urgent_capacity: usize) -> (Sender<M>,
             senders: 1,
             closed: false,
             stop_requested: false,
-            release_idle: false,
+            release_idle,
         }),
     });
     (
@@ -364,11 +369,6 @@ pub(crate) struct Receiver<M> {
 
 impl<M> Receiver<M> {
     /// Non-blocking: `None` when there is nothing to do right now.
-    /// See `Options::release_idle_queues`.
-    pub(crate) fn release_idle_queues(&self) {
-        self.shared.lock().release_idle = true;
-    }
-
     pub(crate) fn poll_recv(&self, waker: Option<&Waker>) -> Option<Recv<M>> {
         // Buffers given back are freed after the lock is let go.
         let mut spare = None;
@@ -449,10 +449,7 @@ mod tests {
 
     /// Capacity of the lanes after one message went through and the receiver waited.
     fn capacity_after_a_wait(release: bool) -> usize {
-        let (tx, rx) = mailbox::<u64>(64, 16);
-        if release {
-            rx.release_idle_queues();
-        }
+        let (tx, rx) = mailbox::<u64>(64, 16, release);
         tx.try_send(1).unwrap();
         assert!(matches!(
             rx.poll_recv(Some(Waker::noop())),
@@ -473,8 +470,7 @@ mod tests {
     /// that finds mail leave the buffer.
     #[test]
     fn a_lean_mailbox_keeps_its_buffer_while_mail_is_waiting() {
-        let (tx, rx) = mailbox::<u64>(64, 16);
-        rx.release_idle_queues();
+        let (tx, rx) = mailbox::<u64>(64, 16, true);
         tx.try_send(1).unwrap();
         tx.try_send(2).unwrap();
         assert!(matches!(
