@@ -316,8 +316,9 @@ impl Destination {
         }
     }
 
-    /// Hands what is pending over, a batch at a time, as from `shard`.
-    pub(crate) fn flush(&mut self, shard: u16) -> Flushed {
+    /// Hands what is pending over, a batch at a time, as from `shard`; to another node,
+    /// only what was queued before the message keyed `gate` (see `routing::remote::FwdGate`).
+    pub(crate) fn flush(&mut self, shard: u16, gate: Option<u64>) -> Flushed {
         match self {
             Destination::Local(l) => {
                 while !l.pending.is_empty() {
@@ -344,8 +345,16 @@ impl Destination {
                     return Flushed::Blocked;
                 }
                 let (now, wall) = (starling_rt::time::now(), starling_rt::time::wall());
-                while !r.pending.is_empty() {
-                    let n = r.pending.len().min(FORWARD_BATCH_MAX);
+                let mut free = match gate {
+                    Some(g) => r
+                        .pending
+                        .iter()
+                        .position(|(_, k, _)| k.is_some_and(|k| k >= g))
+                        .unwrap_or(r.pending.len()),
+                    None => r.pending.len(),
+                };
+                while free > 0 {
+                    let n = free.min(FORWARD_BATCH_MAX);
                     let seq = r.next_seq;
                     let pos = forward::LinkPos {
                         top: seq,
@@ -361,6 +370,7 @@ impl Destination {
                     );
                     match r.links.try_send(r.node, frame) {
                         Ok(()) => {
+                            free -= n;
                             r.next_seq += 1;
                             let mut keys = Vec::new();
                             let messages = r

@@ -150,6 +150,10 @@ pub(crate) struct RouterActor {
     fwd_next: u64,
     /// While a publish whose publisher waits is routed: its key and the nodes it went to.
     fwd_current: Option<remote::FwdRoute>,
+    /// Keys of forwarded publishes whose publisher's QoS 2 packet identifier is not yet
+    /// durable here, oldest first: nothing from the first of them on leaves for another
+    /// node until it is (see `remote::FwdGate`).
+    fwd_gates: remote::FwdGate,
     /// Armed while forwarded batches wait for their nodes.
     fwd_timer: Option<TimerId>,
     /// The nodes this shard forwards to (each has a `Destination::Remote`).
@@ -239,6 +243,7 @@ impl RouterActor {
             fwd_acks: HashMap::with_hasher(FixedState::with_seed(route_seed ^ 1)),
             fwd_next: 1,
             fwd_current: None,
+            fwd_gates: remote::FwdGate::default(),
             fwd_timer: None,
             remote_nodes: Vec::new(),
             held_links: Vec::new(),
@@ -286,6 +291,9 @@ impl RouterActor {
         let stores = self.to_store.len() > before;
         if let Some(f) = forwarded {
             self.fwd_next += 1;
+            if to.inbound.is_some() && stores {
+                self.fwd_gates.close(f.key);
+            }
             if stores {
                 self.store_waiters.push(Waiter {
                     to: WaiterTo::Shard(ctx.weak_addr(), f.key),

@@ -239,7 +239,7 @@ impl RouterActor {
                 continue;
             };
             forwarded |= matches!(dest, Destination::Remote(_));
-            match dest.flush(self.index as u16) {
+            match dest.flush(self.index as u16, self.fwd_gates.first()) {
                 Flushed::Blocked => {
                     blocked += 1;
                     i += 1;

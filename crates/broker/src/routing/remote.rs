@@ -15,6 +15,7 @@
 //! MQTT 3.x has no way to say it); a message that found the node's queue full is refused
 //! (MQTT 5: 0x97).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -73,6 +74,45 @@ pub(crate) enum Offered {
     Queued,
     /// The node's queue was full of messages that may not be dropped.
     Dropped,
+}
+
+/// Forwarded publishes that may not leave this node yet: each is a persistent publisher's
+/// QoS 2 message whose packet identifier is not durable here. Were it forwarded first and
+/// this node killed before the commit, the publisher's resend after the restart would find
+/// no trace of the first routing and be routed again: delivered twice on the other nodes.
+/// Batches to a node go in order, so the first closed key stops everything queued after
+/// it, whoever published it (per-publisher order per topic across nodes).
+#[derive(Debug, Default)]
+pub(crate) struct FwdGate {
+    /// Closed keys, increasing (keys are drawn in routing order).
+    closed: VecDeque<u64>,
+}
+
+impl FwdGate {
+    pub(crate) fn close(&mut self, key: u64) {
+        debug_assert!(self.closed.back().is_none_or(|&k| k < key), "keys increase");
+        self.closed.push_back(key);
+    }
+
+    /// Opens `key` (its writes are settled); whether that let anything more go.
+    pub(crate) fn open(&mut self, key: u64) -> bool {
+        match self.closed.iter().position(|&k| k == key) {
+            Some(0) => {
+                self.closed.pop_front();
+                true
+            }
+            Some(i) => {
+                self.closed.remove(i);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// The first key that may not go: it and every message queued after it wait.
+    pub(crate) fn first(&self) -> Option<u64> {
+        self.closed.front().copied()
+    }
 }
 
 /// A publisher's publishes settled in one turn: (tag, outcome).
@@ -403,6 +443,19 @@ impl RouterActor {
 
     /// The store's part of `key` is settled.
     pub(super) fn forward_stored(&mut self, key: u64, outcome: Stored) {
+        if self.fwd_gates.open(key) {
+            // What waited behind it goes now (or at its turn's flush). A write that
+            // failed lets it go too: the message was routed here all the same, and its
+            // publisher hears that it is not durable.
+            for node in &self.remote_nodes {
+                let k = remote_key(*node);
+                if let Some(Destination::Remote(r)) = self.destinations.get(&k) {
+                    if !r.pending.is_empty() && !self.dirty.contains(&k) {
+                        self.dirty.push(k);
+                    }
+                }
+            }
+        }
         let Some(w) = self.fwd_acks.get_mut(&key) else {
             return;
         };
@@ -568,8 +621,27 @@ impl RouterActor {
 
 #[cfg(test)]
 mod tests {
-    use super::route_of;
+    use super::{route_of, FwdGate};
     use starling_router::TopicLimits;
+
+    #[test]
+    fn the_gate_lets_messages_go_up_to_its_first_closed_key() {
+        let mut g = FwdGate::default();
+        assert_eq!(g.first(), None);
+        g.close(3);
+        g.close(7);
+        g.close(9);
+        assert_eq!(g.first(), Some(3));
+        // Opening a later key lets nothing more go: 3 still stops what follows it.
+        assert!(!g.open(7));
+        assert_eq!(g.first(), Some(3));
+        assert!(g.open(3));
+        assert_eq!(g.first(), Some(9));
+        // A key never closed (its publisher was not persistent, or it wrote nothing).
+        assert!(!g.open(4));
+        assert!(g.open(9));
+        assert_eq!(g.first(), None);
+    }
 
     #[test]
     fn a_shared_subscription_routes_with_its_group_and_the_others_by_their_filter() {
