@@ -38,6 +38,12 @@ use batch::{Batch, Taken};
 /// bounded by what the mailbox holds: at most `STORE_MAILBOX` writes of one shard turn each.
 const COMMIT_OPS_MAX: usize = 8192;
 
+/// How long a batch that only early-sent deliveries and retirements wait on may wait for its
+/// commit (with `commit_interval_ms = 0`): subscribers' acknowledgements arriving meanwhile
+/// take records back out unwritten, and nothing waits on the commit but publishers that
+/// such an acknowledgement answers too.
+const EARLY_GRACE: Duration = Duration::from_millis(5);
+
 /// A delivery record may go out before its commit while more than this share of
 /// `max_bytes` is free (1/4): near the cap, a record the store refuses must not have been
 /// delivered, since its publisher hears it was not taken.
@@ -50,6 +56,8 @@ pub(crate) struct StorageActor {
     pool: BlockingPool,
     fsync: Fsync,
     interval: Duration,
+    /// Whether something in `pending` must not wait (see [`EARLY_GRACE`]).
+    urgent: bool,
     /// What the next commit writes, and who waits for it (see [`Batch`]). The indices
     /// below are into it.
     pending: Batch<Waiter>,
@@ -90,6 +98,7 @@ impl StorageActor {
             pool: BlockingPool::new("store", 1, 1),
             fsync,
             interval,
+            urgent: false,
             pending: Batch::default(),
             early,
             shards: Vec::new(),
@@ -125,8 +134,14 @@ impl StorageActor {
         }
         // Only a publisher may be told before the commit: a client counts the answers to
         // its own writes in order, and the cluster's waiters go by the commit.
+        let early = |w: &Waiter| matches!(&w.to, WaiterTo::Client(to) if to.tag != OWN_WRITE);
+        self.urgent |= !self.deliveries.is_empty()
+            || then.iter().any(|w| !early(w))
+            || ops
+                .iter()
+                .any(|op| !matches!(op, StoreOp::Delivery { .. } | StoreOp::Retire { .. }));
         let then = then.into_iter().map(|w| {
-            let early = matches!(&w.to, WaiterTo::Client(to) if to.tag != OWN_WRITE);
+            let early = early(&w);
             let ops = w.ops.clone();
             (w, ops, early)
         });
@@ -139,13 +154,26 @@ impl StorageActor {
             // A commit runs: this goes into the next.
             return;
         }
-        if self.interval.is_zero()
+        self.kick(ctx);
+    }
+
+    /// Starts a commit, or arms the timer for one: with `commit_interval_ms = 0` only a
+    /// batch that nothing urgent waits on waits, for [`EARLY_GRACE`].
+    fn kick(&mut self, ctx: &mut Ctx<Self>) {
+        let now = self.pending.is_empty()
             || self.pending.len() >= COMMIT_OPS_MAX
-            || self.pending.is_empty()
-        {
+            || (self.interval.is_zero() && self.urgent)
+            || !self.flushing.is_empty()
+            || !self.closing.is_empty();
+        if now {
             self.start(ctx);
         } else if self.armed.is_none() {
-            self.armed = Some(ctx.after(self.interval, StoreMsg::CommitNow));
+            let wait = if self.interval.is_zero() {
+                EARLY_GRACE
+            } else {
+                self.interval
+            };
+            self.armed = Some(ctx.after(wait, StoreMsg::CommitNow));
         }
     }
 
@@ -167,6 +195,7 @@ impl StorageActor {
         if let Some(t) = self.armed.take() {
             ctx.cancel(t);
         }
+        self.urgent = false;
         let Taken { ops, live, waiting } = self.pending.take();
         // Their ranges are batch indices, as the refusals are made again (`committed`).
         let waiting: Vec<Waiter> = waiting
@@ -311,7 +340,7 @@ impl StorageActor {
                 || self.pending.has_waiters()
                 || !self.deliveries.is_empty())
         {
-            self.start(ctx);
+            self.kick(ctx);
         }
         if (self.pending.is_empty() && self.store.is_some()) || self.lost {
             for r in self.flushing.drain(..) {
