@@ -25,6 +25,9 @@ pub(crate) struct Verdict {
     pub take: bool,
     /// Ask the sender for its batches from this one on.
     pub ask: Option<u64>,
+    /// Taken before: its acknowledgement may have been lost (with a replaced connection),
+    /// so it is acknowledged again once what was taken before it is (see [`Acked`]).
+    pub again: bool,
 }
 
 struct InLink {
@@ -64,6 +67,7 @@ impl InLinks {
         }
         // What the sender no longer holds it will never send again.
         l.expected = l.expected.max(pos.base);
+        let again = seq < l.expected;
         let take = seq == l.expected;
         if take {
             l.expected += 1;
@@ -78,7 +82,64 @@ impl InLinks {
             l.asked = Some(now);
             l.expected
         });
-        Verdict { take, ask }
+        Verdict { take, ask, again }
+    }
+}
+
+/// Most acknowledgements sent again at once: a sender holds no more batches than its window.
+const AGAIN_MAX: u64 = 4096;
+
+/// What this node acknowledged of one sending node's links, per sending shard: the highest
+/// batch of the shard's incarnation acknowledged, and those taken but not durable here
+/// (never acknowledged). Without it, a batch whose acknowledgement was lost with a replaced
+/// connection, and that had nothing after it, was probed in vain until its sender gave up
+/// on it: its publishers heard *unconfirmed* (MQTT 5: 0x80) for a message delivered here.
+#[derive(Default)]
+pub(crate) struct Acked {
+    links: HashMap<u16, AckedLink>,
+}
+
+struct AckedLink {
+    inc: u64,
+    upto: u64,
+    /// Bounded: the oldest are forgotten (a sender holds no batch that old).
+    refused: std::collections::BTreeSet<u64>,
+}
+
+impl Acked {
+    /// Batch `seq` of `shard`'s incarnation `inc` was acknowledged (`durable`) or not.
+    pub(crate) fn done(&mut self, shard: u16, inc: u64, seq: u64, durable: bool) {
+        let l = self.links.entry(shard).or_insert(AckedLink {
+            inc,
+            upto: 0,
+            refused: Default::default(),
+        });
+        if l.inc != inc {
+            *l = AckedLink {
+                inc,
+                upto: 0,
+                refused: Default::default(),
+            };
+        }
+        l.upto = l.upto.max(seq);
+        if !durable {
+            l.refused.insert(seq);
+            while l.refused.len() > AGAIN_MAX as usize {
+                l.refused.pop_first();
+            }
+        }
+    }
+
+    /// The acknowledgements to send again for batch `seq` taken before: it and every later
+    /// one acknowledged since, in order (the sender probes its oldest batch, and the ones
+    /// after it may have lost theirs too). None for a batch never acknowledged.
+    pub(crate) fn again(&self, shard: u16, inc: u64, seq: u64) -> Vec<u64> {
+        match self.links.get(&shard) {
+            Some(l) if l.inc == inc && seq <= l.upto => (seq..=l.upto.min(seq + AGAIN_MAX))
+                .filter(|q| !l.refused.contains(q))
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 }
 
@@ -94,10 +155,17 @@ mod tests {
     const TAKE: Verdict = Verdict {
         take: true,
         ask: None,
+        again: false,
     };
     const DROP: Verdict = Verdict {
         take: false,
         ask: None,
+        again: false,
+    };
+    const AGAIN: Verdict = Verdict {
+        take: false,
+        ask: None,
+        again: true,
     };
 
     #[test]
@@ -112,7 +180,8 @@ mod tests {
             l.batch(link, pos(7, 1, 5), 5, false, t0),
             Verdict {
                 take: false,
-                ask: Some(3)
+                ask: Some(3),
+                again: false,
             }
         );
         assert_eq!(l.batch(link, pos(7, 1, 6), 6, false, t0), DROP);
@@ -121,8 +190,8 @@ mod tests {
             assert_eq!(l.batch(link, pos(7, 1, 6), s, false, t0), TAKE);
         }
         assert_eq!(l.batch(link, pos(7, 3, 7), 7, false, t0), TAKE);
-        // A batch taken already, sent again: dropped, nothing asked.
-        assert_eq!(l.batch(link, pos(7, 3, 7), 4, false, t0), DROP);
+        // A batch taken already, sent again: dropped, nothing asked, acknowledged again.
+        assert_eq!(l.batch(link, pos(7, 3, 7), 4, false, t0), AGAIN);
         // Another gap within the damping is not asked for; after it, it is.
         assert_eq!(l.batch(link, pos(7, 3, 9), 9, false, t0), DROP);
         let later = t0 + RESEND_DAMP;
@@ -130,7 +199,8 @@ mod tests {
             l.batch(link, pos(7, 3, 10), 10, false, later),
             Verdict {
                 take: false,
-                ask: Some(8)
+                ask: Some(8),
+                again: false,
             }
         );
         // Another shard of the same node is a link of its own.
@@ -155,7 +225,8 @@ mod tests {
             fresh.batch(link, pos(2, 5, 8), 7, false, t0),
             Verdict {
                 take: false,
-                ask: Some(5)
+                ask: Some(5),
+                again: false,
             }
         );
     }
@@ -257,13 +328,32 @@ mod tests {
             l.batch(link, pos(5, 2, 3), 2, true, t1),
             Verdict {
                 take: true,
-                ask: Some(3)
+                ask: Some(3),
+                again: false,
             }
         );
         // A probe of a batch taken (its acknowledgement waits for a commit, or was lost)
-        // asks for nothing when nothing is missing.
+        // asks for nothing when nothing is missing, and is acknowledged again.
         assert_eq!(l.batch(link, pos(5, 2, 3), 3, false, t1), TAKE);
         let t2 = t1 + Duration::from_secs(1);
-        assert_eq!(l.batch(link, pos(5, 2, 3), 2, true, t2), DROP);
+        assert_eq!(l.batch(link, pos(5, 2, 3), 2, true, t2), AGAIN);
+    }
+
+    #[test]
+    fn a_batch_taken_again_is_acknowledged_again_with_the_durable_ones_after_it() {
+        let mut a = Acked::default();
+        // Never acknowledged: nothing to say again.
+        assert!(a.again(0, 7, 1).is_empty());
+        for seq in 1..=5 {
+            a.done(0, 7, seq, seq != 3);
+        }
+        assert_eq!(a.again(0, 7, 2), vec![2, 4, 5]);
+        assert_eq!(a.again(0, 7, 6), Vec::<u64>::new());
+        // Another incarnation (the sender restarted), another shard.
+        assert!(a.again(0, 8, 2).is_empty());
+        assert!(a.again(1, 7, 2).is_empty());
+        a.done(0, 8, 1, true);
+        assert!(a.again(0, 7, 2).is_empty());
+        assert_eq!(a.again(0, 8, 1), vec![1]);
     }
 }

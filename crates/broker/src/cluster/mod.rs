@@ -217,7 +217,14 @@ const ACKS_OWED: usize = 4096;
 
 /// One routed batch whose acknowledgement waits: its sending shard, that shard's
 /// incarnation, the batch's number, and the barriers of the shards its messages went to.
-type OwedAck = (u16, u64, u64, Vec<tokio::sync::oneshot::Receiver<bool>>);
+/// A batch to acknowledge once its barriers answer (`Some`), or one taken before and sent
+/// again, to acknowledge again (`None`: behind what is owed before it).
+type OwedAck = (
+    u16,
+    u64,
+    u64,
+    Option<Vec<tokio::sync::oneshot::Receiver<bool>>>,
+);
 
 /// Routes what other nodes forward, frame by frame, in order per sender, and acknowledges
 /// each batch once its messages are in this node's shards and no subscriber there holds
@@ -269,6 +276,12 @@ async fn inbound(
                 }
                 if !v.take {
                     add(&shared.metrics.cluster_forward_out_of_order, 1);
+                    if v.again {
+                        let acks = owed.entry(from).or_insert_with(|| owe(&links, from));
+                        if acks.send((shard, pos.inc, seq, None)).await.is_err() {
+                            return;
+                        }
+                    }
                     continue;
                 }
                 let link = LinkFrom {
@@ -302,12 +315,12 @@ async fn inbound(
                     }
                     barriers.push(wait);
                 }
-                let acks = owed.entry(from).or_insert_with(|| {
-                    let (tx, rx) = tokio::sync::mpsc::channel(ACKS_OWED);
-                    starling_rt::spawn(acknowledge(rx, links.clone(), from));
-                    tx
-                });
-                if acks.send((shard, pos.inc, seq, barriers)).await.is_err() {
+                let acks = owed.entry(from).or_insert_with(|| owe(&links, from));
+                if acks
+                    .send((shard, pos.inc, seq, Some(barriers)))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -361,13 +374,28 @@ async fn inbound(
 
 /// Acknowledges `to`'s batches in the order they were routed, each once its barriers are
 /// answered (a shard that stops answers none: it is stopping, and so is this node).
+/// The queue of acknowledgements owed to `to`, and the task that sends them.
+fn owe(links: &DataLinks, to: u64) -> tokio::sync::mpsc::Sender<OwedAck> {
+    let (tx, rx) = tokio::sync::mpsc::channel(ACKS_OWED);
+    starling_rt::spawn(acknowledge(rx, links.clone(), to));
+    tx
+}
+
 async fn acknowledge(mut rx: tokio::sync::mpsc::Receiver<OwedAck>, links: DataLinks, to: u64) {
+    let mut acked = inlink::Acked::default();
     while let Some((shard, inc, seq, barriers)) = rx.recv().await {
+        let Some(barriers) = barriers else {
+            for q in acked.again(shard, inc, seq) {
+                ack(&links, to, (shard, inc), q).await;
+            }
+            continue;
+        };
         let mut taken = true;
         for b in barriers {
             // A shard gone (the node stopping) took nothing for sure either.
             taken &= b.await.unwrap_or(false);
         }
+        acked.done(shard, inc, seq, taken);
         if taken {
             ack(&links, to, (shard, inc), seq).await;
         } else {
