@@ -5,7 +5,9 @@ use redb::{Key, ReadableTable, StorageError, Table, WriteTransaction};
 use crate::error::{At, Place, StoreError};
 use crate::op::{Limits, LinkCursor, Op, Refusal, Usage};
 use crate::record::{self, DelayedRecord};
-use crate::tables::{self, DELAYED, DELIVERIES, INBOUND, LINKS, META, RETAINED, SESSIONS};
+use crate::tables::{
+    self, DELAYED, DELIVERIES, INBOUND, LINKS, META, OUTBOX, RETAINED, SESSIONS,
+};
 
 /// How a put treats a key that is already there.
 #[derive(Clone, Copy)]
@@ -38,6 +40,7 @@ pub(crate) struct Batch<'t> {
     retained: Table<'t, &'static str, &'static [u8]>,
     delayed: Table<'t, (u64, u64), &'static [u8]>,
     links: Table<'t, tables::LinkKey, tables::LinkValue>,
+    outbox: Table<'t, tables::OutboxKey, &'static [u8]>,
     meta: Table<'t, &'static str, u64>,
 }
 
@@ -62,6 +65,7 @@ impl<'t> Batch<'t> {
             retained: txn.open_table(RETAINED).at(at)?,
             delayed: txn.open_table(DELAYED).at(at)?,
             links: txn.open_table(LINKS).at(at)?,
+            outbox: txn.open_table(OUTBOX).at(at)?,
             meta: txn.open_table(META).at(at)?,
         })
     }
@@ -274,6 +278,27 @@ impl<'t> Batch<'t> {
                 } = *c;
                 let value = (c.inc, c.seq, c.taken, c.map_seed, c.shards);
                 self.links.insert((node, shard, to_shard), value)?;
+                Ok(None)
+            }
+            Op::PutOutbox(b) => {
+                b.encode(&mut self.buf);
+                let bytes = &mut self.usage.bytes;
+                let put = put_row(
+                    &mut self.outbox,
+                    &(b.node, b.inc, b.seq),
+                    &self.buf,
+                    tables::outbox_size,
+                    Overwrite::IfFits,
+                    bytes,
+                    max,
+                )?;
+                Ok(self.count(put, |u| &mut u.outbox))
+            }
+            Op::DropOutbox { node, inc, seq } => {
+                let removed = self.outbox.remove((*node, *inc, *seq))?;
+                if let Some(len) = removed.map(|v| v.value().len()) {
+                    self.forget(tables::outbox_size(len), |u| &mut u.outbox);
+                }
                 Ok(None)
             }
         }

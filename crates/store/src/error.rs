@@ -36,6 +36,8 @@ pub enum RecordKey {
     Retained(String),
     /// A delayed message.
     Delayed { due_ms: u64, id: u64 },
+    /// A batch parked for another node.
+    Outbox { node: u64, inc: u64, seq: u64 },
 }
 
 impl fmt::Display for RecordKey {
@@ -50,6 +52,9 @@ impl fmt::Display for RecordKey {
             } => write!(f, "({client_id:?}, packet id {packet_id})"),
             RecordKey::Retained(topic) => write!(f, "{topic:?}"),
             RecordKey::Delayed { due_ms, id } => write!(f, "(due {due_ms} ms, id {id})"),
+            RecordKey::Outbox { node, inc, seq } => {
+                write!(f, "(node {node}, incarnation {inc}, batch {seq})")
+            }
         }
     }
 }
@@ -66,6 +71,9 @@ pub enum DecodeProblem {
     /// The bytes after the version byte are not a value of the table's type.
     #[error("malformed value: {0}")]
     Malformed(postcard::Error),
+    /// The value is shorter than its fixed header.
+    #[error("the value is truncated")]
+    Truncated,
     /// A value decoded with bytes left over.
     #[error("{0} bytes after the value")]
     TrailingBytes(usize),

@@ -27,7 +27,7 @@ mod store;
 mod tables;
 
 pub use error::{DecodeProblem, Place, RecordKey, StoreError};
-pub use op::{Committed, Fsync, Limits, LinkCursor, Op, Refusal, Refused, Usage};
+pub use op::{Committed, Fsync, Limits, LinkCursor, Op, OutboxBatch, Refusal, Refused, Usage};
 pub use record::{DeliveryStage, SessionMeta, SessionParts, StoredDelivery, VALUE_VERSION};
 pub use scan::{Delayed, Recovered, RecoveredSession};
 #[cfg(feature = "testkit")]

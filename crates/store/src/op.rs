@@ -69,6 +69,54 @@ pub enum Op {
     /// not counted against the cap: a cluster has one per sending shard and receiving
     /// shard pair.
     PutLinkCursor(LinkCursor),
+    /// Parks a batch of forwarded publishes for a node that did not acknowledge it in
+    /// time: its publishers are told it is safe once this is durable, and it is sent again
+    /// (after a restart too) until the node acknowledges it. Counted against the cap.
+    PutOutbox(OutboxBatch),
+    /// Drops a parked batch (its node acknowledged it, or left the cluster).
+    DropOutbox { node: u64, inc: u64, seq: u64 },
+}
+
+/// A batch of forwarded publishes parked for another node: batch `seq` of the sending
+/// shard `shard`'s incarnation `inc`, as it was sent (`frame`, the forwarding stream's
+/// encoding).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxBatch {
+    pub node: u64,
+    pub shard: u16,
+    pub inc: u64,
+    pub seq: u64,
+    /// When it was parked, in ms since the Unix epoch: batches go again in this order.
+    pub parked_ms: u64,
+    pub messages: u32,
+    pub frame: Vec<u8>,
+}
+
+impl OutboxBatch {
+    /// Its row's value: shard, parked_ms, messages (little endian), then the frame.
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        out.clear();
+        out.extend_from_slice(&self.shard.to_le_bytes());
+        out.extend_from_slice(&self.parked_ms.to_le_bytes());
+        out.extend_from_slice(&self.messages.to_le_bytes());
+        out.extend_from_slice(&self.frame);
+    }
+
+    /// The batch of row `(node, inc, seq)`; `None` when the value is too short.
+    pub(crate) fn decode((node, inc, seq): (u64, u64, u64), v: &[u8]) -> Option<Self> {
+        let shard = u16::from_le_bytes(v.get(0..2)?.try_into().ok()?);
+        let parked_ms = u64::from_le_bytes(v.get(2..10)?.try_into().ok()?);
+        let messages = u32::from_le_bytes(v.get(10..14)?.try_into().ok()?);
+        Some(OutboxBatch {
+            node,
+            shard,
+            inc,
+            seq,
+            parked_ms,
+            messages,
+            frame: v[14..].to_vec(),
+        })
+    }
 }
 
 /// How far a receiving shard's writes for the batches another node's shard forwarded are
@@ -118,6 +166,8 @@ pub struct Usage {
     pub inbound: u64,
     pub retained: u64,
     pub delayed: u64,
+    /// Parked batches of forwarded publishes.
+    pub outbox: u64,
     /// Keys plus encoded values: what the broker admits, not the file's size, which adds
     /// redb's pages and copy-on-write slack.
     pub bytes: u64,

@@ -14,7 +14,9 @@ use crate::op::Usage;
 use crate::record::{
     self, DelayedRecord, DeliveryStage, SessionMeta, SessionParts, StoredDelivery,
 };
-use crate::tables::{self, names, DELAYED, DELIVERIES, INBOUND, LINKS, META, RETAINED, SESSIONS};
+use crate::tables::{
+    self, names, DELAYED, DELIVERIES, INBOUND, LINKS, META, OUTBOX, RETAINED, SESSIONS,
+};
 
 /// What a store held when it was opened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -30,6 +32,8 @@ pub struct Recovered {
     pub next_delayed_id: u64,
     /// How far each forwarding link into each receiving shard is stored, in key order.
     pub links: Vec<crate::op::LinkCursor>,
+    /// Batches parked for other nodes, in the order they were parked.
+    pub outbox: Vec<crate::op::OutboxBatch>,
 }
 
 /// A stored session, reassembled, with the seqs its deliveries are stored under.
@@ -87,7 +91,9 @@ pub(crate) fn format_version(txn: &ReadTransaction, at: &Place) -> Result<Option
     let meta = txn.open_table(META).at(at)?;
     let found = meta.get(tables::FORMAT_VERSION_KEY).at(at)?;
     match found.map(|v| v.value()) {
-        Some(v @ (tables::FORMAT_VERSION | tables::FORMAT_VERSION_1)) => Ok(Some(v)),
+        Some(
+            v @ (tables::FORMAT_VERSION | tables::FORMAT_VERSION_1 | tables::FORMAT_VERSION_2),
+        ) => Ok(Some(v)),
         Some(found) => Err(StoreError::UnknownFormat {
             at: at.clone(),
             found,
@@ -241,6 +247,30 @@ pub(crate) fn scan(db: &Database, at: &Place) -> Result<Scan, StoreError> {
         }
     }
 
+    // Versions 1 and 2 have none.
+    let mut outbox = Vec::new();
+    if format_version == tables::FORMAT_VERSION {
+        for row in txn.open_table(OUTBOX).at(at)?.iter().at(at)? {
+            let (k, v) = row.at(at)?;
+            let (key, v) = (k.value(), v.value());
+            let Some(b) = crate::op::OutboxBatch::decode(key, v) else {
+                return Err(decode_err(
+                    names::OUTBOX,
+                    RecordKey::Outbox {
+                        node: key.0,
+                        inc: key.1,
+                        seq: key.2,
+                    },
+                    DecodeProblem::Truncated,
+                ));
+            };
+            usage.outbox += 1;
+            usage.bytes += tables::outbox_size(v.len());
+            outbox.push(b);
+        }
+        outbox.sort_by_key(|b| (b.parked_ms, b.seq, b.node, b.inc));
+    }
+
     let meta = txn.open_table(META).at(at)?;
     let stored_next = meta
         .get(tables::NEXT_DELAYED_ID_KEY)
@@ -281,6 +311,7 @@ pub(crate) fn scan(db: &Database, at: &Place) -> Result<Scan, StoreError> {
             delayed,
             next_delayed_id,
             links,
+            outbox,
         },
         usage,
         format_version,

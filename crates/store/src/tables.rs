@@ -25,6 +25,13 @@ pub(crate) const DELAYED: TableDefinition<(u64, u64), &[u8]> = TableDefinition::
 /// batch sent again after a restart is not delivered twice (`LinkCursor`).
 pub(crate) const LINKS: TableDefinition<LinkKey, LinkValue> = TableDefinition::new(names::LINKS);
 
+/// (node, the sending shard's incarnation, batch) → the batch's sending shard, when it was
+/// parked (ms since the Unix epoch), its message count and its encoded frame: forwarded
+/// publishes parked for a node that did not acknowledge them in time, sent again after a
+/// restart (`OutboxBatch`).
+pub(crate) const OUTBOX: TableDefinition<OutboxKey, &[u8]> = TableDefinition::new(names::OUTBOX);
+
+pub(crate) type OutboxKey = (u64, u64, u64);
 pub(crate) type LinkKey = (u64, u16, u16);
 pub(crate) type LinkValue = (u64, u64, u32, u64, u16);
 
@@ -37,16 +44,20 @@ pub(crate) mod names {
     pub const RETAINED: &str = "retained";
     pub const DELAYED: &str = "delayed";
     pub const LINKS: &str = "forward_links";
+    pub const OUTBOX: &str = "outbox";
 }
 
 pub(crate) const FORMAT_VERSION_KEY: &str = "format_version";
 pub(crate) const NEXT_DELAYED_ID_KEY: &str = "next_delayed_id";
 
 /// The layout of the tables above; a store of any other version is refused at open, but
-/// for [`FORMAT_VERSION_1`], which is brought up to it (its tables are a subset).
-pub const FORMAT_VERSION: u64 = 2;
+/// for [`FORMAT_VERSION_1`] and [`FORMAT_VERSION_2`], which are brought up to it (their
+/// tables are a subset).
+pub const FORMAT_VERSION: u64 = 3;
 /// Version 1 had no `forward_links` table.
 pub(crate) const FORMAT_VERSION_1: u64 = 1;
+/// Version 2 had no `outbox` table.
+pub(crate) const FORMAT_VERSION_2: u64 = 2;
 
 // Logical sizes: the key's own bytes plus the encoded value, without redb's overhead.
 // They are what the broker can reason about; the file is larger (pages, copy-on-write).
@@ -68,4 +79,8 @@ pub(crate) fn retained_size(topic: &str, value_len: usize) -> u64 {
 
 pub(crate) fn delayed_size(value_len: usize) -> u64 {
     (16 + value_len) as u64
+}
+
+pub(crate) fn outbox_size(value_len: usize) -> u64 {
+    (24 + value_len) as u64
 }

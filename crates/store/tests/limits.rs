@@ -199,7 +199,8 @@ proptest! {
                 if refused.peek().is_some_and(|r| r.op == i) {
                     let r = refused.next().unwrap();
                     let adds = matches!(op, Op::PutSession { .. } | Op::PutDelivery { .. }
-                        | Op::PutRetained { .. } | Op::PutDelayed { .. } | Op::PutInbound { .. });
+                        | Op::PutRetained { .. } | Op::PutDelayed { .. } | Op::PutInbound { .. }
+                        | Op::PutOutbox(_));
                     prop_assert!(adds, "a delete was refused: {op:?} {r:?}");
                     if let Refusal::Full { used, adds, max } = r.reason {
                         prop_assert!(used + adds > max);

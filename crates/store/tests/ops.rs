@@ -456,3 +456,55 @@ fn staging_a_delivery_keeps_its_message_and_skips_one_not_stored() {
     assert_eq!(parts.inflight[0].packet_id, pid(9));
     assert_eq!(&parts.inflight[0].delivery.message.payload[..], b"payload");
 }
+
+#[test]
+fn a_parked_batch_comes_back_in_parking_order_until_dropped() {
+    use starling_store::OutboxBatch;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let (mut store, recovered) = open(&path);
+    assert!(recovered.outbox.is_empty());
+    let batch = |seq: u64, parked_ms: u64| OutboxBatch {
+        node: 3,
+        shard: 1,
+        inc: 99,
+        seq,
+        parked_ms,
+        messages: 2,
+        frame: vec![seq as u8; 40],
+    };
+    // Parked in another order than their keys: they come back by parking time.
+    commit(
+        &mut store,
+        &[
+            Op::PutOutbox(batch(7, 2_000)),
+            Op::PutOutbox(batch(5, 1_000)),
+            Op::PutOutbox(batch(6, 3_000)),
+        ],
+    );
+    assert_eq!(store.usage().outbox, 3);
+    let (mut store, recovered) = reopen(store, &path);
+    let seqs: Vec<u64> = recovered.outbox.iter().map(|b| b.seq).collect();
+    assert_eq!(seqs, [5, 7, 6]);
+    assert_eq!(recovered.outbox[0], batch(5, 1_000));
+    commit(
+        &mut store,
+        &[
+            Op::DropOutbox {
+                node: 3,
+                inc: 99,
+                seq: 7,
+            },
+            // Not there: nothing.
+            Op::DropOutbox {
+                node: 4,
+                inc: 99,
+                seq: 7,
+            },
+        ],
+    );
+    let (_, recovered) = reopen(store, &path);
+    let seqs: Vec<u64> = recovered.outbox.iter().map(|b| b.seq).collect();
+    assert_eq!(seqs, [5, 6]);
+    assert_eq!(check(&path).unwrap().usage.outbox, 2);
+}

@@ -13,7 +13,7 @@ use starling_session::state::{
     PendingUnsubscribeState, SubscriptionState, WillState,
 };
 use starling_store::{
-    Delayed, DeliveryStage, LinkCursor, Op, Recovered, RecoveredSession, SessionMeta, SessionParts,
+    Delayed, DeliveryStage, LinkCursor, Op, OutboxBatch, Recovered, RecoveredSession, SessionMeta, SessionParts,
     StoredDelivery,
 };
 
@@ -86,6 +86,7 @@ pub struct Model {
     delayed: BTreeMap<(u64, u64), (String, MessageState)>,
     next_delayed_id: u64,
     links: BTreeMap<(u64, u16, u16), LinkCursor>,
+    outbox: BTreeMap<(u64, u64, u64), OutboxBatch>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,6 +188,12 @@ impl Model {
             Op::PutLinkCursor(c) => {
                 self.links.insert((c.node, c.shard, c.to_shard), *c);
             }
+            Op::PutOutbox(b) => {
+                self.outbox.insert((b.node, b.inc, b.seq), b.clone());
+            }
+            Op::DropOutbox { node, inc, seq } => {
+                self.outbox.remove(&(*node, *inc, *seq));
+            }
         }
         true
     }
@@ -251,6 +258,11 @@ impl Model {
                 .collect(),
             next_delayed_id: self.next_delayed_id,
             links: self.links.values().copied().collect(),
+            outbox: {
+                let mut o: Vec<OutboxBatch> = self.outbox.values().cloned().collect();
+                o.sort_by_key(|b| (b.parked_ms, b.seq, b.node, b.inc));
+                o
+            },
         }
     }
 }
@@ -448,6 +460,10 @@ pub fn op() -> impl Strategy<Value = Op> {
         1 => (1u64..3, 0u16..2, 0u16..2, 1u64..3, 0u64..100, 1u32..9).prop_map(|(node, shard, to_shard, inc, seq, taken)| {
             Op::PutLinkCursor(LinkCursor { node, shard, to_shard, inc, seq, taken, map_seed: 5, shards: 2 })
         }),
+        1 => (1u64..3, 1u64..3, 0u64..4, 0u64..3, proptest::collection::vec(any::<u8>(), 0..40)).prop_map(|(node, inc, seq, parked_ms, frame)| {
+            Op::PutOutbox(OutboxBatch { node, shard: 1, inc, seq, parked_ms, messages: 1, frame })
+        }),
+        1 => (1u64..3, 1u64..3, 0u64..4).prop_map(|(node, inc, seq)| Op::DropOutbox { node, inc, seq }),
     ]
 }
 
