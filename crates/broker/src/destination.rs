@@ -174,6 +174,39 @@ pub(crate) struct RemoteNode {
     pub holding: Vec<Holder>,
     /// Keys of messages that could not be sent at all, settled at the next check.
     pub lost: Vec<u64>,
+    /// The messages of `unacked`'s parked batches (see [`Park`]): out of the window,
+    /// bounded by the outbox's share.
+    pub parked_messages: usize,
+    /// Batches an earlier run of this node parked for it, sent again one at a time, in
+    /// parking order, ahead of anything new (`routing::remote`).
+    pub replay: VecDeque<Replay>,
+    /// Replayed batches given up on (the node is not a peer any more, or the frame is not
+    /// one this build reads), by (incarnation, batch): their rows go.
+    pub replay_gone: Vec<(u64, u64)>,
+}
+
+/// A batch parked by an earlier run of this node, sent again as it was first sent (its
+/// shard, incarnation and number), so that the node skips what it took of it before.
+pub(crate) struct Replay {
+    pub batch: starling_store::OutboxBatch,
+    /// When it was last sent: it goes again after a quiet second.
+    pub sent: Option<starling_rt::time::Instant>,
+}
+
+/// Where a sent batch stands with the outbox: a batch its node has not acknowledged within
+/// the forward timeout is parked, written to the store, and its publishers are answered
+/// once that is durable; it stays here, out of the window, and is sent again until the
+/// node acknowledges it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Park {
+    /// In the window.
+    No,
+    /// Its write is on its way to the store; its publishers still wait.
+    Writing,
+    /// Durable in the outbox; its publishers were told it is safe.
+    Parked,
+    /// The store did not take it; its publishers were told it is not confirmed.
+    Unbacked,
 }
 
 /// A batch sent to another node and not yet acknowledged by it.
@@ -187,6 +220,7 @@ pub(crate) struct Unacked {
     pub keys: Vec<u64>,
     /// What it holds, to send again.
     pub messages: Vec<(Arc<Message>, Option<SharedTo>)>,
+    pub park: Park,
 }
 
 impl RemoteNode {
@@ -204,6 +238,9 @@ impl RemoteNode {
             heard: starling_rt::time::now(),
             holding: Vec::new(),
             lost: Vec::new(),
+            parked_messages: 0,
+            replay: VecDeque::new(),
+            replay_gone: Vec::new(),
         }
     }
 
@@ -213,6 +250,49 @@ impl RemoteNode {
             inc: self.inc,
             base: self.unacked.front().map_or(self.next_seq, |u| u.seq),
             top: self.next_seq.saturating_sub(1),
+        }
+    }
+
+    /// Sends the oldest batch an earlier run parked, unless it went less than a second
+    /// ago. Its frame says the sender holds nothing before it, so the node takes it if it
+    /// did not before, and acknowledges it again if it did. `Err`: no room on the link.
+    fn send_replay(&mut self) -> Result<(), ()> {
+        let now = starling_rt::time::now();
+        let Some(r) = self.replay.front_mut() else {
+            return Ok(());
+        };
+        if r.sent
+            .is_some_and(|t| now.saturating_duration_since(t) < REPLAY_AGAIN)
+        {
+            return Ok(());
+        }
+        let b = &r.batch;
+        let pos = forward::LinkPos {
+            inc: b.inc,
+            base: b.seq,
+            top: b.seq,
+        };
+        let sent = match forward::reposition(&b.frame, pos) {
+            Some(frame) => self.links.try_send(self.node, frame),
+            // Another build's frame: nothing to send.
+            None => Err(starling_raft::DataSendError::Closed),
+        };
+        match sent {
+            Ok(()) => {
+                r.sent = Some(now);
+                Ok(())
+            }
+            Err(starling_raft::DataSendError::Full(_)) => Err(()),
+            Err(starling_raft::DataSendError::Closed) => {
+                tracing::warn!(
+                    node = self.node,
+                    batch = b.seq,
+                    "a parked batch cannot be sent again (not a peer, or unreadable): dropped"
+                );
+                self.replay_gone.push((b.inc, b.seq));
+                self.replay.pop_front();
+                Ok(())
+            }
         }
     }
 
@@ -266,6 +346,9 @@ pub(crate) fn remote_key(node: u64) -> std::sync::Arc<str> {
 
 /// Deliveries per forwarded frame: a frame is one write on the peer's data stream.
 const FORWARD_BATCH_MAX: usize = 256;
+
+/// How long a replayed batch waits for its acknowledgement before it goes again.
+pub(crate) const REPLAY_AGAIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub(crate) struct LocalSession {
     pub addr: WeakAddr<ClientMsg>,
@@ -340,6 +423,14 @@ impl Destination {
                 Flushed::Done
             }
             Destination::Remote(r) => {
+                // What an earlier run parked goes first, one batch at a time; the link's
+                // own batches wait until the node took all of it.
+                if !r.replay.is_empty() {
+                    return match r.send_replay() {
+                        Ok(()) => Flushed::Done,
+                        Err(()) => Flushed::Blocked,
+                    };
+                }
                 // What the node asked for again goes first: it takes batches only in order.
                 if r.send_again(shard).is_err() {
                     return Flushed::Blocked;
@@ -389,6 +480,7 @@ impl Destination {
                                 last_sent: now,
                                 keys,
                                 messages,
+                                park: Park::No,
                             });
                             r.unacked_messages += n;
                         }

@@ -166,6 +166,28 @@ pub(crate) fn encode_publish<'a>(
     })
 }
 
+/// A `Publish` frame sent again at another place in its link (`pos`), as a first send;
+/// `None` when it is not one this build reads.
+pub(crate) fn reposition(frame: &[u8], pos: LinkPos) -> Option<Vec<u8>> {
+    match decode(frame).ok()? {
+        Frame::Publish {
+            shard,
+            seq,
+            messages,
+            groups,
+            ..
+        } => Some(frame_bytes(&Frame::Publish {
+            shard,
+            pos,
+            seq,
+            probe: false,
+            messages,
+            groups,
+        })),
+        _ => None,
+    }
+}
+
 /// A frame back.
 pub(crate) fn decode(frame: &[u8]) -> Result<Frame, FrameError> {
     let (v, body) = frame.split_first().ok_or(FrameError::Empty)?;

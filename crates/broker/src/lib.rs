@@ -188,6 +188,7 @@ impl Broker {
             recovered.next_delayed_id,
             seq_base,
             &recovered.links,
+            &recovered.outbox,
         );
         // Before the sessions are routed again: their subscriptions are the node's routes.
         let cluster = cluster::ClusterNode::start(&shared, &router).await?;

@@ -67,6 +67,10 @@ pub(crate) struct Metrics {
     pub cluster_forward_not_durable: AtomicU64,
     pub cluster_forward_resent: AtomicU64,
     pub cluster_forward_out_of_order: AtomicU64,
+    pub cluster_outbox_parked: AtomicU64,
+    pub cluster_outbox_replayed: AtomicU64,
+    pub cluster_outbox_full: AtomicU64,
+    pub cluster_outbox_lost: AtomicU64,
     pub cluster_link_holds: AtomicU64,
     pub cluster_sessions_received: AtomicU64,
     pub cluster_sessions_stored: AtomicU64,
@@ -322,6 +326,14 @@ pub struct MetricsSnapshot {
     /// batches received here out of order (past a gap, or again) and dropped.
     pub cluster_forward_resent: u64,
     pub cluster_forward_out_of_order: u64,
+    /// Forwarded messages parked in the outbox for a node that did not acknowledge them
+    /// in time; batches parked by an earlier run sent again and acknowledged; messages
+    /// refused because a node's part of the outbox was full; parked messages a node
+    /// skipped.
+    pub cluster_outbox_parked: u64,
+    pub cluster_outbox_replayed: u64,
+    pub cluster_outbox_full: u64,
+    pub cluster_outbox_lost: u64,
     /// Times a subscriber here that fell behind held another node's link back (its
     /// batches acknowledged only once it drained), counted per link and stretch.
     pub cluster_link_holds: u64,
@@ -374,6 +386,10 @@ impl Metrics {
             cluster_forward_not_durable: get(&self.cluster_forward_not_durable),
             cluster_forward_resent: get(&self.cluster_forward_resent),
             cluster_forward_out_of_order: get(&self.cluster_forward_out_of_order),
+            cluster_outbox_parked: get(&self.cluster_outbox_parked),
+            cluster_outbox_replayed: get(&self.cluster_outbox_replayed),
+            cluster_outbox_full: get(&self.cluster_outbox_full),
+            cluster_outbox_lost: get(&self.cluster_outbox_lost),
             cluster_link_holds: get(&self.cluster_link_holds),
             cluster_sessions_received: get(&self.cluster_sessions_received),
             cluster_sessions_stored: get(&self.cluster_sessions_stored),
@@ -404,7 +420,7 @@ impl MetricsSnapshot {
 
     /// Every figure of Starling's own with its name (the field's), what it counts and its
     /// kind ([`MetricsSnapshot::every`] adds RMQTT's, for expositions that list them all).
-    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 42] {
+    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 46] {
         use MetricKind::{Counter as C, Gauge as G};
         [
             (
@@ -574,6 +590,30 @@ impl MetricsSnapshot {
                 "Forwarded batches sent again: asked for by their node, or probing a quiet one",
                 C,
                 self.cluster_forward_resent,
+            ),
+            (
+                "cluster_outbox_parked",
+                "Forwarded messages parked in the outbox for a node that did not acknowledge them in time",
+                C,
+                self.cluster_outbox_parked,
+            ),
+            (
+                "cluster_outbox_replayed",
+                "Batches parked by an earlier run of this node, sent again and acknowledged",
+                C,
+                self.cluster_outbox_replayed,
+            ),
+            (
+                "cluster_outbox_full",
+                "Forwarded messages refused because their node's part of the outbox was full",
+                C,
+                self.cluster_outbox_full,
+            ),
+            (
+                "cluster_outbox_lost",
+                "Parked messages their node skipped (not durable there)",
+                C,
+                self.cluster_outbox_lost,
             ),
             (
                 "cluster_forward_out_of_order",

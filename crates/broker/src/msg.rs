@@ -458,6 +458,12 @@ pub(crate) enum RouterMsg {
     ForwardResend { node: u64, inc: u64, from: u64 },
     /// The commit of a forwarded publish's writes is done (see [`WaiterTo::Shard`]).
     ForwardStored { key: u64, outcome: Stored },
+    /// The outbox write of batch `seq` parked for `node` is done (see [`WaiterTo::Parked`]).
+    Parked {
+        node: u64,
+        seq: u64,
+        outcome: Stored,
+    },
     /// Settle forwarded batches that waited too long for their node.
     ForwardCheck,
     /// Answers this shard's next delivery seq, after raising it to `at_least` at the least

@@ -16,7 +16,7 @@ use starling_store::{Limits as StoreLimits, Location, Recovered, Store};
 
 use crate::error::{BrokerError, StoreOpenError};
 use crate::msg::{DelayedKey, RegistryMsg, Restore, RouterMsg, StoreMsg};
-use crate::routing::RouterActor;
+use crate::routing::{RouterActor, ShardStart};
 use crate::settings::Shared;
 use crate::shards::Shards;
 use crate::storage::StorageActor;
@@ -35,12 +35,13 @@ pub(crate) fn start_shards(
     delayed_base: u64,
     seq_base: u64,
     cursors: &[starling_store::LinkCursor],
+    outbox: &[starling_store::OutboxBatch],
 ) -> Shards {
     let count = match shared.config.router.shards {
         starling_config::ShardCount::Auto => starling_rt::workers(),
         starling_config::ShardCount::Fixed(n) => n as usize,
     };
-    let (seed, cursors) = shard_map_seed(count, cursors);
+    let (seed, cursors) = shard_map_seed(count, cursors, outbox);
     let map = ShardMap::new(count, seed);
     let addrs = (0..count)
         .map(|i| {
@@ -50,9 +51,18 @@ pub(crate) fn start_shards(
                     i,
                     map.clone(),
                     store.cloned(),
-                    delayed_base,
-                    seq_base,
-                    cursors,
+                    ShardStart {
+                        delayed_base,
+                        seq_base,
+                        cursors,
+                        // A batch parked by a shard this run does not have goes again from
+                        // another one, under its own shard's name.
+                        outbox: outbox
+                            .iter()
+                            .filter(|b| usize::from(b.shard) % count == i)
+                            .cloned()
+                            .collect(),
+                    },
                 ),
                 Options {
                     // Back-pressure reports from subscribers (see `flow`), ahead of the
@@ -82,11 +92,28 @@ pub(crate) fn start_shards(
 /// the same. Otherwise (no cursors, another count) a fresh seed, and the cursors are
 /// dropped: a batch sent again after the restart may then deliver a QoS 2 message twice
 /// (docs/clustering.md).
-fn shard_map_seed(
+fn shard_map_seed<'c>(
     count: usize,
-    cursors: &[starling_store::LinkCursor],
-) -> (u64, &[starling_store::LinkCursor]) {
-    let fresh = || starling_rt::rng::rng().next_u64();
+    cursors: &'c [starling_store::LinkCursor],
+    outbox: &[starling_store::OutboxBatch],
+) -> (u64, &'c [starling_store::LinkCursor]) {
+    let fresh = || {
+        // Batches parked for other nodes go again from the shard that holds their topics
+        // now, ahead of what it sends after them: in order only under the same map.
+        match outbox.first() {
+            Some(b) if usize::from(b.shards) == count => b.map_seed,
+            Some(b) => {
+                tracing::warn!(
+                    stored_shards = b.shards,
+                    shards = count,
+                    "router shard count changed since batches were parked for other nodes: \
+                     they may arrive behind messages published after this restart"
+                );
+                starling_rt::rng::rng().next_u64()
+            }
+            None => starling_rt::rng::rng().next_u64(),
+        }
+    };
     let Some(first) = cursors.first() else {
         return (fresh(), cursors);
     };

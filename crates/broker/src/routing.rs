@@ -154,6 +154,12 @@ pub(crate) struct RouterActor {
     /// durable here, oldest first: nothing from the first of them on leaves for another
     /// node until it is (see `remote::FwdGate`).
     fwd_gates: remote::FwdGate,
+    /// Messages this shard may park for one other node (its share of
+    /// `cluster.outbox_max_messages`); 0 without a store: nothing is parked.
+    outbox_share: usize,
+    /// Batches an earlier run parked, until the cluster is wired (then each node's
+    /// destination sends them again).
+    replays: Vec<starling_store::OutboxBatch>,
     /// Armed while forwarded batches wait for their nodes.
     fwd_timer: Option<TimerId>,
     /// The nodes this shard forwards to (each has a `Destination::Remote`).
@@ -180,16 +186,29 @@ pub(crate) fn share_of(total: u64, n: usize) -> usize {
     usize::try_from(total.div_ceil(n)).unwrap_or(usize::MAX)
 }
 
+/// What a shard starts from that the store kept: where its key sequences start, how far
+/// other nodes' links into it were stored, and the batches it parked for other nodes.
+pub(crate) struct ShardStart<'a> {
+    pub delayed_base: u64,
+    pub seq_base: u64,
+    pub cursors: &'a [starling_store::LinkCursor],
+    pub outbox: Vec<starling_store::OutboxBatch>,
+}
+
 impl RouterActor {
     pub(crate) fn new(
         shared: Arc<Shared>,
         index: usize,
         map: ShardMap,
         store: Option<Addr<StoreMsg>>,
-        delayed_base: u64,
-        seq_base: u64,
-        cursors: &[starling_store::LinkCursor],
+        start: ShardStart<'_>,
     ) -> Self {
+        let ShardStart {
+            delayed_base,
+            seq_base,
+            cursors,
+            outbox,
+        } = start;
         assert!(index < map.count());
         let mut rng = rng::rng();
         let n = map.count();
@@ -203,6 +222,12 @@ impl RouterActor {
         let delayed_max = share_of(u64::from(shared.config.mqtt.delayed_publish_max), n);
         let rules = StallRules::new(&shared.config.mqtt, &shared.limits);
         let route_seed = rng.next_u64();
+        let outbox_share = if store.is_some() && shared.config.cluster.enabled {
+            let max = shared.config.cluster.outbox_max_messages;
+            share_of(u64::from(max), map.count())
+        } else {
+            0
+        };
         let link_inc = rng.next_u64();
         Self {
             rules,
@@ -244,6 +269,8 @@ impl RouterActor {
             fwd_next: 1,
             fwd_current: None,
             fwd_gates: remote::FwdGate::default(),
+            outbox_share,
+            replays: outbox,
             fwd_timer: None,
             remote_nodes: Vec::new(),
             held_links: Vec::new(),
@@ -435,6 +462,7 @@ impl Actor for RouterActor {
             RouterMsg::ForwardAcked { node, inc, seq } => self.forward_acked(node, inc, seq),
             RouterMsg::ForwardResend { node, inc, from } => self.forward_resend(node, inc, from),
             RouterMsg::ForwardStored { key, outcome } => self.forward_stored(key, outcome),
+            RouterMsg::Parked { node, seq, outcome } => self.parked(node, seq, outcome),
             RouterMsg::ForwardCheck => self.forward_check(ctx),
             RouterMsg::SeqFloor { at_least, reply } => {
                 // This shard's seqs are `index` modulo the shard count: the first such
@@ -625,6 +653,9 @@ impl Actor for RouterActor {
                                 }
                                 WaiterTo::Shard(_, key) => self.forward_stored(key, Stored::Failed),
                                 WaiterTo::Link(_, node, seq) => self.link_stored(node, seq, false),
+                                WaiterTo::Parked(_, node, seq) => {
+                                    self.parked(node, seq, Stored::Failed)
+                                }
                                 WaiterTo::Done(tx) => {
                                     let _ = tx.send(Stored::Failed);
                                 }

@@ -518,6 +518,9 @@ fn tell(w: Waiter, outcome: Stored) {
             let durable = outcome == Stored::Durable;
             send_urgent(&shard, RouterMsg::LinkStored { node, seq, durable });
         }
+        WaiterTo::Parked(shard, node, seq) => {
+            send_urgent(&shard, RouterMsg::Parked { node, seq, outcome });
+        }
         WaiterTo::Done(tx) => {
             let _ = tx.send(outcome);
         }

@@ -582,6 +582,18 @@ fn validate_cluster(
 ) -> Result<ClusterConfig, ConfigError> {
     range("cluster.tick_ms", raw.tick_ms, 10, 10_000)?;
     range("cluster.election_tick", raw.election_tick, 5, 1000)?;
+    range(
+        "cluster.outbox_max_messages",
+        raw.outbox_max_messages,
+        0,
+        10_000_000,
+    )?;
+    range(
+        "cluster.forward_timeout_ms",
+        raw.forward_timeout_ms,
+        100,
+        600_000,
+    )?;
     let mut peers = BTreeMap::new();
     for (id, addr) in &raw.peers {
         let key = format!("cluster.peers.{id}");
@@ -644,5 +656,7 @@ fn validate_cluster(
         reconnect_reads: raw.reconnect_reads,
         forward_confirm: raw.forward_confirm,
         raft_priority: raw.raft_priority,
+        outbox_max_messages: raw.outbox_max_messages,
+        forward_timeout_ms: raw.forward_timeout_ms,
     })
 }

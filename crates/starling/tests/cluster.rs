@@ -549,3 +549,73 @@ fn exclusive_and_limited_subscriptions_are_counted_across_the_nodes() {
         let _ = w.wait();
     }
 }
+
+/// The outbox with real processes: node 3, with a subscriber, is stopped (SIGSTOP) while a
+/// QoS 1/2 publisher on node 1 publishes; node 1 parks each batch once node 3 has not
+/// acknowledged it for 1.1 s (`backpressure_max_secs = 1`, `forward_timeout_ms = 100`) and
+/// then acknowledges its publishes. Node 1 is killed (SIGKILL) with every batch parked and
+/// none delivered, node 3 resumed, node 1 started again: the batches its first run parked
+/// go to node 3 from its store, and the subscriber gets every acknowledged message.
+/// Without the outbox, node 1 would have answered 0x80 (unconfirmed) after 15 s, and the
+/// kill would have lost what it held.
+#[test]
+fn batches_parked_for_a_stopped_node_reach_it_after_the_sender_is_killed_and_restarted() {
+    let extra = "\n[mqtt]\nbackpressure_max_secs = 1\n[cluster]\nforward_timeout_ms = 100\n";
+    let Some((files, ports, mut nodes)) = running_cluster("cluster-outbox", extra) else {
+        return;
+    };
+    let (mut w, rx) = watcher(ports[2].mqtt, "sub-on-3", "ob/#");
+    common::next_line(&rx, "subscribed");
+    let signal = |name: &str, pid: u32| {
+        let ok = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{name} {pid}");
+    };
+    let pid3 = nodes[2].child.id();
+    signal("STOP", pid3);
+    let started = Instant::now();
+    let mut p = publisher(ports[0].mqtt, "ob/data", 60);
+    let acked: BTreeSet<(String, String)> = acked_lines(&mut p, |_| {})
+        .into_iter()
+        .map(|p| ("ob/data".to_owned(), p))
+        .collect();
+    let took = started.elapsed();
+    let parked = counter(&metrics(&files[0]), "cluster.outbox.parked");
+    println!(
+        "node 1 acknowledged {} messages in {took:?} with node 3 stopped; {parked} parked",
+        acked.len()
+    );
+    assert_eq!(acked.len(), 120, "node 1 acknowledged every message");
+    assert!(
+        parked >= 120,
+        "every message went through the outbox: {parked}"
+    );
+    assert!(
+        took >= Duration::from_millis(1100),
+        "acknowledged before the forward timeout: {took:?}"
+    );
+
+    signal("KILL", nodes[0].child.id());
+    let _ = nodes[0].child.wait();
+    signal("CONT", pid3);
+    nodes[0] = Daemon::start(&files[0]);
+    nodes[0].expect("cluster endpoint up");
+
+    let mut seen = BTreeSet::new();
+    gather(&rx, &mut seen, &acked, Duration::from_secs(60));
+    let replayed = counter(&metrics(&files[0]), "cluster.outbox.replayed");
+    let _ = w.kill();
+    let _ = w.wait();
+    println!("node 1's second run replayed {replayed} parked batches");
+    assert_eq!(
+        missing(&acked, &seen),
+        0,
+        "acknowledged messages missing at node 3 (of {}; {} arrived)",
+        acked.len(),
+        seen.len()
+    );
+    assert!(replayed > 0, "node 1's second run sent no parked batch");
+}

@@ -5,9 +5,7 @@ use redb::{Key, ReadableTable, StorageError, Table, WriteTransaction};
 use crate::error::{At, Place, StoreError};
 use crate::op::{Limits, LinkCursor, Op, Refusal, Usage};
 use crate::record::{self, DelayedRecord};
-use crate::tables::{
-    self, DELAYED, DELIVERIES, INBOUND, LINKS, META, OUTBOX, RETAINED, SESSIONS,
-};
+use crate::tables::{self, DELAYED, DELIVERIES, INBOUND, LINKS, META, OUTBOX, RETAINED, SESSIONS};
 
 /// How a put treats a key that is already there.
 #[derive(Clone, Copy)]

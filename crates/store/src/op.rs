@@ -89,16 +89,24 @@ pub struct OutboxBatch {
     /// When it was parked, in ms since the Unix epoch: batches go again in this order.
     pub parked_ms: u64,
     pub messages: u32,
+    /// The sending node's shard map (seed and shard count) when it was parked: a node that
+    /// restarts with the same shard count maps topics to shards as before, so a batch and
+    /// the messages published after the restart go out in order from the same shard.
+    pub map_seed: u64,
+    pub shards: u16,
     pub frame: Vec<u8>,
 }
 
 impl OutboxBatch {
-    /// Its row's value: shard, parked_ms, messages (little endian), then the frame.
+    /// Its row's value: shard, parked_ms, messages, map_seed, shards (little endian), then
+    /// the frame.
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
         out.clear();
         out.extend_from_slice(&self.shard.to_le_bytes());
         out.extend_from_slice(&self.parked_ms.to_le_bytes());
         out.extend_from_slice(&self.messages.to_le_bytes());
+        out.extend_from_slice(&self.map_seed.to_le_bytes());
+        out.extend_from_slice(&self.shards.to_le_bytes());
         out.extend_from_slice(&self.frame);
     }
 
@@ -107,6 +115,8 @@ impl OutboxBatch {
         let shard = u16::from_le_bytes(v.get(0..2)?.try_into().ok()?);
         let parked_ms = u64::from_le_bytes(v.get(2..10)?.try_into().ok()?);
         let messages = u32::from_le_bytes(v.get(10..14)?.try_into().ok()?);
+        let map_seed = u64::from_le_bytes(v.get(14..22)?.try_into().ok()?);
+        let shards = u16::from_le_bytes(v.get(22..24)?.try_into().ok()?);
         Some(OutboxBatch {
             node,
             shard,
@@ -114,7 +124,9 @@ impl OutboxBatch {
             seq,
             parked_ms,
             messages,
-            frame: v[14..].to_vec(),
+            map_seed,
+            shards,
+            frame: v[24..].to_vec(),
         })
     }
 }

@@ -9,9 +9,7 @@ use crate::apply::Batch;
 use crate::error::{At, Place, StoreError};
 use crate::op::{Committed, Fsync, Limits, Op, Refused, Usage};
 use crate::scan::{self, Recovered};
-use crate::tables::{
-    self, DELAYED, DELIVERIES, INBOUND, LINKS, META, OUTBOX, RETAINED, SESSIONS,
-};
+use crate::tables::{self, DELAYED, DELIVERIES, INBOUND, LINKS, META, OUTBOX, RETAINED, SESSIONS};
 
 /// Where a store lives.
 #[derive(Debug)]

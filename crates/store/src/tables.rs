@@ -26,7 +26,8 @@ pub(crate) const DELAYED: TableDefinition<(u64, u64), &[u8]> = TableDefinition::
 pub(crate) const LINKS: TableDefinition<LinkKey, LinkValue> = TableDefinition::new(names::LINKS);
 
 /// (node, the sending shard's incarnation, batch) → the batch's sending shard, when it was
-/// parked (ms since the Unix epoch), its message count and its encoded frame: forwarded
+/// parked (ms since the Unix epoch), its message count, the shard map it was parked under
+/// and its encoded frame (`OutboxBatch::encode`): forwarded
 /// publishes parked for a node that did not acknowledge them in time, sent again after a
 /// restart (`OutboxBatch`).
 pub(crate) const OUTBOX: TableDefinition<OutboxKey, &[u8]> = TableDefinition::new(names::OUTBOX);

@@ -471,6 +471,8 @@ fn a_parked_batch_comes_back_in_parking_order_until_dropped() {
         seq,
         parked_ms,
         messages: 2,
+        map_seed: 17,
+        shards: 2,
         frame: vec![seq as u8; 40],
     };
     // Parked in another order than their keys: they come back by parking time.

@@ -82,6 +82,18 @@ pub(crate) const KILLS_SLOW_COMMIT: Variant = Variant {
     ..KILLS
 };
 
+/// The kills, with forwarded batches parked in the outbox after 1.2 s without an
+/// acknowledgement (`backpressure_max_secs = 1`, `forward_timeout_ms = 200`) instead of
+/// 15 s: most partitions and kills last longer, so publishers are told their messages are
+/// safe while they sit in the outbox, which must then deliver them, after a kill of the
+/// publishers' node too (check 1).
+pub(crate) const KILLS_PARKED: Variant = Variant {
+    name: "kills-parked",
+    mqtt: "max_mqueue_len = 100000\nbackpressure_max_secs = 1\n",
+    cluster: "forward_timeout_ms = 200\n",
+    ..KILLS
+};
+
 /// Three nodes with a shared group across two of them.
 pub(crate) const SHARED_GROUP: Variant = Variant {
     name: "shared",

@@ -339,7 +339,9 @@ async fn inbound(
                 }
             }
             Frame::Ack { shard, inc, seq } => {
-                let Some(to) = shards.all().get(usize::from(shard)) else {
+                // A batch parked by a shard this run does not have went from another one
+                // under its name (`recover::start_shards`).
+                let Some(to) = shards.all().get(usize::from(shard) % shards.count()) else {
                     continue;
                 };
                 let msg = RouterMsg::ForwardAcked {

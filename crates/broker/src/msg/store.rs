@@ -178,6 +178,9 @@ pub(crate) enum WaiterTo {
     /// The shard that wrote the deliveries of a publish the node given forwarded, under
     /// that node's write number: the node's acknowledgement waits for it (`routing::link`).
     Link(WeakAddr<RouterMsg>, u64, u64),
+    /// The shard that parked batch `seq` for node `node` in the outbox: its publishers are
+    /// answered once it is durable (`routing::remote`).
+    Parked(WeakAddr<RouterMsg>, u64, u64),
     /// Whoever waits on this channel: a handed-over session's first write, which its
     /// client actor awaits before it subscribes (`client::persist`).
     Done(starling_rt::Reply<Stored>),

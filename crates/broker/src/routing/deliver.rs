@@ -48,16 +48,24 @@ impl RouterActor {
                         }),
                         _ => None,
                     };
-                    let offered =
-                        remote::offer_remote(node, msg.clone(), key, group, self.pending_max);
-                    if offered == remote::Offered::Dropped {
-                        add(&self.shared.metrics.dropped_mailbox_full, 1);
-                    }
-                    if offered != remote::Offered::Dropped {
-                        add(&self.shared.metrics.cluster_forwarded, 1);
-                    }
+                    let bounds = (self.pending_max, self.outbox_share);
+                    let offered = remote::offer_remote(node, msg.clone(), key, group, bounds);
+                    let refused = match offered {
+                        remote::Offered::Dropped => {
+                            add(&self.shared.metrics.dropped_mailbox_full, 1);
+                            true
+                        }
+                        remote::Offered::OutboxFull => {
+                            add(&self.shared.metrics.cluster_outbox_full, 1);
+                            true
+                        }
+                        _ => {
+                            add(&self.shared.metrics.cluster_forwarded, 1);
+                            false
+                        }
+                    };
                     if let Some(f) = self.fwd_current.as_mut() {
-                        if confirm || offered == remote::Offered::Dropped {
+                        if confirm || refused {
                             f.count(offered);
                         }
                     }

@@ -30,7 +30,6 @@ use starling_rt::{ActorId, Ctx};
 use starling_session::Message;
 use starling_store::{LinkCursor, Op};
 
-use super::remote::FORWARD_TIMEOUT;
 use super::RouterActor;
 use crate::destination::{remote_key, Destination, RemoteNode};
 use crate::metrics::add;
@@ -334,7 +333,8 @@ impl RouterActor {
     /// holds the link for at most `backpressure_max_secs` before it counts as stalled, and
     /// a batch held that long is slow, not lost.
     pub(super) fn forward_timeout(&self) -> Duration {
-        self.rules.max + FORWARD_TIMEOUT
+        let base = self.shared.config.cluster.forward_timeout_ms;
+        self.rules.max + Duration::from_millis(u64::from(base))
     }
 
     /// Messages in every node's window: forwarded and not acknowledged, or waiting to be
@@ -352,7 +352,7 @@ impl RouterActor {
     /// Whether a batch sent to some node waits for its acknowledgement.
     pub(super) fn windows_open(&self) -> bool {
         self.remote_nodes.iter().any(|n| {
-            matches!(self.destinations.get(&remote_key(*n)), Some(Destination::Remote(r)) if !r.unacked.is_empty())
+            matches!(self.destinations.get(&remote_key(*n)), Some(Destination::Remote(r)) if !r.unacked.is_empty() || !r.replay.is_empty())
         })
     }
 }

@@ -10,10 +10,20 @@
 //! A QoS 1/2 publish whose publisher waits for its PUBACK/PUBREC is answered once every
 //! node it went to acknowledged the batch holding it (and its own writes, if any, are
 //! durable): a node acknowledges a batch once its shards took every message of it. A node
-//! that does not acknowledge within [`FORWARD_TIMEOUT`] (its link is down, it died) settles
-//! the wait as unconfirmed (MQTT 5: PUBACK 0x80, so that the publisher may send it again;
-//! MQTT 3.x has no way to say it); a message that found the node's queue full is refused
-//! (MQTT 5: 0x97).
+//! that does not acknowledge within the forward timeout (`cluster.forward_timeout_ms` past
+//! `mqtt.backpressure_max_secs`: its link is down, it died) has the batch parked in the
+//! outbox; without one (no store) that settles the wait as unconfirmed (MQTT 5: PUBACK
+//! 0x80, so that the publisher may send it again; MQTT 3.x has no way to say it); a message
+//! that found the node's queue full is refused (MQTT 5: 0x97).
+//!
+//! The outbox: a batch parked is written to the store, out of the node's window (its
+//! publishers are released), and its publishers are answered once that is durable. It
+//! stays where it was in the link's order and is sent again until the node acknowledges
+//! it, so batches are never given up in the middle and the link has no gap. Past this
+//! shard's share of `cluster.outbox_max_messages`, what is for that node is refused. After
+//! a restart, the batches an earlier run parked go first, one at a time, as they were sent
+//! (same shard, incarnation and number): the node takes each it did not take before and
+//! acknowledges again one it did; the link's own batches wait until all are acknowledged.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -25,14 +35,15 @@ use starling_session::{DeliveryOptions, Message};
 use tracing::debug;
 
 use super::{RouterActor, SubOpts};
-use crate::destination::{remote_key, Destination, RemoteNode, SharedTo};
+use crate::destination::{
+    remote_key, Destination, Park, RemoteNode, Replay, SharedTo, REPLAY_AGAIN,
+};
+use crate::forward::LinkPos;
 use crate::forward::RESEND_DAMP;
 use crate::metrics::add;
-use crate::msg::{AckTo, ClientMsg, ClusterMsg, RouterMsg, ShardCluster, Stored};
+use crate::msg::{AckTo, ClientMsg, ClusterMsg, RouterMsg, ShardCluster, Stored, Waiter, WaiterTo};
+use starling_store::{Op, OutboxBatch};
 
-/// How long a forwarded batch waits for its node's acknowledgement, at least: longer when
-/// a subscriber there may hold the link back longer (see `RouterActor::forward_timeout`).
-pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often waiting batches are checked.
 pub(super) const FORWARD_CHECK: Duration = Duration::from_secs(1);
 /// How long a node may say nothing about batches it was sent before the oldest goes again.
@@ -57,7 +68,7 @@ impl FwdRoute {
     pub(crate) fn count(&mut self, o: Offered) {
         match o {
             Offered::First | Offered::Queued => self.queued += 1,
-            Offered::Dropped => self.refused += 1,
+            Offered::Dropped | Offered::OutboxFull => self.refused += 1,
         }
     }
 
@@ -74,6 +85,8 @@ pub(crate) enum Offered {
     Queued,
     /// The node's queue was full of messages that may not be dropped.
     Dropped,
+    /// The node's part of the outbox is full (`cluster.outbox_max_messages`).
+    OutboxFull,
 }
 
 /// Forwarded publishes that may not leave this node yet: each is a persistent publisher's
@@ -137,8 +150,135 @@ fn worse(a: Stored, b: Stored) -> Stored {
 }
 
 impl RouterActor {
+    /// Joins the cluster; what an earlier run parked for other nodes goes to them again.
     pub(super) fn wire_cluster(&mut self, c: ShardCluster) {
+        let (me, links) = (c.node, c.links.clone());
         self.cluster = Some(c);
+        for batch in std::mem::take(&mut self.replays) {
+            if batch.node == me {
+                continue;
+            }
+            let key = remote_key(batch.node);
+            if !self.remote_nodes.contains(&batch.node) {
+                self.remote_nodes.push(batch.node);
+            }
+            let inc = self.link_inc;
+            let d = self.destinations.entry(key.clone()).or_insert_with(|| {
+                Destination::Remote(RemoteNode::new(batch.node, links.clone(), inc))
+            });
+            if let Destination::Remote(r) = d {
+                r.replay.push_back(Replay { batch, sent: None });
+            }
+            if !self.dirty.contains(&key) {
+                self.dirty.push(key);
+            }
+        }
+    }
+
+    /// Parks batch `seq` sent to `node`, which did not acknowledge it in time: written to
+    /// the store, out of the window; its publishers are answered once that is durable
+    /// (`parked`), and it goes again until the node takes it.
+    fn park(&mut self, node: u64, seq: u64, me: WeakAddr<RouterMsg>) {
+        let shard = self.index as u16;
+        let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(node)) else {
+            return;
+        };
+        let inc = r.inc;
+        let Some(u) = r.unacked.iter_mut().find(|u| u.seq == seq) else {
+            return;
+        };
+        let n = u.messages.len();
+        u.park = Park::Writing;
+        r.unacked_messages -= n;
+        r.parked_messages += n;
+        let (now, wall) = (time::now(), time::wall());
+        let pos = LinkPos {
+            inc,
+            base: seq,
+            top: seq,
+        };
+        let messages = u.messages.iter().map(|(m, g)| (m, g.as_ref()));
+        let frame = crate::forward::encode_publish(shard, pos, (seq, false), messages, now, wall);
+        let parked_ms = wall
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let batch = OutboxBatch {
+            node,
+            shard,
+            inc,
+            seq,
+            parked_ms,
+            messages: u32::try_from(n).unwrap_or(u32::MAX),
+            map_seed: self.map.seed(),
+            shards: self.map.count() as u16,
+            frame,
+        };
+        debug!(
+            node,
+            seq,
+            messages = n,
+            "forwarded batch not acknowledged in time: parked"
+        );
+        let i = self.to_store.len();
+        self.to_store.push(Op::PutOutbox(batch).into());
+        self.store_waiters.push(Waiter {
+            to: WaiterTo::Parked(me, node, seq),
+            ops: i..i + 1,
+        });
+    }
+
+    /// The outbox write of batch `seq` for `node` is done: its publishers hear it is safe,
+    /// or (not durable) that it is not confirmed.
+    pub(super) fn parked(&mut self, node: u64, seq: u64, outcome: Stored) {
+        let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(node)) else {
+            return;
+        };
+        let inc = r.inc;
+        let Some(u) = r.unacked.iter_mut().find(|u| u.seq == seq) else {
+            // Acknowledged meanwhile (its publishers were answered then): the row goes.
+            if outcome == Stored::Durable {
+                self.to_store.push(Op::DropOutbox { node, inc, seq }.into());
+            }
+            return;
+        };
+        let keys = std::mem::take(&mut u.keys);
+        let n = u.messages.len() as u64;
+        let failed = if outcome == Stored::Durable {
+            u.park = Park::Parked;
+            add(&self.shared.metrics.cluster_outbox_parked, n);
+            None
+        } else {
+            u.park = Park::Unbacked;
+            add(
+                &self.shared.metrics.cluster_forward_timeouts,
+                keys.len() as u64,
+            );
+            Some(Stored::Unconfirmed)
+        };
+        for key in keys {
+            self.forward_settled(key, failed);
+        }
+    }
+
+    /// A batch parked by an earlier run, acknowledged by `node`: its row goes, and the next
+    /// one (or the link's own batches) may go.
+    fn replay_acked(&mut self, node: u64, inc: u64, seq: u64) {
+        let key = remote_key(node);
+        let Some(Destination::Remote(r)) = self.destinations.get_mut(&key) else {
+            return;
+        };
+        if r.replay
+            .front()
+            .is_none_or(|x| (x.batch.inc, x.batch.seq) != (inc, seq))
+        {
+            return;
+        }
+        r.replay.pop_front();
+        add(&self.shared.metrics.cluster_outbox_replayed, 1);
+        self.to_store.push(Op::DropOutbox { node, inc, seq }.into());
+        if !self.dirty.contains(&key) {
+            self.dirty.push(key);
+        }
     }
 
     /// The replicated routes changed for `node` and `filter`.
@@ -354,8 +494,12 @@ pub(super) fn offer_remote(
     msg: Arc<Message>,
     key: Option<u64>,
     group: Option<SharedTo>,
-    bound: usize,
+    (bound, outbox): (usize, usize),
 ) -> Offered {
+    // The outbox's policy when full: what is for that node is refused ("refuse").
+    if outbox > 0 && node.parked_messages >= outbox {
+        return Offered::OutboxFull;
+    }
     let was_empty = node.pending.is_empty();
     if node.pending.len() >= bound {
         let qos0 = |m: &Arc<Message>| m.qos == starling_codec::QoS::AtMostOnce;
@@ -477,20 +621,38 @@ impl RouterActor {
             return;
         };
         if inc != r.inc {
-            // For an earlier incarnation of this shard (this node restarted since).
+            // For an earlier incarnation of this shard (this node restarted since): a
+            // batch that run parked, sent again.
+            self.replay_acked(node, inc, seq);
             return;
         }
         r.heard = time::now();
         let (mut done, mut lost) = (Vec::new(), Vec::new());
+        let mut dropped = Vec::new();
         while r.unacked.front().is_some_and(|u| u.seq <= seq) {
             if let Some(u) = r.unacked.pop_front() {
-                r.unacked_messages -= u.messages.len();
+                let n = u.messages.len();
+                if u.park == Park::No {
+                    r.unacked_messages -= n;
+                } else {
+                    r.parked_messages -= n;
+                    dropped.push(u.seq);
+                    if u.seq != seq && u.park == Park::Parked {
+                        // Its publishers were told it is safe, and the node skipped it.
+                        debug!(node, seq = u.seq, "a parked batch skipped by its node");
+                        add(&self.shared.metrics.cluster_outbox_lost, n as u64);
+                    }
+                }
                 if u.seq == seq {
                     done.extend(u.keys);
                 } else {
                     lost.extend(u.keys);
                 }
             }
+        }
+        for s in dropped {
+            self.to_store
+                .push(Op::DropOutbox { node, inc, seq: s }.into());
         }
         if !lost.is_empty() {
             debug!(
@@ -559,16 +721,38 @@ impl RouterActor {
         let now = starling_rt::time::now();
         let mut late = Vec::new();
         let mut probed = Vec::new();
+        let mut to_park = Vec::new();
+        let mut gone = Vec::new();
         let timeout = self.forward_timeout();
+        let parks = self.outbox_share > 0;
         for node in &self.remote_nodes {
             let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(*node)) else {
                 continue;
             };
             late.append(&mut r.lost);
-            while r
-                .unacked
-                .front()
-                .is_some_and(|u| now.saturating_duration_since(u.sent_at) >= timeout)
+            gone.extend(r.replay_gone.drain(..).map(|(inc, seq)| (r.node, inc, seq)));
+            if r.replay.front().is_some_and(|x| {
+                x.sent
+                    .is_none_or(|t| now.saturating_duration_since(t) >= REPLAY_AGAIN)
+            }) {
+                probed.push(remote_key(r.node));
+            }
+            if parks {
+                // Never given up on: parked (the batches stay in order, without a gap).
+                to_park.extend(
+                    r.unacked
+                        .iter()
+                        .filter(|u| {
+                            u.park == Park::No
+                                && now.saturating_duration_since(u.sent_at) >= timeout
+                        })
+                        .map(|u| (r.node, u.seq)),
+                );
+            }
+            while !parks
+                && r.unacked
+                    .front()
+                    .is_some_and(|u| now.saturating_duration_since(u.sent_at) >= timeout)
             {
                 if let Some(u) = r.unacked.pop_front() {
                     debug!(
@@ -599,6 +783,13 @@ impl RouterActor {
             if !self.dirty.contains(&key) {
                 self.dirty.push(key);
             }
+        }
+        for (node, inc, seq) in gone {
+            self.to_store.push(Op::DropOutbox { node, inc, seq }.into());
+        }
+        let me = ctx.weak_addr();
+        for (node, seq) in to_park {
+            self.park(node, seq, me.clone());
         }
         // Timed out, or lost with a closed link: either lets a full window go.
         for node in self.remote_nodes.clone() {

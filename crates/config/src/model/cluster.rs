@@ -28,6 +28,8 @@ pub(crate) struct RawCluster {
     pub reconnect_reads: ClusterReads,
     pub forward_confirm: bool,
     pub raft_priority: bool,
+    pub outbox_max_messages: u32,
+    pub forward_timeout_ms: u32,
 }
 
 impl Default for RawCluster {
@@ -46,6 +48,8 @@ impl Default for RawCluster {
             reconnect_reads: ClusterReads::Linearizable,
             forward_confirm: true,
             raft_priority: true,
+            outbox_max_messages: 100_000,
+            forward_timeout_ms: 5_000,
         }
     }
 }
@@ -110,6 +114,18 @@ pub struct ClusterConfig {
     /// only to show what a follower flooded by clients then does to its leader (the
     /// simulation's overload test).
     pub raft_priority: bool,
+    /// Forwarded QoS 1/2 publishes this node may park for one other node that does not
+    /// acknowledge them within the forward timeout, kept in the store (and in memory) and
+    /// sent again until it does. 0..=10,000,000, default 100,000; 0 (or a node without a
+    /// store) parks nothing: their publishers are told *unconfirmed*. Past it, a publish
+    /// for that node is refused (`"refuse"`: MQTT 5 0x97, counted in
+    /// `cluster.outbox.full`).
+    pub outbox_max_messages: u32,
+    /// How long a forwarded batch waits for its node's acknowledgement past
+    /// `mqtt.backpressure_max_secs` (a subscriber there may hold the link that long)
+    /// before it is parked in the outbox, or, with none, its publishers are told it is not
+    /// confirmed. 100..=600,000 ms, default 5,000.
+    pub forward_timeout_ms: u32,
 }
 
 impl Default for ClusterConfig {
@@ -129,6 +145,8 @@ impl Default for ClusterConfig {
             reconnect_reads: raw.reconnect_reads,
             forward_confirm: raw.forward_confirm,
             raft_priority: raw.raft_priority,
+            outbox_max_messages: raw.outbox_max_messages,
+            forward_timeout_ms: raw.forward_timeout_ms,
         }
     }
 }

@@ -13,8 +13,8 @@ use starling_session::state::{
     PendingUnsubscribeState, SubscriptionState, WillState,
 };
 use starling_store::{
-    Delayed, DeliveryStage, LinkCursor, Op, OutboxBatch, Recovered, RecoveredSession, SessionMeta, SessionParts,
-    StoredDelivery,
+    Delayed, DeliveryStage, LinkCursor, Op, OutboxBatch, Recovered, RecoveredSession, SessionMeta,
+    SessionParts, StoredDelivery,
 };
 
 pub fn wall(ms: u64) -> SystemTime {
@@ -461,7 +461,7 @@ pub fn op() -> impl Strategy<Value = Op> {
             Op::PutLinkCursor(LinkCursor { node, shard, to_shard, inc, seq, taken, map_seed: 5, shards: 2 })
         }),
         1 => (1u64..3, 1u64..3, 0u64..4, 0u64..3, proptest::collection::vec(any::<u8>(), 0..40)).prop_map(|(node, inc, seq, parked_ms, frame)| {
-            Op::PutOutbox(OutboxBatch { node, shard: 1, inc, seq, parked_ms, messages: 1, frame })
+            Op::PutOutbox(OutboxBatch { node, shard: 1, inc, seq, parked_ms, messages: 1, map_seed: 3, shards: 2, frame })
         }),
         1 => (1u64..3, 1u64..3, 0u64..4).prop_map(|(node, inc, seq)| Op::DropOutbox { node, inc, seq }),
     ]
