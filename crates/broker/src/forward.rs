@@ -73,7 +73,20 @@ pub(crate) enum Frame {
         epoch: u64,
         handoff: Option<Box<HandOff>>,
     },
+    /// Part `index` of `total` of a `Session` frame too large for one frame of the data
+    /// stream (its bytes, cut in order): the receiver puts them together (`cluster::parts`).
+    SessionPart {
+        client_id: String,
+        epoch: u64,
+        index: u32,
+        total: u32,
+        bytes: Vec<u8>,
+    },
 }
+
+/// The largest part of a `Session` frame cut up: half of what the data stream carries in
+/// one frame, with room for the part's own fields.
+pub(crate) const SESSION_PART_BYTES: usize = 8 << 20;
 
 /// A `Session` frame.
 pub(crate) fn encode_session(
@@ -86,6 +99,32 @@ pub(crate) fn encode_session(
         epoch,
         handoff,
     })
+}
+
+/// A `Session` frame, as frames the data stream carries: itself, or its parts.
+pub(crate) fn encode_session_parts(
+    client_id: &str,
+    epoch: u64,
+    handoff: Option<Box<HandOff>>,
+) -> Vec<Vec<u8>> {
+    let whole = encode_session(client_id, epoch, handoff);
+    if whole.len() <= SESSION_PART_BYTES {
+        return vec![whole];
+    }
+    let total = whole.len().div_ceil(SESSION_PART_BYTES) as u32;
+    whole
+        .chunks(SESSION_PART_BYTES)
+        .enumerate()
+        .map(|(i, bytes)| {
+            frame_bytes(&Frame::SessionPart {
+                client_id: client_id.to_owned(),
+                epoch,
+                index: i as u32,
+                total,
+                bytes: bytes.to_vec(),
+            })
+        })
+        .collect()
 }
 
 /// The messages of a `Publish` frame, in order, each with its shared group.

@@ -19,7 +19,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::cluster::{
-    acked_lines, gather, health, missing, publisher, running_cluster, until_forwarded, wait_status,
+    acked_lines, gather, health, missing, publisher, publisher_with, running_cluster,
+    until_forwarded, wait_status,
 };
 use common::{next_line, watcher_with, Daemon};
 
@@ -107,4 +108,52 @@ fn a_moved_session_survives_a_kill_of_the_node_it_moved_to() {
     );
     let _ = third.kill();
     let _ = third.wait();
+}
+
+/// A session larger than one frame of the data stream (16 MiB) moves whole: 200 messages
+/// of 120 KB (about 24 MB) queued for a persistent subscriber on node 2 reach it after it
+/// moves to node 3. The session's frame goes in parts of 8 MiB, put together on node 3.
+/// Before, node 2 told node 3 there was nothing to give, and the session started afresh
+/// there with none of its messages.
+#[test]
+fn a_session_larger_than_a_frame_moves_whole() {
+    let Some((_files, ports, _nodes)) = running_cluster("cluster-bigsession", "") else {
+        return;
+    };
+    let persistent = ["--expiry", "3600", "--head"];
+    let (mut first, rx_first) = watcher_with(ports[1].mqtt, "big", "b/#", &persistent);
+    next_line(&rx_first, "subscribed");
+    assert!(
+        until_forwarded(ports[0].mqtt, "b/probe", &rx_first),
+        "node 1 never forwarded to node 2"
+    );
+    let _ = first.kill();
+    let _ = first.wait();
+
+    let mut p = publisher_with(ports[0].mqtt, "b/data", 100, &["--pad", "120000"]);
+    let queued: BTreeSet<(String, String)> = acked_lines(&mut p, |_| {})
+        .into_iter()
+        .map(|p| ("b/data".to_owned(), p))
+        .collect();
+    assert_eq!(queued.len(), 200, "node 1 acknowledged every message");
+
+    let started = Instant::now();
+    let (mut second, rx_second) = watcher_with(ports[2].mqtt, "big", "b/#", &persistent);
+    let mut got = BTreeSet::new();
+    gather(&rx_second, &mut got, &queued, Duration::from_secs(60));
+    let _ = second.kill();
+    let _ = second.wait();
+    println!(
+        "{} of {} queued messages arrived on node 3 in {:?}",
+        got.len(),
+        queued.len(),
+        started.elapsed()
+    );
+    assert_eq!(
+        missing(&queued, &got),
+        0,
+        "messages of the moved session missing on node 3 (of {}; {} arrived)",
+        queued.len(),
+        got.len()
+    );
 }

@@ -121,9 +121,9 @@ pub(crate) struct ClusterActor {
     leave_running: bool,
 }
 
-/// A handed-over session's frame at most: the data stream's frame bound (`QuicOptions`,
-/// 16 MiB), less room for the frame's own fields.
-const HANDOFF_BYTES_MAX: usize = (16 << 20) - 4096;
+/// A handed-over session's frame at most (cut in parts of `SESSION_PART_BYTES`): half of
+/// what a receiving node holds of sessions being put together, so that two fit.
+const HANDOFF_BYTES_MAX: usize = super::parts::PARTS_BYTES_MAX / 2;
 
 /// A claim (with whom to answer) or a release, waiting for its commit.
 enum OwnerOp {
@@ -618,14 +618,20 @@ impl Actor for ClusterActor {
                 handoff,
             } => {
                 if let Some(links) = self.links.clone() {
-                    let mut frame = crate::forward::encode_session(&client_id, epoch, handoff);
-                    if frame.len() > HANDOFF_BYTES_MAX {
-                        // Past what one frame of the data stream carries: the new node is
-                        // told there is nothing, rather than left waiting for it.
-                        tracing::warn!(node_id = self.node, %client_id, bytes = frame.len(), "session too large to hand over; the new node starts it afresh");
-                        frame = crate::forward::encode_session(&client_id, epoch, None);
+                    // Cut in parts past what one frame of the data stream carries.
+                    let mut frames =
+                        crate::forward::encode_session_parts(&client_id, epoch, handoff);
+                    let bytes: usize = frames.iter().map(Vec::len).sum();
+                    if bytes > HANDOFF_BYTES_MAX {
+                        // The new node is told there is nothing, rather than left waiting.
+                        tracing::warn!(node_id = self.node, %client_id, bytes, "session too large to hand over; the new node starts it afresh");
+                        frames = crate::forward::encode_session_parts(&client_id, epoch, None);
                     }
-                    starling_rt::spawn(async move { super::send_frame(&links, to, frame).await });
+                    starling_rt::spawn(async move {
+                        for frame in frames {
+                            super::send_frame(&links, to, frame).await;
+                        }
+                    });
                 }
             }
             ClusterMsg::SessionArrived {

@@ -11,6 +11,7 @@
 
 mod actor;
 mod inlink;
+mod parts;
 mod replica;
 mod retained;
 
@@ -242,6 +243,7 @@ async fn inbound(
     let node_id = shared.config.node.id;
     let mut owed: BTreeMap<u64, tokio::sync::mpsc::Sender<OwedAck>> = BTreeMap::new();
     let mut order = inlink::InLinks::default();
+    let mut sessions = parts::Parts::default();
     while let Some((from, frame)) = rx.recv().await {
         let frame = match forward::decode(&frame) {
             Ok(f) => f,
@@ -322,6 +324,39 @@ async fn inbound(
                     .is_err()
                 {
                     return;
+                }
+            }
+            Frame::SessionPart {
+                client_id,
+                epoch,
+                index,
+                total,
+                bytes,
+            } => {
+                let Some(whole) = sessions.part(from, &client_id, (epoch, index, total), &bytes)
+                else {
+                    continue;
+                };
+                drop(bytes);
+                match forward::decode(&whole) {
+                    Ok(Frame::Session {
+                        client_id,
+                        epoch,
+                        handoff,
+                    }) => {
+                        let msg = ClusterMsg::SessionArrived {
+                            client_id: Arc::from(client_id),
+                            epoch,
+                            handoff,
+                        };
+                        if actor.send(msg).await.is_err() {
+                            return;
+                        }
+                    }
+                    other => {
+                        let e = other.err().map(|e| e.to_string());
+                        tracing::warn!(node_id, from, error = ?e, "a handed-over session's parts make no session frame");
+                    }
                 }
             }
             Frame::Session {

@@ -21,6 +21,12 @@ def main():
     ap.add_argument("--count", type=int, required=True)
     ap.add_argument("--inflight", type=int, default=64)
     ap.add_argument("--retain", action="store_true", help="publish with RETAIN set")
+    ap.add_argument(
+        "--pad",
+        type=int,
+        default=0,
+        help="bytes of padding after each payload, behind a `|` (printed without it)",
+    )
     args = ap.parse_args()
 
     if not hasattr(mqtt, "CallbackAPIVersion"):
@@ -45,7 +51,8 @@ def main():
         for n in range(args.count):
             for qos in (1, 2):
                 payload = f"{qos}:{n}"
-                info = c.publish(args.topic, payload, qos=qos, retain=args.retain)
+                body = payload + ("|" + "x" * args.pad if args.pad else "")
+                info = c.publish(args.topic, body, qos=qos, retain=args.retain)
                 payloads[info.mid] = payload
 
     def on_publish(c, userdata, mid, reason_code, properties):

@@ -52,6 +52,11 @@ def main():
         help="a will (QoS 1, payload `gone ID`, no delay) on this topic",
     )
     ap.add_argument(
+        "--head",
+        action="store_true",
+        help="print each payload up to its first `|` (publish_acked.py --pad)",
+    )
+    ap.add_argument(
         "--codes",
         action="store_true",
         help="print the SUBACK's reason code on its line: `subscribed 1`, `subscribed 151`",
@@ -86,7 +91,10 @@ def main():
             say("subscribed")
 
     def on_message(c, userdata, msg):
-        say(f"msg {msg.topic} {msg.payload.decode('utf-8', 'replace')}")
+        payload = msg.payload.decode("utf-8", "replace")
+        if args.head:
+            payload = payload.split("|", 1)[0]
+        say(f"msg {msg.topic} {payload}")
         if args.delay_ms > 0:
             time.sleep(args.delay_ms / 1000)
 
