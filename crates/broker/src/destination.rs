@@ -180,8 +180,8 @@ pub(crate) struct RemoteNode {
     /// Batches an earlier run of this node parked for it, sent again one at a time, in
     /// parking order, ahead of anything new (`routing::remote`).
     pub replay: VecDeque<Replay>,
-    /// Replayed batches given up on (the node is not a peer any more, or the frame is not
-    /// one this build reads), by (incarnation, batch): their rows go.
+    /// Replayed batches given up on (their frame is not one this build reads), by
+    /// (incarnation, batch): their rows go.
     pub replay_gone: Vec<(u64, u64)>,
 }
 
@@ -272,27 +272,27 @@ impl RemoteNode {
             base: b.seq,
             top: b.seq,
         };
-        let sent = match forward::reposition(&b.frame, pos) {
-            Some(frame) => self.links.try_send(self.node, frame),
-            // Another build's frame: nothing to send.
-            None => Err(starling_raft::DataSendError::Closed),
+        let Some(frame) = forward::reposition(&b.frame, pos) else {
+            // Another build's frame: it can never go.
+            tracing::warn!(
+                node = self.node,
+                batch = b.seq,
+                "a parked batch this build cannot read: dropped"
+            );
+            self.replay_gone.push((b.inc, b.seq));
+            self.replay.pop_front();
+            return Ok(());
         };
-        match sent {
+        match self.links.try_send(self.node, frame) {
             Ok(()) => {
                 r.sent = Some(now);
                 Ok(())
             }
             Err(starling_raft::DataSendError::Full(_)) => Err(()),
-            Err(starling_raft::DataSendError::Closed) => {
-                tracing::warn!(
-                    node = self.node,
-                    batch = b.seq,
-                    "a parked batch cannot be sent again (not a peer, or unreadable): dropped"
-                );
-                self.replay_gone.push((b.inc, b.seq));
-                self.replay.pop_front();
-                Ok(())
-            }
+            // Not a peer yet (one that joined after this node's config was written is
+            // added as the log is applied again) or any more: tried again at the next
+            // check, never dropped, as its publishers were told it is safe.
+            Err(starling_raft::DataSendError::Closed) => Ok(()),
         }
     }
 
