@@ -805,8 +805,11 @@ fn parked_forwards_reach_their_subscribers_through_partitions_and_kills() {
     let parked = OUTBOX_PARKED.load(std::sync::atomic::Ordering::Relaxed) - before.0;
     let replayed = OUTBOX_REPLAYED.load(std::sync::atomic::Ordering::Relaxed) - before.1;
     println!("[sim] outbox over the seeds: {parked} messages parked, {replayed} batches replayed");
-    assert!(parked > 0, "no batch was parked: the outbox went untested");
-    assert!(replayed > 0, "no parked batch was replayed after a restart");
+    // Over the default seeds; one seed replayed alone (`MADSIM_TEST_SEED`) may do neither.
+    if std::env::var_os("MADSIM_TEST_SEED").is_none() {
+        assert!(parked > 0, "no batch was parked: the outbox went untested");
+        assert!(replayed > 0, "no parked batch was replayed after a restart");
+    }
 }
 
 /// Checks 1 to 5 while nodes join and leave: a fourth node is added during the faults and
