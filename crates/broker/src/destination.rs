@@ -191,6 +191,9 @@ pub(crate) struct Replay {
     pub batch: starling_store::OutboxBatch,
     /// When it was last sent: it goes again after a quiet second.
     pub sent: Option<starling_rt::time::Instant>,
+    /// Acknowledged: its row's drop is on its way to the store, and nothing goes after it
+    /// until that is committed (`routing::remote`).
+    pub dropping: bool,
 }
 
 /// Where a sent batch stands with the outbox: a batch its node has not acknowledged within
@@ -261,8 +264,9 @@ impl RemoteNode {
         let Some(r) = self.replay.front_mut() else {
             return Ok(());
         };
-        if r.sent
-            .is_some_and(|t| now.saturating_duration_since(t) < REPLAY_AGAIN)
+        if r.dropping
+            || r.sent
+                .is_some_and(|t| now.saturating_duration_since(t) < REPLAY_AGAIN)
         {
             return Ok(());
         }

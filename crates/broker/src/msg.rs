@@ -464,6 +464,8 @@ pub(crate) enum RouterMsg {
         seq: u64,
         outcome: Stored,
     },
+    /// The drop of a replayed batch's row is committed (see [`WaiterTo::Unparked`]).
+    Unparked { node: u64, inc: u64, seq: u64 },
     /// Settle forwarded batches that waited too long for their node.
     ForwardCheck,
     /// Answers this shard's next delivery seq, after raising it to `at_least` at the least

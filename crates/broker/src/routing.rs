@@ -459,7 +459,10 @@ impl Actor for RouterActor {
                 self.link_barrier(from.node, done);
             }
             RouterMsg::LinkStored { node, seq, durable } => self.link_stored(node, seq, durable),
-            RouterMsg::ForwardAcked { node, inc, seq } => self.forward_acked(node, inc, seq),
+            RouterMsg::ForwardAcked { node, inc, seq } => {
+                self.forward_acked(node, inc, seq, ctx.weak_addr())
+            }
+            RouterMsg::Unparked { node, inc, seq } => self.unparked(node, inc, seq),
             RouterMsg::ForwardResend { node, inc, from } => self.forward_resend(node, inc, from),
             RouterMsg::ForwardStored { key, outcome } => self.forward_stored(key, outcome),
             RouterMsg::Parked { node, seq, outcome } => self.parked(node, seq, outcome),
@@ -655,6 +658,9 @@ impl Actor for RouterActor {
                                 WaiterTo::Link(_, node, seq) => self.link_stored(node, seq, false),
                                 WaiterTo::Parked(_, node, seq) => {
                                     self.parked(node, seq, Stored::Failed)
+                                }
+                                WaiterTo::Unparked(_, node, inc, seq) => {
+                                    self.unparked(node, inc, seq)
                                 }
                                 WaiterTo::Done(tx) => {
                                     let _ = tx.send(Stored::Failed);

@@ -521,6 +521,11 @@ fn tell(w: Waiter, outcome: Stored) {
         WaiterTo::Parked(shard, node, seq) => {
             send_urgent(&shard, RouterMsg::Parked { node, seq, outcome });
         }
+        // Whatever the outcome: a drop that failed leaves a row a restart sends again,
+        // which the node acknowledges again (it took the batch) or takes.
+        WaiterTo::Unparked(shard, node, inc, seq) => {
+            send_urgent(&shard, RouterMsg::Unparked { node, inc, seq });
+        }
         WaiterTo::Done(tx) => {
             let _ = tx.send(outcome);
         }

@@ -181,6 +181,10 @@ pub(crate) enum WaiterTo {
     /// The shard that parked batch `seq` for node `node` in the outbox: its publishers are
     /// answered once it is durable (`routing::remote`).
     Parked(WeakAddr<RouterMsg>, u64, u64),
+    /// The shard whose replayed batch (node, incarnation, batch) was acknowledged: its
+    /// row's drop must be committed before anything of the shard's own incarnation goes to
+    /// that node, or a crash could bring the batch back behind newer ones.
+    Unparked(WeakAddr<RouterMsg>, u64, u64, u64),
     /// Whoever waits on this channel: a handed-over session's first write, which its
     /// client actor awaits before it subscribes (`client::persist`).
     Done(starling_rt::Reply<Stored>),

@@ -167,7 +167,11 @@ impl RouterActor {
                 Destination::Remote(RemoteNode::new(batch.node, links.clone(), inc))
             });
             if let Destination::Remote(r) = d {
-                r.replay.push_back(Replay { batch, sent: None });
+                r.replay.push_back(Replay {
+                    batch,
+                    sent: None,
+                    dropping: false,
+                });
             }
             if !self.dirty.contains(&key) {
                 self.dirty.push(key);
@@ -260,24 +264,44 @@ impl RouterActor {
         }
     }
 
-    /// A batch parked by an earlier run, acknowledged by `node`: its row goes, and the next
-    /// one (or the link's own batches) may go.
-    fn replay_acked(&mut self, node: u64, inc: u64, seq: u64) {
+    /// A batch parked by an earlier run, acknowledged by `node`: its row goes, and once that
+    /// is committed (`unparked`) the next one (or the link's own batches) may go. Were they
+    /// to go first, a crash that lost the drop would send this batch again after a newer
+    /// incarnation's batches, which the node would take as a restart of this one.
+    fn replay_acked(&mut self, node: u64, inc: u64, seq: u64, me: WeakAddr<RouterMsg>) {
+        let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(node)) else {
+            return;
+        };
+        let Some(front) = r.replay.front_mut() else {
+            return;
+        };
+        if (front.batch.inc, front.batch.seq) != (inc, seq) || front.dropping {
+            return;
+        }
+        front.dropping = true;
+        add(&self.shared.metrics.cluster_outbox_replayed, 1);
+        let i = self.to_store.len();
+        self.to_store.push(Op::DropOutbox { node, inc, seq }.into());
+        self.store_waiters.push(Waiter {
+            to: WaiterTo::Unparked(me, node, inc, seq),
+            ops: i..i + 1,
+        });
+    }
+
+    /// The drop of a replayed batch's row is committed: the next may go.
+    pub(super) fn unparked(&mut self, node: u64, inc: u64, seq: u64) {
         let key = remote_key(node);
         let Some(Destination::Remote(r)) = self.destinations.get_mut(&key) else {
             return;
         };
         if r.replay
             .front()
-            .is_none_or(|x| (x.batch.inc, x.batch.seq) != (inc, seq))
+            .is_some_and(|x| x.dropping && (x.batch.inc, x.batch.seq) == (inc, seq))
         {
-            return;
-        }
-        r.replay.pop_front();
-        add(&self.shared.metrics.cluster_outbox_replayed, 1);
-        self.to_store.push(Op::DropOutbox { node, inc, seq }.into());
-        if !self.dirty.contains(&key) {
-            self.dirty.push(key);
+            r.replay.pop_front();
+            if !self.dirty.contains(&key) {
+                self.dirty.push(key);
+            }
         }
     }
 
@@ -616,14 +640,14 @@ impl RouterActor {
     /// A node takes batches only in order and acknowledges each it made durable, in order,
     /// so an earlier batch still waiting was taken but is not durable there, or its
     /// acknowledgement was lost with a replaced link: unconfirmed, either way.
-    pub(super) fn forward_acked(&mut self, node: u64, inc: u64, seq: u64) {
+    pub(super) fn forward_acked(&mut self, node: u64, inc: u64, seq: u64, me: WeakAddr<RouterMsg>) {
         let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(node)) else {
             return;
         };
         if inc != r.inc {
             // For an earlier incarnation of this shard (this node restarted since): a
             // batch that run parked, sent again.
-            self.replay_acked(node, inc, seq);
+            self.replay_acked(node, inc, seq, me);
             return;
         }
         r.heard = time::now();
@@ -732,8 +756,9 @@ impl RouterActor {
             late.append(&mut r.lost);
             gone.extend(r.replay_gone.drain(..).map(|(inc, seq)| (r.node, inc, seq)));
             if r.replay.front().is_some_and(|x| {
-                x.sent
-                    .is_none_or(|t| now.saturating_duration_since(t) >= REPLAY_AGAIN)
+                !x.dropping
+                    && x.sent
+                        .is_none_or(|t| now.saturating_duration_since(t) >= REPLAY_AGAIN)
             }) {
                 probed.push(remote_key(r.node));
             }
