@@ -94,14 +94,6 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
     println!("node 1 is killed after {kill_after} acknowledgements, node 3 stopped");
     let pid1 = nodes[0].as_ref().expect("node 1").child.id();
     let pid3 = nodes[2].as_ref().expect("node 3").child.id();
-    let signal = |name: &str, pid: u32| {
-        let ok = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(pid.to_string())
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill -{name} {pid}");
-    };
     let mut p = publisher(ports[0].mqtt, "k/data", 3000);
     let mut chaos = None;
     let acked: BTreeSet<(String, String)> = acked_lines(&mut p, |n| {
@@ -360,6 +352,16 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
 
 /// Node `config`'s answer `n` of `starling ctl stats` (0: its `/stats`, 1: its
 /// `/metrics`), under `key`.
+/// Sends signal `name` (`STOP`, `CONT`, `KILL`) to process `pid`.
+fn signal(name: &str, pid: u32) {
+    let ok = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{name} {pid}");
+}
+
 fn ctl_stats(config: &Path, n: usize, key: &str) -> serde_json::Value {
     let out = starling()
         .arg("--config")
@@ -566,14 +568,6 @@ fn batches_parked_for_a_stopped_node_reach_it_after_the_sender_is_killed_and_res
     };
     let (mut w, rx) = watcher(ports[2].mqtt, "sub-on-3", "ob/#");
     common::next_line(&rx, "subscribed");
-    let signal = |name: &str, pid: u32| {
-        let ok = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(pid.to_string())
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill -{name} {pid}");
-    };
     let pid3 = nodes[2].child.id();
     signal("STOP", pid3);
     let started = Instant::now();

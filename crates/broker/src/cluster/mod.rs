@@ -344,12 +344,7 @@ async fn inbound(
                         epoch,
                         handoff,
                     }) => {
-                        let msg = ClusterMsg::SessionArrived {
-                            client_id: Arc::from(client_id),
-                            epoch,
-                            handoff,
-                        };
-                        if actor.send(msg).await.is_err() {
+                        if !session_arrived(&actor, client_id, epoch, handoff).await {
                             return;
                         }
                     }
@@ -364,12 +359,7 @@ async fn inbound(
                 epoch,
                 handoff,
             } => {
-                let msg = ClusterMsg::SessionArrived {
-                    client_id: Arc::from(client_id),
-                    epoch,
-                    handoff,
-                };
-                if actor.send(msg).await.is_err() {
+                if !session_arrived(&actor, client_id, epoch, handoff).await {
                     return;
                 }
             }
@@ -411,6 +401,23 @@ async fn inbound(
 
 /// Acknowledges `to`'s batches in the order they were routed, each once its barriers are
 /// answered (a shard that stops answers none: it is stopping, and so is this node).
+/// Hands a session another node handed over to the cluster actor; false once the actor is
+/// gone (the node stops).
+async fn session_arrived(
+    actor: &Addr<ClusterMsg>,
+    client_id: String,
+    epoch: u64,
+    handoff: Option<Box<crate::msg::HandOff>>,
+) -> bool {
+    let client_id = Arc::from(client_id);
+    let msg = ClusterMsg::SessionArrived {
+        client_id,
+        epoch,
+        handoff,
+    };
+    actor.send(msg).await.is_ok()
+}
+
 /// The queue of acknowledgements owed to `to`, and the task that sends them.
 fn owe(links: &DataLinks, to: u64) -> tokio::sync::mpsc::Sender<OwedAck> {
     let (tx, rx) = tokio::sync::mpsc::channel(ACKS_OWED);
