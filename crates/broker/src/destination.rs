@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use starling_codec::QoS;
 use starling_rt::{ActorId, TrySendError, WeakAddr};
-use starling_session::{DeliveryOptions, Message, QueueFullPolicy};
+use starling_session::{DeliveryOptions, Message, QueueFullPolicy, WallClock};
 
 use crate::flow::{Backlog, Holder};
 use crate::forward;
@@ -276,7 +276,11 @@ impl RemoteNode {
             base: b.seq,
             top: b.seq,
         };
-        let Some(frame) = forward::reposition(&b.frame, pos) else {
+        let clock = WallClock {
+            now: starling_rt::time::now(),
+            wall: starling_rt::time::wall(),
+        };
+        let Some(frame) = forward::reposition(&b.frame, pos, &clock) else {
             // Another build's frame: it can never go.
             tracing::warn!(
                 node = self.node,
@@ -325,8 +329,7 @@ impl RemoteNode {
                 pos,
                 (at, probe),
                 u.messages.iter().map(|(m, g)| (m, g.as_ref())),
-                now,
-                wall,
+                &WallClock { now, wall },
             );
             match self.links.try_send(self.node, frame) {
                 Ok(()) => {
@@ -460,8 +463,7 @@ impl Destination {
                         pos,
                         (seq, false),
                         r.pending.iter().take(n).map(|(m, _, g)| (m, g.as_ref())),
-                        now,
-                        wall,
+                        &WallClock { now, wall },
                     );
                     match r.links.try_send(r.node, frame) {
                         Ok(()) => {

@@ -436,6 +436,9 @@ pub(crate) enum RouterMsg {
         node: u64,
         present: bool,
     },
+    /// `node` left the cluster (its `Leave` applied while this node ran, after its routes
+    /// went): what this shard holds for it is given up (`routing::departed`).
+    NodeLeft(u64),
     /// This shard's part of a batch another node forwarded, in the batch's order: each
     /// publish for this node's subscribers only (never forwarded again, not retained here):
     /// its plain subscribers, or (`Some`) one member of the shared group that node picked

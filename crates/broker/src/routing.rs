@@ -48,6 +48,7 @@ use crate::settings::Shared;
 mod admin;
 mod control;
 mod deliver;
+mod departed;
 use admin::ShardCounts;
 mod link;
 mod remote;
@@ -502,6 +503,7 @@ impl Actor for RouterActor {
                 node,
                 present,
             } => self.remote_route(&filter, node, present),
+            RouterMsg::NodeLeft(node) => self.node_left(node),
             RouterMsg::RetainedRefused(m) => {
                 if self
                     .retained

@@ -51,7 +51,7 @@ pub use effect::{DropReason, Effect, OutgoingPublish, StoreChange, SubscribeRequ
 pub use error::{PacketIdList, RestoreError, SessionError};
 pub use limits::{check_connect, refusal, ClientIdentity, QueueFullPolicy, SessionLimits};
 pub use message::{DeliveryOptions, Expiry, Message, SharedHeaders};
-pub use session::{AllowAll, Attached, DetachReason, Gate, Session};
+pub use session::{AllowAll, Attached, DetachReason, Gate, Session, WallClock};
 pub use state::SessionState;
 pub use subscriptions::{Subscription, Subscriptions};
 

@@ -412,6 +412,7 @@ impl ClusterActor {
     }
 
     async fn changed(&mut self, changes: Vec<Change>, replayed: bool) {
+        let mut left = Vec::new();
         for c in changes {
             match c {
                 Change::Member { node, member } => {
@@ -429,7 +430,11 @@ impl ClusterActor {
                                 self.left_here();
                             }
                             self.departed.insert(node, membership::Departed::now());
-                            self.members.remove(&node);
+                            // Not from this node's own log at its start: that node may have
+                            // joined again since, with batches parked for it after.
+                            if self.members.remove(&node).is_some() && !replayed {
+                                left.push(node);
+                            }
                         }
                     };
                     self.sync_peers();
@@ -441,6 +446,17 @@ impl ClusterActor {
                 Change::Retained { topic, message } => {
                     self.retained_changed(topic, message).await;
                 }
+            }
+        }
+        self.nodes_left(left).await;
+    }
+
+    /// Tells every shard that `nodes` left, once their routes are gone (a `Leave` applies
+    /// its routes' removal after the member's).
+    async fn nodes_left(&mut self, nodes: Vec<u64>) {
+        for node in nodes.into_iter().filter(|n| *n != self.node) {
+            for shard in self.shards.all() {
+                let _ = shard.send(RouterMsg::NodeLeft(node)).await;
             }
         }
     }
@@ -484,8 +500,10 @@ impl ClusterActor {
         }
         self.joined = members.get(&self.node) == Some(&self.me);
         // Who left is not in a snapshot: those whose record goes now are taken as departed.
+        let mut left = Vec::new();
         for gone in self.members.keys().filter(|n| !members.contains_key(n)) {
             self.departed.insert(*gone, membership::Departed::now());
+            left.push(*gone);
         }
         self.members = members;
         self.sync_peers();
@@ -515,6 +533,7 @@ impl ClusterActor {
         for (shard, part) in self.shards.all().iter().zip(retained) {
             let _ = shard.send(RouterMsg::ClusterRetainedReset(part)).await;
         }
+        self.nodes_left(left).await;
     }
 
     fn wait_route(&mut self, filter: String, done: tokio::sync::oneshot::Sender<()>) {

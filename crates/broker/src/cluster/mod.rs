@@ -28,6 +28,7 @@ use starling_raft::{
     FsyncPolicy as RaftFsync, Node, QuicNet, QuicOptions, RaftHandle,
 };
 use starling_rt::{start_with, time, Addr, Options};
+use starling_session::WallClock;
 
 use crate::error::BrokerError;
 use crate::forward::{self, Frame};
@@ -245,7 +246,11 @@ async fn inbound(
     let mut order = inlink::InLinks::default();
     let mut sessions = parts::Parts::default();
     while let Some((from, frame)) = rx.recv().await {
-        let frame = match forward::decode(&frame) {
+        let clock = WallClock {
+            now: time::now(),
+            wall: time::wall(),
+        };
+        let frame = match forward::decode(&frame, &clock) {
             Ok(f) => f,
             Err(e) => {
                 // Only a member with a certificate from the cluster CA can send one.
@@ -260,7 +265,6 @@ async fn inbound(
                 seq,
                 probe,
                 messages,
-                groups,
             } => {
                 let v = order.batch((from, shard), pos, seq, probe, time::now());
                 if let Some(from_seq) = v.ask {
@@ -292,7 +296,6 @@ async fn inbound(
                     inc: pos.inc,
                     seq,
                 };
-                let messages = forward::messages(messages, groups, time::now(), time::wall());
                 add(&shared.metrics.cluster_received, messages.len() as u64);
                 // One message per shard the batch touches, with its part in order and the
                 // link's barrier: a mailbox send per publish cost more than routing it.
@@ -338,7 +341,7 @@ async fn inbound(
                     continue;
                 };
                 drop(bytes);
-                match forward::decode(&whole) {
+                match forward::decode(&whole, &clock) {
                     Ok(Frame::Session {
                         client_id,
                         epoch,

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use starling_router::{parse_subscription, Extension};
 use starling_rt::{time, Ctx, WeakAddr};
-use starling_session::{DeliveryOptions, Message};
+use starling_session::{DeliveryOptions, Message, WallClock};
 use tracing::debug;
 
 use super::{RouterActor, SubOpts};
@@ -202,7 +202,8 @@ impl RouterActor {
             top: seq,
         };
         let messages = u.messages.iter().map(|(m, g)| (m, g.as_ref()));
-        let frame = crate::forward::encode_publish(shard, pos, (seq, false), messages, now, wall);
+        let clock = WallClock { now, wall };
+        let frame = crate::forward::encode_publish(shard, pos, (seq, false), messages, &clock);
         let parked_ms = wall
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));

@@ -21,6 +21,7 @@ mod lifecycle;
 mod operator;
 mod outbound;
 mod snapshot;
+pub use snapshot::WallClock;
 
 /// Authorization, asked by the session for each PUBLISH and SUBSCRIBE filter
 /// (the broker's ACL for this client).

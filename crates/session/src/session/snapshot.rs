@@ -39,7 +39,7 @@ impl Session {
     }
 
     fn state(&self, now: Instant, wall: SystemTime, deliveries: bool) -> SessionState {
-        let clock = Clock { now, wall };
+        let clock = WallClock { now, wall };
         let detached = match &self.phase {
             Phase::New | Phase::Ended => None,
             Phase::Detached { expires_at } => {
@@ -123,7 +123,7 @@ impl Session {
 
     fn detached_state(
         &self,
-        clock: &Clock,
+        clock: &WallClock,
         expires_at: Option<Instant>,
         will_at: Option<Instant>,
         deliveries: bool,
@@ -222,7 +222,7 @@ impl Session {
                 supported: SESSION_STATE_VERSION,
             });
         }
-        let clock = Clock { now, wall };
+        let clock = WallClock { now, wall };
         let mut s = Session::new(Arc::from(state.client_id), limits);
         s.next_packet_id = state.next_packet_id.get();
         if let Some(d) = state.detached {
@@ -232,7 +232,11 @@ impl Session {
         Ok(s)
     }
 
-    fn restore_detached(&mut self, d: DetachedState, clock: &Clock) -> Result<(), RestoreError> {
+    fn restore_detached(
+        &mut self,
+        d: DetachedState,
+        clock: &WallClock,
+    ) -> Result<(), RestoreError> {
         let limits = Arc::clone(&self.limits);
         // The bounds `check_invariants` asserts.
         check_len(
@@ -353,14 +357,17 @@ impl Session {
 
 /// One moment on both clocks: the monotonic one the session runs on and the wall clock a
 /// state is written in.
-struct Clock {
-    now: Instant,
-    wall: SystemTime,
+#[derive(Debug, Clone, Copy)]
+pub struct WallClock {
+    /// The monotonic reading.
+    pub now: Instant,
+    /// The wall-clock time it stands for.
+    pub wall: SystemTime,
 }
 
-impl Clock {
+impl WallClock {
     /// The wall-clock time of `t`; `None` past the range of [`SystemTime`].
-    fn to_wall(&self, t: Instant) -> Option<SystemTime> {
+    pub fn to_wall(&self, t: Instant) -> Option<SystemTime> {
         if t >= self.now {
             self.wall.checked_add(t - self.now)
         } else {
@@ -370,7 +377,7 @@ impl Clock {
 
     /// The instant of the wall-clock time `w`. One before the range of [`Instant`] (which
     /// may start at boot) is `now`: it has passed either way. One past it is `None`, never.
-    fn to_instant(&self, w: SystemTime) -> Option<Instant> {
+    pub fn to_instant(&self, w: SystemTime) -> Option<Instant> {
         match w.duration_since(self.wall) {
             Ok(ahead) => self.now.checked_add(ahead),
             Err(behind) => Some(self.now.checked_sub(behind.duration()).unwrap_or(self.now)),
@@ -378,7 +385,7 @@ impl Clock {
     }
 }
 
-fn delivery_state(p: &Pending, clock: &Clock) -> DeliveryState {
+fn delivery_state(p: &Pending, clock: &WallClock) -> DeliveryState {
     DeliveryState {
         message: message_state(&p.msg, clock),
         qos: p.qos,
@@ -387,7 +394,7 @@ fn delivery_state(p: &Pending, clock: &Clock) -> DeliveryState {
     }
 }
 
-fn message_state(m: &Message, clock: &Clock) -> MessageState {
+fn message_state(m: &Message, clock: &WallClock) -> MessageState {
     MessageState {
         topic: m.topic.to_string(),
         payload: m.payload.clone(),
@@ -404,7 +411,7 @@ fn message_state(m: &Message, clock: &Clock) -> MessageState {
     }
 }
 
-fn message_of(m: MessageState, clock: &Clock) -> Message {
+fn message_of(m: MessageState, clock: &WallClock) -> Message {
     Message {
         topic: Arc::from(m.topic),
         payload: m.payload,
@@ -426,16 +433,16 @@ fn message_of(m: MessageState, clock: &Clock) -> Message {
 impl Message {
     /// This message as it is stored: its expiry as a wall-clock time, `now` being `wall`.
     pub fn to_state(&self, now: Instant, wall: SystemTime) -> MessageState {
-        message_state(self, &Clock { now, wall })
+        message_state(self, &WallClock { now, wall })
     }
 
     /// A stored message back, `wall` being `now`: an expiry already past stays past.
     pub fn from_state(state: MessageState, now: Instant, wall: SystemTime) -> Message {
-        message_of(state, &Clock { now, wall })
+        message_of(state, &WallClock { now, wall })
     }
 }
 
-fn pending(d: DeliveryState, clock: &Clock) -> Result<Pending, RestoreError> {
+fn pending(d: DeliveryState, clock: &WallClock) -> Result<Pending, RestoreError> {
     for &id in &d.subscription_ids {
         check_subscription_id(Some(id))?;
     }

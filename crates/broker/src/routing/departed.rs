@@ -1,0 +1,179 @@
+//! A node that left the cluster: what a shard still holds for it can never be delivered.
+
+use starling_store::Op;
+use tracing::info;
+
+use super::RouterActor;
+use crate::destination::{remote_key, Destination, Park};
+use crate::metrics::add;
+use crate::msg::Stored;
+
+impl RouterActor {
+    /// `node`'s `Leave` was applied while this node ran: its link goes. Publishers still
+    /// waiting for it hear that their messages are not confirmed; batches parked for it,
+    /// and those an earlier run parked, were acknowledged to their publishers as safe:
+    /// their rows go and their messages count as lost (`cluster.outbox.lost`), instead of
+    /// being sent every second for ever to a node that is not coming back (its clients
+    /// were sent to other nodes as it left, their sessions with them).
+    pub(super) fn node_left(&mut self, node: u64) {
+        let key = remote_key(node);
+        let Some(Destination::Remote(r)) = self.destinations.remove(&key) else {
+            return;
+        };
+        self.remote_nodes.retain(|n| *n != node);
+        self.dirty.retain(|k| *k != key);
+        let mut unconfirmed: Vec<u64> = r.pending.iter().filter_map(|(_, k, _)| *k).collect();
+        unconfirmed.extend(r.lost.iter().copied());
+        let mut lost = 0u64;
+        let mut rows = Vec::new();
+        for u in &r.unacked {
+            match u.park {
+                Park::No => unconfirmed.extend(u.keys.iter().copied()),
+                // Its row may still be written: the drop goes after it, in order.
+                Park::Writing => {
+                    unconfirmed.extend(u.keys.iter().copied());
+                    rows.push((r.inc, u.seq));
+                }
+                Park::Parked => {
+                    lost += u.messages.len() as u64;
+                    rows.push((r.inc, u.seq));
+                }
+                Park::Unbacked => {}
+            }
+        }
+        for rep in &r.replay {
+            if !rep.dropping {
+                lost += u64::from(rep.batch.messages);
+            }
+            rows.push((rep.batch.inc, rep.batch.seq));
+        }
+        rows.extend(r.replay_gone.iter().copied());
+        if lost > 0 || !unconfirmed.is_empty() {
+            info!(
+                node,
+                lost,
+                unconfirmed = unconfirmed.len(),
+                "a node left the cluster: what was on its way there is given up"
+            );
+        }
+        add(&self.shared.metrics.cluster_outbox_lost, lost);
+        for (inc, seq) in rows {
+            self.to_store.push(Op::DropOutbox { node, inc, seq }.into());
+        }
+        let holding = r.holding;
+        self.release(holding, super::link::window_id(node));
+        for k in unconfirmed {
+            self.forward_settled(k, Some(Stored::Unconfirmed));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use starling_codec::QoS;
+    use starling_config::Config;
+    use starling_router::ShardMap;
+    use starling_session::Message;
+    use starling_store::{Op, OutboxBatch};
+
+    use crate::destination::{remote_key, Destination, Park, RemoteNode, Replay, Unacked};
+    use crate::msg::StoreOp;
+    use crate::routing::{RouterActor, ShardStart};
+    use crate::settings::Shared;
+
+    fn message() -> Arc<Message> {
+        Arc::new(Message {
+            topic: Arc::from("t"),
+            payload: Bytes::from_static(b"m"),
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            properties: Default::default(),
+            expires_at: None,
+            publisher: None,
+            shared_headers: Default::default(),
+            received_at: None,
+        })
+    }
+
+    fn unacked(seq: u64, n: usize, park: Park) -> Unacked {
+        let now = starling_rt::time::now();
+        Unacked {
+            seq,
+            sent_at: now,
+            last_sent: now,
+            keys: Vec::new(),
+            messages: vec![(message(), None); n],
+            park,
+        }
+    }
+
+    /// Rows parked for a node that left go, counted lost; its link's state goes with them;
+    /// a batch in the window (its publishers not yet told) and one the store refused have
+    /// no row to drop.
+    #[test]
+    fn a_node_that_left_takes_its_parked_batches_with_it() {
+        let shared = Shared::new(Config::default()).expect("default config");
+        let start = ShardStart {
+            delayed_base: 0,
+            seq_base: 0,
+            cursors: &[],
+            outbox: Vec::new(),
+        };
+        let mut shard = RouterActor::new(shared.clone(), 0, ShardMap::new(1, 0), None, start);
+        let mut r = RemoteNode::new(7, starling_raft::DataLinks::default(), 9);
+        r.replay.push_back(Replay {
+            batch: OutboxBatch {
+                node: 7,
+                shard: 0,
+                inc: 5,
+                seq: 4,
+                parked_ms: 0,
+                messages: 3,
+                map_seed: 0,
+                shards: 1,
+                frame: Vec::new(),
+            },
+            sent: None,
+            dropping: false,
+        });
+        r.unacked.push_back(unacked(1, 2, Park::Parked));
+        r.unacked.push_back(unacked(2, 4, Park::Unbacked));
+        r.unacked.push_back(unacked(3, 1, Park::Writing));
+        r.unacked.push_back(unacked(4, 6, Park::No));
+        shard
+            .destinations
+            .insert(remote_key(7), Destination::Remote(r));
+        shard.remote_nodes.push(7);
+
+        shard.node_left(8);
+        assert!(
+            shard.to_store.is_empty(),
+            "another node's leave changes nothing"
+        );
+        shard.node_left(7);
+
+        assert!(!shard.destinations.contains_key(&remote_key(7)));
+        assert!(shard.remote_nodes.is_empty());
+        let drops: Vec<(u64, u64, u64)> = shard
+            .to_store
+            .iter()
+            .filter_map(|op| match op {
+                StoreOp::Op(o) => match &**o {
+                    Op::DropOutbox { node, inc, seq } => Some((*node, *inc, *seq)),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        assert_eq!(drops, vec![(7, 9, 1), (7, 9, 3), (7, 5, 4)]);
+        // Told safe: the parked batch's 2 and the replay's 3.
+        assert_eq!(
+            shared.metrics.cluster_outbox_lost.load(Ordering::Relaxed),
+            5
+        );
+    }
+}
