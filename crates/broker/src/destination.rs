@@ -183,6 +183,29 @@ pub(crate) struct RemoteNode {
     /// Replayed batches given up on (their frame is not one this build reads), by
     /// (incarnation, batch): their rows go.
     pub replay_gone: Vec<(u64, u64)>,
+    /// Batch frames handed to the link since the shard last reported them.
+    pub sent: Sent,
+}
+
+/// Batch frames sent (first sends, resends and replays) and their bytes.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Sent {
+    pub batches: u64,
+    pub bytes: u64,
+}
+
+/// Hands a batch's `frame` to `node`'s link, counting it in `sent` if it went.
+fn send_frame(
+    links: &starling_raft::DataLinks,
+    node: u64,
+    sent: &mut Sent,
+    frame: Vec<u8>,
+) -> Result<(), starling_raft::DataSendError> {
+    let bytes = frame.len() as u64;
+    links.try_send(node, frame)?;
+    sent.batches += 1;
+    sent.bytes += bytes;
+    Ok(())
 }
 
 /// A batch parked by an earlier run of this node, sent again as it was first sent (its
@@ -244,7 +267,29 @@ impl RemoteNode {
             parked_messages: 0,
             replay: VecDeque::new(),
             replay_gone: Vec::new(),
+            sent: Sent::default(),
         }
+    }
+
+    /// Messages parked for the node: written to the outbox (or on their way there) in this
+    /// run, and those an earlier run parked that are still to be acknowledged.
+    pub(crate) fn outbox_messages(&self) -> usize {
+        let replayed: usize = self
+            .replay
+            .iter()
+            .filter(|r| !r.dropping)
+            .map(|r| r.batch.messages as usize)
+            .sum();
+        let parked: usize = if self.parked_messages == 0 {
+            0
+        } else {
+            self.unacked
+                .iter()
+                .filter(|u| matches!(u.park, Park::Writing | Park::Parked))
+                .map(|u| u.messages.len())
+                .sum()
+        };
+        parked + replayed
     }
 
     /// Where the link stands, as a batch sent now tells the node.
@@ -291,7 +336,7 @@ impl RemoteNode {
             self.replay.pop_front();
             return Ok(());
         };
-        match self.links.try_send(self.node, frame) {
+        match send_frame(&self.links, self.node, &mut self.sent, frame) {
             Ok(()) => {
                 r.sent = Some(now);
                 Ok(())
@@ -331,7 +376,7 @@ impl RemoteNode {
                 u.messages.iter().map(|(m, g)| (m, g.as_ref())),
                 &WallClock { now, wall },
             );
-            match self.links.try_send(self.node, frame) {
+            match send_frame(&self.links, self.node, &mut self.sent, frame) {
                 Ok(()) => {
                     self.unacked[i].last_sent = now;
                     self.resend = Some((at + 1, last));
@@ -465,7 +510,7 @@ impl Destination {
                         r.pending.iter().take(n).map(|(m, _, g)| (m, g.as_ref())),
                         &WallClock { now, wall },
                     );
-                    match r.links.try_send(r.node, frame) {
+                    match send_frame(&r.links, r.node, &mut r.sent, frame) {
                         Ok(()) => {
                             free -= n;
                             r.next_seq += 1;

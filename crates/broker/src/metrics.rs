@@ -75,6 +75,10 @@ pub(crate) struct Metrics {
     pub cluster_sessions_received: AtomicU64,
     pub cluster_sessions_stored: AtomicU64,
     pub cluster_handover_timeouts: AtomicU64,
+    pub cluster_forward_batches: AtomicU64,
+    pub cluster_forward_bytes: AtomicU64,
+    pub cluster_raft_commits: AtomicU64,
+    pub cluster_raft_commit_us: AtomicU64,
     /// High-water marks of `clients_connected` and of the sessions the registry holds
     /// (RMQTT's `connections.max`, `sessions.max`): raised where the count rises.
     pub clients_connected_max: AtomicU64,
@@ -94,6 +98,9 @@ pub(crate) struct Metrics {
     /// Messages forwarded to other nodes and not yet acknowledged, or waiting to be sent
     /// (RMQTT's `forwards`), moved by the shards as the rest.
     pub forwards: Gauge,
+    /// Messages parked in the outbox for other nodes (being written, written, or parked by
+    /// an earlier run and not yet taken), moved by the shards as the rest.
+    pub outbox: Gauge,
     /// Connections between accept and the registry taking their CONNECT (transport
     /// handshake, CONNECT read, authentication): RMQTT's `handshakings`.
     pub handshakings: Gauge,
@@ -342,6 +349,16 @@ pub struct MetricsSnapshot {
     pub cluster_sessions_received: u64,
     pub cluster_sessions_stored: u64,
     pub cluster_handover_timeouts: u64,
+    /// Batch frames handed to the links to other nodes (first sends, resends, replays),
+    /// and their bytes.
+    pub cluster_forward_batches: u64,
+    pub cluster_forward_bytes: u64,
+    /// Messages parked in the outbox for other nodes now (a gauge).
+    pub cluster_outbox_depth: u64,
+    /// This node's raft proposals that committed (routes, claims, retained messages,
+    /// holds, its membership), and the microseconds from proposal to applied output.
+    pub cluster_raft_commits: u64,
+    pub cluster_raft_commit_us: u64,
 }
 
 impl Metrics {
@@ -394,6 +411,11 @@ impl Metrics {
             cluster_sessions_received: get(&self.cluster_sessions_received),
             cluster_sessions_stored: get(&self.cluster_sessions_stored),
             cluster_handover_timeouts: get(&self.cluster_handover_timeouts),
+            cluster_forward_batches: get(&self.cluster_forward_batches),
+            cluster_forward_bytes: get(&self.cluster_forward_bytes),
+            cluster_outbox_depth: self.outbox.count(),
+            cluster_raft_commits: get(&self.cluster_raft_commits),
+            cluster_raft_commit_us: get(&self.cluster_raft_commit_us),
         };
         // Its sums and aliases are made of the figures above.
         s.rmqtt = s.rmqtt.computed(&s);
@@ -420,7 +442,7 @@ impl MetricsSnapshot {
 
     /// Every figure of Starling's own with its name (the field's), what it counts and its
     /// kind ([`MetricsSnapshot::every`] adds RMQTT's, for expositions that list them all).
-    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 46] {
+    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 51] {
         use MetricKind::{Counter as C, Gauge as G};
         [
             (
@@ -644,6 +666,36 @@ impl MetricsSnapshot {
                 "CONNECTs that waited in vain for the previous node's session",
                 C,
                 self.cluster_handover_timeouts,
+            ),
+            (
+                "cluster_forward_batches",
+                "Batches of forwarded messages sent to other nodes (first sends, resends, replays)",
+                C,
+                self.cluster_forward_batches,
+            ),
+            (
+                "cluster_forward_bytes",
+                "Bytes of the batches of forwarded messages sent to other nodes",
+                C,
+                self.cluster_forward_bytes,
+            ),
+            (
+                "cluster_outbox_depth",
+                "Messages parked in the outbox for other nodes",
+                G,
+                self.cluster_outbox_depth,
+            ),
+            (
+                "cluster_raft_commits",
+                "This node's raft proposals that committed",
+                C,
+                self.cluster_raft_commits,
+            ),
+            (
+                "cluster_raft_commit_us",
+                "Microseconds from this node's raft proposals to their applied output",
+                C,
+                self.cluster_raft_commit_us,
             ),
             ("store_commits", "Store commits", C, self.store_commits),
             ("store_ops", "Store operations committed", C, self.store_ops),

@@ -477,6 +477,21 @@ fn a_slow_subscriber_on_another_node_holds_the_publisher_back_and_loses_nothing(
         counter(&publisher_node, "backpressure.holds") > 0,
         "node 1 never held its publisher back"
     );
+    // The forwarding and raft counters moved: node 1's batches to node 2 (2000 payloads
+    // of some bytes each at least), node 2's proposal of the subscriber's route.
+    let (batches, bytes) = (
+        counter(&publisher_node, "cluster.forward.batches"),
+        counter(&publisher_node, "cluster.forward.bytes"),
+    );
+    assert!(
+        batches > 0 && bytes > 2000 * 8,
+        "node 1's forwarding counters: {batches} batches, {bytes} bytes"
+    );
+    assert!(
+        counter(&after, "cluster.raft.commits") > 0
+            && counter(&after, "cluster.raft.commit.us") > 0,
+        "node 2 counted no raft commit of its own: {after}"
+    );
     // The state counts saw it: node 1's window to node 2 filled and drained, node 2's
     // subscriber queued; node 1 routes `bp/#` to node 2 by the replicated table.
     assert!(counter(&s1, "forwards.max") > 0, "{s1}");
@@ -587,6 +602,8 @@ fn batches_parked_for_a_stopped_node_reach_it_after_the_sender_is_killed_and_res
         parked >= 120,
         "every message went through the outbox: {parked}"
     );
+    let depth = counter(&metrics(&files[0]), "cluster.outbox.depth");
+    assert!(depth >= 120, "node 1's outbox holds {depth} messages");
     assert!(
         took >= Duration::from_millis(1100),
         "acknowledged before the forward timeout: {took:?}"
@@ -612,4 +629,15 @@ fn batches_parked_for_a_stopped_node_reach_it_after_the_sender_is_killed_and_res
         seen.len()
     );
     assert!(replayed > 0, "node 1's second run sent no parked batch");
+    // Once node 3 took them, node 1's outbox is empty again.
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut depth = counter(&metrics(&files[0]), "cluster.outbox.depth");
+    while depth > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+        depth = counter(&metrics(&files[0]), "cluster.outbox.depth");
+    }
+    assert_eq!(
+        depth, 0,
+        "node 1's outbox still holds messages after the replay"
+    );
 }

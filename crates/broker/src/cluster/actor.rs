@@ -25,6 +25,7 @@ mod holds;
 mod membership;
 mod retained;
 mod status;
+use crate::metrics::add;
 use crate::msg::{Claim, ClaimError, ClusterMsg, Proposal, RegistryMsg, RouterMsg};
 use crate::settings::Shared;
 use crate::shards::Shards;
@@ -214,8 +215,22 @@ impl ClusterActor {
             },
             seq: self.seq,
         };
+        let shared = self.shared.clone();
         ctx.spawn_then(
-            async move { raft.propose(id, encode(&command)).await },
+            async move {
+                let started = time::now();
+                let r = raft.propose(id, encode(&command)).await;
+                if r.is_ok() {
+                    let m = &shared.metrics;
+                    let us = time::now().saturating_duration_since(started).as_micros();
+                    add(&m.cluster_raft_commits, 1);
+                    add(
+                        &m.cluster_raft_commit_us,
+                        u64::try_from(us).unwrap_or(u64::MAX),
+                    );
+                }
+                r
+            },
             move |r| ClusterMsg::Proposed {
                 kind,
                 result: match r {

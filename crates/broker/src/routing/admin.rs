@@ -15,6 +15,7 @@ pub(crate) struct ShardCounts {
     delayed: usize,
     topics: usize,
     forwards: usize,
+    outbox: usize,
 }
 
 /// The signed change from `old` to `new`.
@@ -38,7 +39,9 @@ impl RouterActor {
             delayed: self.delayed,
             topics,
             forwards: self.forwards(),
+            outbox: self.outbox_messages(),
         };
+        self.report_sent();
         let old = std::mem::replace(&mut self.reported, now);
         if old == now {
             return;
@@ -51,6 +54,7 @@ impl RouterActor {
         m.delayed.shift(delta(old.delayed, now.delayed));
         m.topics.shift(delta(old.topics, now.topics));
         m.forwards.shift(delta(old.forwards, now.forwards));
+        m.outbox.shift(delta(old.outbox, now.outbox));
     }
 
     /// Up to `limit` retained messages matching `filter`, in topic order; none for a

@@ -337,6 +337,29 @@ impl RouterActor {
         self.rules.max + Duration::from_millis(u64::from(base))
     }
 
+    /// Messages parked for every node (`RemoteNode::outbox_messages`).
+    pub(super) fn outbox_messages(&self) -> usize {
+        self.remote_nodes
+            .iter()
+            .map(|n| match self.destinations.get(&remote_key(*n)) {
+                Some(Destination::Remote(r)) => r.outbox_messages(),
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// Adds the batches the links took since the last report to the node's counters.
+    pub(super) fn report_sent(&mut self) {
+        let m = &self.shared.metrics;
+        for n in &self.remote_nodes {
+            if let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(*n)) {
+                let sent = std::mem::take(&mut r.sent);
+                add(&m.cluster_forward_batches, sent.batches);
+                add(&m.cluster_forward_bytes, sent.bytes);
+            }
+        }
+    }
+
     /// Messages in every node's window: forwarded and not acknowledged, or waiting to be
     /// sent.
     pub(super) fn forwards(&self) -> usize {
