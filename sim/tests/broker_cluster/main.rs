@@ -29,7 +29,8 @@
 //!    which a partition was in force, or within `SETTLE` after one, is excused the first
 //!    two (the old node may not hear of the claim until the heal, and a handed-over session
 //!    sent on a link still down is lost: both documented in docs/clustering.md), but its
-//!    old connection must still end by the end of the run;
+//!    old connection must still end by the end of the run; and after the heal, within
+//!    30 s, at most one node holds its session, connected or not;
 //! 4. after the heal, every node names the same leader, which says it leads, within a
 //!    deadline;
 //! 5. (membership test) nodes added and removed while the faults go on: afterwards the
@@ -125,6 +126,8 @@ const LOCAL_SEEDS: u64 = 10;
 const RECONNECT_SEEDS: u64 = 80;
 /// Seeds of the run with kills.
 const SEEDS_KILLS: u64 = 100;
+/// Seeds of the takeover-at-restart scenario (no nemesis: each seed varies the timing).
+const SEEDS_TAKEOVER: u64 = 20;
 /// Seeds of the run with kills and slow commits.
 const SEEDS_SLOW_COMMIT: u64 = 50;
 /// Seeds of the run with kills and the outbox parking after 1.2 s.
@@ -140,6 +143,9 @@ const LOSSY_SEEDS: u64 = 5;
 /// seeds run in this process (as the nodes' last runs counted them).
 static OUTBOX_PARKED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static OUTBOX_REPLAYED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Stored sessions a restarted node found taken over by another node (handed over at its
+/// start instead of restored), over the seeds run in this process.
+static SESSIONS_DISCARDED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -269,11 +275,37 @@ async fn node_main(setup: Arc<Setup>, node: usize) {
     std::future::pending::<()>().await;
 }
 
+/// Certificates and raft logs in a fresh directory (so that every run of a seed starts on
+/// the same, empty, files), and the variant's nodes started on them.
+fn start(variant: Variant, shards: u32, store: bool) -> (Arc<Setup>, Cluster, PathBuf) {
+    let base = run_dir(&variant);
+    let _ = std::fs::remove_dir_all(&base);
+    let certs = base.join("certs");
+    let nodes = variant.nodes;
+    for id in 1..=(nodes + variant.joiners) as u64 {
+        starling_raft::certs::issue_node(&certs, id, &[]).expect("node certificate");
+    }
+    let setup = Arc::new(Setup {
+        variant,
+        base: base.clone(),
+        shards,
+        store,
+        admins: Mutex::new(BTreeMap::new()),
+        members: Mutex::new((0..nodes).collect()),
+        left: Mutex::new(BTreeSet::new()),
+        disks: Mutex::new(BTreeMap::new()),
+    });
+    let s = setup.clone();
+    let cluster = Cluster::build(nodes + variant.joiners, move |i| node_main(s.clone(), i));
+    (setup, cluster, base)
+}
+
 mod clients;
 mod membership;
 mod oracle;
 mod retained;
 mod shared;
+mod takeover;
 mod variants;
 mod view;
 
@@ -300,27 +332,8 @@ async fn scenario(variant: Variant) {
         c.send_latency = knobs.latency.0..knobs.latency.1.max(knobs.latency.0 + ms(1))
     });
 
-    // Certificates and raft logs: a fresh directory, so that every run of a seed starts on
-    // the same (empty) files.
-    let base = run_dir(&variant);
-    let _ = std::fs::remove_dir_all(&base);
-    let certs = base.join("certs");
+    let (setup, cluster, base) = start(variant, ck.shards, ck.store);
     let nodes = variant.nodes;
-    for id in 1..=(nodes + variant.joiners) as u64 {
-        starling_raft::certs::issue_node(&certs, id, &[]).expect("node certificate");
-    }
-    let setup = Arc::new(Setup {
-        variant,
-        base: base.clone(),
-        shards: ck.shards,
-        store: ck.store,
-        admins: Mutex::new(BTreeMap::new()),
-        members: Mutex::new((0..nodes).collect()),
-        left: Mutex::new(BTreeSet::new()),
-        disks: Mutex::new(BTreeMap::new()),
-    });
-    let s = setup.clone();
-    let cluster = Cluster::build(nodes + variant.joiners, move |i| node_main(s.clone(), i));
 
     // Check 4 before anything else: a leader the nodes agree on.
     let first = wait_leader(&setup, Duration::from_secs(30)).await;
@@ -464,6 +477,32 @@ async fn scenario(variant: Variant) {
                     );
                 }
             }
+        }
+        sleep(ms(200)).await;
+    }
+
+    // Check 3, after the heal: at most one node holds the mover's session, connected or
+    // not (a node killed while it handed the session over finds its claim in its own log
+    // at the restart, and must not restore the session beside the new owner's).
+    let one_by = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut holders = Vec::new();
+        for node in 0..setup.variant.nodes + setup.variant.joiners {
+            if let Some(a) = setup.admin(node) {
+                if a.client(MOVER).await.is_some() {
+                    holders.push(node + 1);
+                }
+            }
+        }
+        if holders.len() <= 1 {
+            break;
+        }
+        if Instant::now() >= one_by {
+            let nodes = diagnose(&setup).await;
+            check!(
+                false,
+                "30 s after the deliveries, nodes {holders:?} all hold the mover's session\nnodes:\n{nodes}faults:\n{schedule}"
+            );
         }
         sleep(ms(200)).await;
     }
@@ -654,12 +693,20 @@ async fn scenario(variant: Variant) {
         nemesis.history.len(),
     );
     drop(g);
-    let (mut parked, mut replayed) = (0, 0);
+    let (mut parked, mut replayed, mut discarded) = (0, 0, 0);
     for node in 0..setup.variant.nodes + setup.variant.joiners {
         if let Some(m) = setup.admin(node).map(|a| a.metrics()) {
             parked += m.cluster_outbox_parked;
             replayed += m.cluster_outbox_replayed;
+            discarded += m.cluster_sessions_discarded;
         }
+    }
+    SESSIONS_DISCARDED.fetch_add(discarded, std::sync::atomic::Ordering::Relaxed);
+    if discarded > 0 {
+        println!(
+            "[sim] seed {}: {discarded} stored sessions found taken over at a restart",
+            knobs.seed
+        );
     }
     OUTBOX_PARKED.fetch_add(parked, std::sync::atomic::Ordering::Relaxed);
     OUTBOX_REPLAYED.fetch_add(replayed, std::sync::atomic::Ordering::Relaxed);
@@ -756,6 +803,7 @@ fn five_nodes_keep_every_promise_under_partitions_and_overload() {
 /// restarted node states its routes only once its sessions are restored.
 #[test]
 fn acknowledged_publishes_survive_node_kills_with_unsynced_writes_lost() {
+    let before = SESSIONS_DISCARDED.load(std::sync::atomic::Ordering::Relaxed);
     run(
         RunConfig::new(
             "broker_cluster",
@@ -764,6 +812,8 @@ fn acknowledged_publishes_survive_node_kills_with_unsynced_writes_lost() {
         .seeds(SEEDS_KILLS),
         with_kills,
     );
+    let discarded = SESSIONS_DISCARDED.load(std::sync::atomic::Ordering::Relaxed) - before;
+    println!("[sim] kills: {discarded} stored sessions found taken over at a restart");
 }
 
 /// The same with every commit put off by 200 ms, on [`SEEDS_SLOW_COMMIT`] seeds: a QoS 2
@@ -773,6 +823,7 @@ fn acknowledged_publishes_survive_node_kills_with_unsynced_writes_lost() {
 /// of them are in the corpus).
 #[test]
 fn qos2_forwards_wait_for_their_packet_ids_to_be_durable_under_kills() {
+    let before = SESSIONS_DISCARDED.load(std::sync::atomic::Ordering::Relaxed);
     run(
         RunConfig::new(
             "broker_cluster",
@@ -781,6 +832,8 @@ fn qos2_forwards_wait_for_their_packet_ids_to_be_durable_under_kills() {
         .seeds(SEEDS_SLOW_COMMIT),
         with_kills_and_slow_commits,
     );
+    let discarded = SESSIONS_DISCARDED.load(std::sync::atomic::Ordering::Relaxed) - before;
+    println!("[sim] slow commits: {discarded} stored sessions found taken over at a restart");
 }
 
 /// The kills with forwarded batches parked after 1.2 s without an acknowledgement, on
@@ -809,6 +862,33 @@ fn parked_forwards_reach_their_subscribers_through_partitions_and_kills() {
     if std::env::var_os("MADSIM_TEST_SEED").is_none() {
         assert!(parked > 0, "no batch was parked: the outbox went untested");
         assert!(replayed > 0, "no parked batch was replayed after a restart");
+    }
+}
+
+/// A node killed right after it handed a session over (the claim applied and in its raft
+/// log, the session's end not yet in its store) hands the stored session over again at its
+/// restart instead of keeping it beside the new owner's (`takeover.rs`), on
+/// [`SEEDS_TAKEOVER`] seeds. Asserts too that, over those seeds, the node found the
+/// session taken over as it restored it (the registry's question to the cluster actor),
+/// not only by the claim's later `TakenOver`.
+#[test]
+fn a_session_taken_over_is_not_restored_by_the_node_killed_as_it_handed_it_over() {
+    let before = SESSIONS_DISCARDED.load(std::sync::atomic::Ordering::Relaxed);
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "a_session_taken_over_is_not_restored_by_the_node_killed_as_it_handed_it_over",
+        )
+        .seeds(SEEDS_TAKEOVER),
+        takeover::scenario,
+    );
+    let discarded = SESSIONS_DISCARDED.load(std::sync::atomic::Ordering::Relaxed) - before;
+    println!("[sim] takeover: {discarded} stored sessions handed over as they were restored");
+    if std::env::var_os("MADSIM_TEST_SEED").is_none() {
+        assert!(
+            discarded > 0,
+            "no restart found the session taken over as it restored it: that path went untested"
+        );
     }
 }
 

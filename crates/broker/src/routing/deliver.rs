@@ -72,9 +72,13 @@ impl RouterActor {
                     if offered == remote::Offered::First {
                         self.dirty.push(subscriber);
                     }
+                    // Checked here first: the window is seldom full, and its own check
+                    // looks the node up again.
                     if let Some(from) = from.filter(|_| !is_qos0(msg, &opts)) {
-                        let node = node.node;
-                        self.hold_for_window(node, from);
+                        if node.in_flight() >= self.rules.high {
+                            let node = node.node;
+                            self.hold_for_window(node, from);
+                        }
                     }
                 }
                 return;
