@@ -259,13 +259,13 @@ async fn inbound(
             }
         };
         match frame {
-            Frame::Publish {
+            Frame::Publish(forward::Batch {
                 shard,
                 pos,
                 seq,
                 probe,
                 messages,
-            } => {
+            }) => {
                 let v = order.batch((from, shard), pos, seq, probe, time::now());
                 if let Some(from_seq) = v.ask {
                     tracing::debug!(

@@ -45,20 +45,12 @@ pub(crate) struct LinkPos {
     pub top: u64,
 }
 
-/// One frame of a data stream, as read.
-#[derive(Debug)]
-pub(crate) enum Frame {
-    Publish {
-        shard: u16,
-        pos: LinkPos,
-        seq: u64,
-        /// Sent again because the receiver said nothing for a while: it answers with what
-        /// it is missing up to `pos.top`.
-        probe: bool,
-        /// In order, each with the shared group (name, topic filter) the receiver was
-        /// picked for, or `None` for its plain subscribers.
-        messages: Vec<(Message, Option<SharedTo>)>,
-    },
+/// One frame of a data stream, `P` being a batch of forwarded publishes: as read
+/// ([`Batch`], version 4) or as version 3 wrote it (`BatchV3`, postcard). The other frames
+/// are postcard, version 3. Variants keep their order: postcard writes the index.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Wire<P> {
+    Publish(P),
     Ack {
         shard: u16,
         inc: u64,
@@ -87,47 +79,65 @@ pub(crate) enum Frame {
     },
 }
 
-/// Version 3 frames, postcard. Variants keep their order: postcard writes the index.
+/// A frame as read.
+pub(crate) type Frame = Wire<Batch>;
+
+/// A batch of forwarded publishes from one shard.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    pub shard: u16,
+    pub pos: LinkPos,
+    pub seq: u64,
+    /// Sent again because the receiver said nothing for a while: it answers with what it
+    /// is missing up to `pos.top`.
+    pub probe: bool,
+    /// In order, each with the shared group (name, topic filter) the receiver was picked
+    /// for, or `None` for its plain subscribers.
+    pub messages: Vec<(Message, Option<SharedTo>)>,
+}
+
+/// A batch as version 3 wrote it (parked rows of an earlier build keep it).
 #[derive(Debug, Serialize, Deserialize)]
-enum Wire {
-    Publish {
-        shard: u16,
-        pos: LinkPos,
-        seq: u64,
-        /// Sent again because the receiver said nothing for a while: it answers with what
-        /// it is missing up to `pos.top`.
-        probe: bool,
-        messages: Vec<MessageState>,
-        /// One per message: the shared group (name, topic filter) the receiver was picked
-        /// for, or `None` for its plain subscribers.
-        groups: Vec<Option<(String, String)>>,
-    },
-    Ack {
-        shard: u16,
-        inc: u64,
-        seq: u64,
-    },
-    Resend {
-        shard: u16,
-        inc: u64,
-        from: u64,
-    },
-    /// The session of `client_id`, handed over to the receiver's claim `epoch` (`None`:
-    /// the sender had none to give).
-    Session {
-        client_id: String,
-        epoch: u64,
-        handoff: Option<Box<HandOff>>,
-    },
-    /// Part `index` of `total` of a `Session` frame too large for one frame of the data
-    /// stream (its bytes, cut in order): the receiver puts them together (`cluster::parts`).
-    SessionPart {
-        client_id: String,
-        epoch: u64,
-        index: u32,
-        total: u32,
-        bytes: Vec<u8>,
-    },
+struct BatchV3 {
+    shard: u16,
+    pos: LinkPos,
+    seq: u64,
+    probe: bool,
+    messages: Vec<MessageState>,
+    groups: Vec<Option<(String, String)>>,
+}
+
+impl<P> Wire<P> {
+    /// The same frame with its batch, if it is one, made by `f`.
+    fn map_batch<Q>(self, f: impl FnOnce(P) -> Q) -> Wire<Q> {
+        match self {
+            Wire::Publish(p) => Wire::Publish(f(p)),
+            Wire::Ack { shard, inc, seq } => Wire::Ack { shard, inc, seq },
+            Wire::Resend { shard, inc, from } => Wire::Resend { shard, inc, from },
+            Wire::Session {
+                client_id,
+                epoch,
+                handoff,
+            } => Wire::Session {
+                client_id,
+                epoch,
+                handoff,
+            },
+            Wire::SessionPart {
+                client_id,
+                epoch,
+                index,
+                total,
+                bytes,
+            } => Wire::SessionPart {
+                client_id,
+                epoch,
+                index,
+                total,
+                bytes,
+            },
+        }
+    }
 }
 
 /// The largest part of a `Session` frame cut up: half of what the data stream carries in
@@ -197,7 +207,7 @@ fn messages(
         .collect()
 }
 
-fn frame_bytes(f: &Wire) -> Vec<u8> {
+fn frame_bytes(f: &Wire<BatchV3>) -> Vec<u8> {
     // Serializing plain data into a Vec cannot fail.
     postcard::to_extend(f, vec![FRAME_V3]).expect("frames serialize")
 }
@@ -241,18 +251,14 @@ pub(crate) fn reposition(frame: &[u8], pos: LinkPos, clock: &WallClock) -> Optio
         return Some(again);
     }
     match decode(frame, clock).ok()? {
-        Frame::Publish {
-            shard,
-            seq,
-            messages,
-            ..
-        } => {
-            let messages: Vec<_> = messages
+        Wire::Publish(b) => {
+            let messages: Vec<_> = b
+                .messages
                 .into_iter()
                 .map(|(m, g)| (Arc::new(m), g))
                 .collect();
             let it = messages.iter().map(|(m, g)| (m, g.as_ref()));
-            Some(encode_publish(shard, pos, (seq, false), it, clock))
+            Some(encode_publish(b.shard, pos, (b.seq, false), it, clock))
         }
         _ => None,
     }
@@ -263,59 +269,26 @@ pub(crate) fn decode(frame: &[u8], clock: &WallClock) -> Result<Frame, FrameErro
     let v = *frame.first().ok_or(FrameError::Empty)?;
     if v == batch::PUBLISH_V4 {
         let (shard, pos, seq, probe, messages) = batch::decode(frame, clock)?;
-        return Ok(Frame::Publish {
+        return Ok(Wire::Publish(Batch {
             shard,
             pos,
             seq,
             probe,
             messages,
-        });
+        }));
     }
     if v != FRAME_V3 {
         return Err(FrameError::Version(v));
     }
-    let wire: Wire =
+    let wire: Wire<BatchV3> =
         postcard::from_bytes(&frame[1..]).map_err(|e| FrameError::Body(e.to_string()))?;
-    Ok(match wire {
-        Wire::Publish {
-            shard,
-            pos,
-            seq,
-            probe,
-            messages: states,
-            groups,
-        } => Frame::Publish {
-            shard,
-            pos,
-            seq,
-            probe,
-            messages: messages(states, groups, clock),
-        },
-        Wire::Ack { shard, inc, seq } => Frame::Ack { shard, inc, seq },
-        Wire::Resend { shard, inc, from } => Frame::Resend { shard, inc, from },
-        Wire::Session {
-            client_id,
-            epoch,
-            handoff,
-        } => Frame::Session {
-            client_id,
-            epoch,
-            handoff,
-        },
-        Wire::SessionPart {
-            client_id,
-            epoch,
-            index,
-            total,
-            bytes,
-        } => Frame::SessionPart {
-            client_id,
-            epoch,
-            index,
-            total,
-            bytes,
-        },
-    })
+    Ok(wire.map_batch(|b| Batch {
+        shard: b.shard,
+        pos: b.pos,
+        seq: b.seq,
+        probe: b.probe,
+        messages: messages(b.messages, b.groups, clock),
+    }))
 }
 
 #[cfg(test)]
@@ -357,7 +330,7 @@ mod tests {
             filter: Arc::from("t/+"),
         };
         let groups = [None, Some(&shared), None];
-        let old = frame_bytes(&Wire::Publish {
+        let old = frame_bytes(&Wire::Publish(BatchV3 {
             shard: 3,
             pos: LinkPos {
                 inc: 99,
@@ -371,7 +344,7 @@ mod tests {
                 .iter()
                 .map(|g| g.map(|g| (g.group.to_string(), g.filter.to_string())))
                 .collect(),
-        });
+        }));
         assert_eq!(old[0], FRAME_V3);
         let pos = LinkPos {
             inc: 99,
@@ -386,13 +359,13 @@ mod tests {
             now: later,
             wall: wall + Duration::from_secs(10),
         };
-        let Frame::Publish {
+        let Frame::Publish(Batch {
             shard: 3,
             pos: back_pos,
             seq: 17,
             probe: false,
             messages: back,
-        } = decode(&again, &there).unwrap()
+        }) = decode(&again, &there).unwrap()
         else {
             panic!("a publish frame of shard 3, batch 17");
         };

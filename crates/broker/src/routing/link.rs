@@ -337,15 +337,20 @@ impl RouterActor {
         self.rules.max + Duration::from_millis(u64::from(base))
     }
 
-    /// Messages parked for every node (`RemoteNode::outbox_messages`).
-    pub(super) fn outbox_messages(&self) -> usize {
+    /// `count` of every node's link, summed.
+    fn over_links(&self, count: impl Fn(&RemoteNode) -> usize) -> usize {
         self.remote_nodes
             .iter()
             .map(|n| match self.destinations.get(&remote_key(*n)) {
-                Some(Destination::Remote(r)) => r.outbox_messages(),
+                Some(Destination::Remote(r)) => count(r),
                 _ => 0,
             })
             .sum()
+    }
+
+    /// Messages parked for every node (`RemoteNode::outbox_messages`).
+    pub(super) fn outbox_messages(&self) -> usize {
+        self.over_links(RemoteNode::outbox_messages)
     }
 
     /// Adds the batches the links took since the last report to the node's counters.
@@ -363,13 +368,7 @@ impl RouterActor {
     /// Messages in every node's window: forwarded and not acknowledged, or waiting to be
     /// sent.
     pub(super) fn forwards(&self) -> usize {
-        self.remote_nodes
-            .iter()
-            .map(|n| match self.destinations.get(&remote_key(*n)) {
-                Some(Destination::Remote(r)) => r.in_flight(),
-                _ => 0,
-            })
-            .sum()
+        self.over_links(RemoteNode::in_flight)
     }
 
     /// Whether a batch sent to some node waits for its acknowledgement.
