@@ -32,16 +32,16 @@ impl RouterActor {
         // exact filters only.
         let wild = self.router.wildcard_filter_count();
         let topics = self.router.filter_count() - if self.index == 0 { 0 } else { wild };
+        let (forwards, outbox) = self.link_report();
         let now = ShardCounts {
             subscriptions: self.owned,
             shared: self.owned_shared,
             retained: self.retained.len(),
             delayed: self.delayed,
             topics,
-            forwards: self.forwards(),
-            outbox: self.outbox_messages(),
+            forwards,
+            outbox,
         };
-        self.report_sent();
         let old = std::mem::replace(&mut self.reported, now);
         if old == now {
             return;

@@ -337,38 +337,23 @@ impl RouterActor {
         self.rules.max + Duration::from_millis(u64::from(base))
     }
 
-    /// `count` of every node's link, summed.
-    fn over_links(&self, count: impl Fn(&RemoteNode) -> usize) -> usize {
-        self.remote_nodes
-            .iter()
-            .map(|n| match self.destinations.get(&remote_key(*n)) {
-                Some(Destination::Remote(r)) => count(r),
-                _ => 0,
-            })
-            .sum()
-    }
-
-    /// Messages parked for every node (`RemoteNode::outbox_messages`).
-    pub(super) fn outbox_messages(&self) -> usize {
-        self.over_links(RemoteNode::outbox_messages)
-    }
-
-    /// Adds the batches the links took since the last report to the node's counters.
-    pub(super) fn report_sent(&mut self) {
+    /// One pass over the links for the burst's report: the messages in every node's
+    /// window (forwarded and not acknowledged, or waiting to be sent) and parked for it
+    /// (`RemoteNode::outbox_messages`); the batches the links took since the last report
+    /// go to the node's counters.
+    pub(super) fn link_report(&mut self) -> (usize, usize) {
         let m = &self.shared.metrics;
+        let (mut forwards, mut outbox) = (0, 0);
         for n in &self.remote_nodes {
             if let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(*n)) {
+                forwards += r.in_flight();
+                outbox += r.outbox_messages();
                 let sent = std::mem::take(&mut r.sent);
                 add(&m.cluster_forward_batches, sent.batches);
                 add(&m.cluster_forward_bytes, sent.bytes);
             }
         }
-    }
-
-    /// Messages in every node's window: forwarded and not acknowledged, or waiting to be
-    /// sent.
-    pub(super) fn forwards(&self) -> usize {
-        self.over_links(RemoteNode::in_flight)
+        (forwards, outbox)
     }
 
     /// Whether a batch sent to some node waits for its acknowledgement.
