@@ -150,8 +150,11 @@ fn kv_processes_lose_no_acknowledged_write_when_the_leader_is_killed() {
     for id in IDS {
         starling_raft::certs::issue_node(&dir.join("certs"), id, &["127.0.0.1"]).unwrap();
     }
-    // Ports from the process id, so that concurrent runs on one machine do not collide.
-    let base = 20_000 + (std::process::id() % 2_000) as u16 * 10;
+    // Ports from the process id, so that concurrent runs on one machine do not collide,
+    // and below the ephemeral range (Linux starts it at 32768): a port there may be some
+    // client's local port at the moment a node binds it (a node failed to start so, and
+    // the test with it, when the process id put the ports at 36991-36998).
+    let base = 20_000 + (std::process::id() % 1_200) as u16 * 10;
     let peers = IDS
         .iter()
         .map(|id| format!("{id}=127.0.0.1:{}", base + *id as u16))
