@@ -600,32 +600,9 @@ impl Actor for Registry {
                 }
             }
             RegistryMsg::Restore(sessions, reply) => {
-                let ids = sessions
-                    .iter()
-                    .map(|(s, _)| s.client_id().clone())
-                    .collect();
-                let elsewhere = owned_elsewhere(self.cluster.clone(), ids).await;
                 let mut asks = Vec::with_capacity(sessions.len());
-                let mut gone = Vec::new();
                 for (session, owner) in sessions {
-                    let client_id = session.client_id().clone();
-                    let addr = self.start_restored(session, owner, false, ctx);
-                    match elsewhere.get(&client_id) {
-                        Some(&(epoch, node)) => gone.push((client_id, epoch, node)),
-                        None => asks.push(addr),
-                    }
-                }
-                // Taken over while this node was down, by a claim its log gave it before
-                // the registry was there to hear of it: handed to the new owner, never
-                // routed here again (a claim applied from now on reaches the registry
-                // after this message, as a `TakenOver`).
-                add(
-                    &self.shared.metrics.cluster_sessions_discarded,
-                    gone.len() as u64,
-                );
-                for (client_id, epoch, node) in gone {
-                    debug!(client_id = %client_id, epoch, node, "a stored session was taken over while this node was down");
-                    self.taken_over(&client_id, epoch, node);
+                    asks.push(self.start_restored(session, owner, false, ctx));
                 }
                 // Routed before the listeners open: a publish after start reaches them. A few
                 // hundred at a time (one join over 100k asks spent most of a start polling).
@@ -707,23 +684,4 @@ impl Actor for Registry {
             }
         }
     }
-}
-
-/// Which of `client_ids` (stored sessions) the cluster's applied log gives to another
-/// node, with that node's claim (epoch, node).
-async fn owned_elsewhere(
-    cluster: Option<Addr<ClusterMsg>>,
-    client_ids: Vec<Arc<str>>,
-) -> HashMap<Arc<str>, (u64, u64)> {
-    let Some(cluster) = cluster else {
-        return HashMap::new();
-    };
-    if client_ids.is_empty() {
-        return HashMap::new();
-    }
-    let elsewhere = cluster
-        .ask(|reply| ClusterMsg::OwnedElsewhere { client_ids, reply })
-        .await
-        .unwrap_or_default();
-    elsewhere.into_iter().map(|(c, e, n)| (c, (e, n))).collect()
 }

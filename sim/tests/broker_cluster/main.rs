@@ -143,9 +143,6 @@ const LOSSY_SEEDS: u64 = 5;
 /// seeds run in this process (as the nodes' last runs counted them).
 static OUTBOX_PARKED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static OUTBOX_REPLAYED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-/// Stored sessions a restarted node found taken over by another node (handed over at its
-/// start instead of restored), over the seeds run in this process.
-static SESSIONS_DISCARDED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -693,20 +690,12 @@ async fn scenario(variant: Variant) {
         nemesis.history.len(),
     );
     drop(g);
-    let (mut parked, mut replayed, mut discarded) = (0, 0, 0);
+    let (mut parked, mut replayed) = (0, 0);
     for node in 0..setup.variant.nodes + setup.variant.joiners {
         if let Some(m) = setup.admin(node).map(|a| a.metrics()) {
             parked += m.cluster_outbox_parked;
             replayed += m.cluster_outbox_replayed;
-            discarded += m.cluster_sessions_discarded;
         }
-    }
-    SESSIONS_DISCARDED.fetch_add(discarded, std::sync::atomic::Ordering::Relaxed);
-    if discarded > 0 {
-        println!(
-            "[sim] seed {}: {discarded} stored sessions found taken over at a restart",
-            knobs.seed
-        );
     }
     OUTBOX_PARKED.fetch_add(parked, std::sync::atomic::Ordering::Relaxed);
     OUTBOX_REPLAYED.fetch_add(replayed, std::sync::atomic::Ordering::Relaxed);
@@ -803,7 +792,6 @@ fn five_nodes_keep_every_promise_under_partitions_and_overload() {
 /// restarted node states its routes only once its sessions are restored.
 #[test]
 fn acknowledged_publishes_survive_node_kills_with_unsynced_writes_lost() {
-    let before = SESSIONS_DISCARDED.load(std::sync::atomic::Ordering::Relaxed);
     run(
         RunConfig::new(
             "broker_cluster",
@@ -812,8 +800,6 @@ fn acknowledged_publishes_survive_node_kills_with_unsynced_writes_lost() {
         .seeds(SEEDS_KILLS),
         with_kills,
     );
-    let discarded = SESSIONS_DISCARDED.load(std::sync::atomic::Ordering::Relaxed) - before;
-    println!("[sim] kills: {discarded} stored sessions found taken over at a restart");
 }
 
 /// The same with every commit put off by 200 ms, on [`SEEDS_SLOW_COMMIT`] seeds: a QoS 2
@@ -823,7 +809,6 @@ fn acknowledged_publishes_survive_node_kills_with_unsynced_writes_lost() {
 /// of them are in the corpus).
 #[test]
 fn qos2_forwards_wait_for_their_packet_ids_to_be_durable_under_kills() {
-    let before = SESSIONS_DISCARDED.load(std::sync::atomic::Ordering::Relaxed);
     run(
         RunConfig::new(
             "broker_cluster",
@@ -832,8 +817,6 @@ fn qos2_forwards_wait_for_their_packet_ids_to_be_durable_under_kills() {
         .seeds(SEEDS_SLOW_COMMIT),
         with_kills_and_slow_commits,
     );
-    let discarded = SESSIONS_DISCARDED.load(std::sync::atomic::Ordering::Relaxed) - before;
-    println!("[sim] slow commits: {discarded} stored sessions found taken over at a restart");
 }
 
 /// The kills with forwarded batches parked after 1.2 s without an acknowledgement, on
@@ -866,14 +849,10 @@ fn parked_forwards_reach_their_subscribers_through_partitions_and_kills() {
 }
 
 /// A node killed right after it handed a session over (the claim applied and in its raft
-/// log, the session's end not yet in its store) hands the stored session over again at its
-/// restart instead of keeping it beside the new owner's (`takeover.rs`), on
-/// [`SEEDS_TAKEOVER`] seeds. Asserts too that, over those seeds, the node found the
-/// session taken over as it restored it (the registry's question to the cluster actor),
-/// not only by the claim's later `TakenOver`.
+/// log, the session's end not yet in its store) does not keep the stored session beside
+/// the new owner's after its restart (`takeover.rs`), on [`SEEDS_TAKEOVER`] seeds.
 #[test]
 fn a_session_taken_over_is_not_restored_by_the_node_killed_as_it_handed_it_over() {
-    let before = SESSIONS_DISCARDED.load(std::sync::atomic::Ordering::Relaxed);
     run(
         RunConfig::new(
             "broker_cluster",
@@ -882,14 +861,6 @@ fn a_session_taken_over_is_not_restored_by_the_node_killed_as_it_handed_it_over(
         .seeds(SEEDS_TAKEOVER),
         takeover::scenario,
     );
-    let discarded = SESSIONS_DISCARDED.load(std::sync::atomic::Ordering::Relaxed) - before;
-    println!("[sim] takeover: {discarded} stored sessions handed over as they were restored");
-    if std::env::var_os("MADSIM_TEST_SEED").is_none() {
-        assert!(
-            discarded > 0,
-            "no restart found the session taken over as it restored it: that path went untested"
-        );
-    }
 }
 
 /// Checks 1 to 5 while nodes join and leave: a fourth node is added during the faults and

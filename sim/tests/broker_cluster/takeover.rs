@@ -4,14 +4,13 @@
 //! the claim, then restores its stored sessions: it must hand that one over again rather
 //! than keep it beside the new owner's.
 //!
-//! Two ways lead there. The registry asks the cluster actor, as it restores, which stored
-//! sessions the applied log gives to another node (`cluster.sessions.discarded`); a claim
-//! applied after that answer reaches it as a `TakenOver` behind the restore. In this
-//! simulation's scheduling the replayed claim never reached the registry before its
-//! restore without that question (the build before it passed these seeds too); on real
-//! threads nothing orders the two, and in the code before it a claim met first found no
-//! session to hand over, and the restore then kept it. The test checks the outcome on
-//! every seed, and that the question found the session on some.
+//! The replayed claim reaches the registry after the restore here, as a `TakenOver`, and
+//! the session is handed over then. Nothing orders the two on real threads: a claim met
+//! before the restore finds no session to hand over, and the restore then keeps it (open
+//! in docs/clustering.md). A first fix, asking the cluster actor at the restore which
+//! sessions the applied log gives to another node, was taken back: asked in the middle of
+//! the log's replay, it named an older claim and handed a session its node owned away
+//! (`cluster_handover.rs` caught it).
 
 #[allow(unused_imports)]
 use super::*;
@@ -95,13 +94,6 @@ pub(crate) async fn scenario() {
         );
         sleep(ms(50)).await;
     }
-    let m = admin.metrics();
-    let discarded = m.cluster_sessions_discarded;
-    println!(
-        "[sim] takeover: node2 found {discarded} stored session(s) taken over at its restart (store sessions {}, sent {})",
-        m.store_sessions, m.messages_sent
-    );
-    SESSIONS_DISCARDED.fetch_add(discarded, std::sync::atomic::Ordering::Relaxed);
     drop(c);
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -645,18 +645,6 @@ impl Actor for ClusterActor {
                 }
             }
             ClusterMsg::Links(l) => self.links = Some(l),
-            ClusterMsg::OwnedElsewhere { client_ids, reply } => {
-                let me = self.node;
-                let elsewhere = client_ids
-                    .into_iter()
-                    .filter_map(|c| {
-                        let o = self.owners.get(&*c).filter(|o| o.node != me)?;
-                        let (epoch, node) = (o.epoch, o.node);
-                        Some((c, epoch, node))
-                    })
-                    .collect();
-                let _ = reply.send(elsewhere);
-            }
             ClusterMsg::SendSession {
                 to,
                 client_id,

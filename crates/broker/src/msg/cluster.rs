@@ -86,12 +86,6 @@ pub(crate) enum ClusterMsg {
         epoch: u64,
         reply: Reply<Result<(), ClaimError>>,
     },
-    /// Which of `client_ids` the applied log gives to another node: each with that
-    /// node's claim (epoch, node). Asked by the registry as it restores stored sessions.
-    OwnedElsewhere {
-        client_ids: Vec<Arc<str>>,
-        reply: Reply<Vec<(Arc<str>, u64, u64)>>,
-    },
     /// A node's session of `client_id` for `to`'s claim `epoch`: sent on the data stream.
     SendSession {
         to: u64,
