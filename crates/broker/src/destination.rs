@@ -118,6 +118,12 @@ impl Pending {
         self.items.clear();
         self.qos0 = 0;
     }
+
+    /// Takes every message out, oldest first.
+    pub(crate) fn drain_messages(&mut self) -> Vec<Arc<Message>> {
+        self.qos0 = 0;
+        self.items.drain(..).map(|(m, _)| m).collect()
+    }
 }
 
 /// What became of a flush.
@@ -139,9 +145,10 @@ pub(crate) enum Destination {
     Remote(RemoteNode),
 }
 
-/// One message for another node: the message, the key of the answer waiting for it, and
-/// the shared group it goes to there (see [`SharedTo`]).
-pub(crate) type Pending1 = (Arc<Message>, Option<u64>, Option<SharedTo>);
+/// One message for another node: the message, the key of the answer waiting for it, the
+/// shared group it goes to there (see [`SharedTo`]), and the log index of the routes it
+/// was routed under (`routing::moving`).
+pub(crate) type Pending1 = (Arc<Message>, Option<u64>, Option<SharedTo>, u64);
 
 pub(crate) use crate::msg::SharedTo;
 
@@ -246,6 +253,8 @@ pub(crate) struct Unacked {
     pub keys: Vec<u64>,
     /// What it holds, to send again.
     pub messages: Vec<(Arc<Message>, Option<SharedTo>)>,
+    /// The log index of the routes they were routed under.
+    pub routed_at: u64,
     pub park: Park,
 }
 
@@ -373,6 +382,7 @@ impl RemoteNode {
                 shard,
                 pos,
                 (at, probe),
+                u.routed_at,
                 u.messages.iter().map(|(m, g)| (m, g.as_ref())),
                 &WallClock { now, wall },
             );
@@ -492,12 +502,20 @@ impl Destination {
                     Some(g) => r
                         .pending
                         .iter()
-                        .position(|(_, k, _)| k.is_some_and(|k| k >= g))
+                        .position(|(_, k, _, _)| k.is_some_and(|k| k >= g))
                         .unwrap_or(r.pending.len()),
                     None => r.pending.len(),
                 };
                 while free > 0 {
-                    let n = free.min(FORWARD_BATCH_MAX);
+                    // A batch says which routes its messages were routed under: one that
+                    // changed in the middle of what waits cuts it there.
+                    let routed_at = r.pending.front().map_or(0, |p| p.3);
+                    let n = r
+                        .pending
+                        .iter()
+                        .take(free.min(FORWARD_BATCH_MAX))
+                        .take_while(|p| p.3 == routed_at)
+                        .count();
                     let seq = r.next_seq;
                     let pos = forward::LinkPos {
                         top: seq,
@@ -507,7 +525,8 @@ impl Destination {
                         shard,
                         pos,
                         (seq, false),
-                        r.pending.iter().take(n).map(|(m, _, g)| (m, g.as_ref())),
+                        routed_at,
+                        r.pending.iter().take(n).map(|(m, _, g, _)| (m, g.as_ref())),
                         &WallClock { now, wall },
                     );
                     match send_frame(&r.links, r.node, &mut r.sent, frame) {
@@ -518,7 +537,7 @@ impl Destination {
                             let messages = r
                                 .pending
                                 .drain(..n)
-                                .map(|(m, k, g)| {
+                                .map(|(m, k, g, _)| {
                                     keys.extend(k);
                                     (m, g)
                                 })
@@ -531,6 +550,7 @@ impl Destination {
                                 last_sent: now,
                                 keys,
                                 messages,
+                                routed_at,
                                 park: Park::No,
                             });
                             r.unacked_messages += n;
@@ -539,7 +559,7 @@ impl Destination {
                         // Not a peer of this node (or it is stopping): nothing to deliver
                         // to. What waits for it is settled by the caller's timeout check.
                         Err(starling_raft::DataSendError::Closed) => {
-                            let keys = r.pending.drain(..).filter_map(|(_, k, _)| k);
+                            let keys = r.pending.drain(..).filter_map(|(_, k, _, _)| k);
                             r.lost.extend(keys);
                             return Flushed::Done;
                         }

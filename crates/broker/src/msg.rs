@@ -98,9 +98,14 @@ pub(crate) enum ClientMsg {
     /// cluster (and maybe the store), by tag: one message per publisher and turn of the
     /// shard that settled them.
     Settled(Vec<(u32, Stored)>),
-    /// A session restored from the store at start: subscribe its filters again, then
-    /// answer (before the listeners open).
-    Resubscribe(Reply<()>),
+    /// A session restored from the store at start, or (`moved`: the claim's epoch) handed
+    /// over by another node: subscribe its filters again, then answer (before the
+    /// listeners open) whether the routes of its filters held this node by then (true
+    /// when it has none).
+    Resubscribe {
+        moved: Option<u64>,
+        reply: Reply<bool>,
+    },
     /// The broker is stopping.
     Shutdown(Reply<()>),
     /// The node is leaving its cluster: the connection closes with 0x9C Use another server
@@ -119,8 +124,16 @@ pub(crate) enum ClientMsg {
     /// Another node took the client id over and continues the session: its state (none
     /// when it does not outlive its connection, and then it just ends) with the username
     /// it belongs to; the session ends here (MQTT 5: DISCONNECT 0x8E), the connection's
-    /// will published if its delay is zero, as a takeover does.
-    HandOver(Reply<Option<Box<HandOff>>>),
+    /// will published if its delay is zero, as a takeover does. `to`: the node and its
+    /// claim's epoch (what was routed to this session before the move's cut is relayed
+    /// there: `routing::moving`).
+    HandOver {
+        to: (u64, u64),
+        reply: Reply<Option<Box<HandOff>>>,
+    },
+    /// The hand-over's second step, behind every delivery the shards sent before they
+    /// started relaying: the state is taken now.
+    HandOverNow(Reply<Option<Box<HandOff>>>),
     /// An operator subscribes the connected client to `filters` (valid ones) at `qos`: as
     /// its own SUBSCRIBE would (quota, authorization, retained messages after), with no
     /// SUBACK. Answers, per filter, the granted QoS or the code that refused it.
@@ -256,6 +269,13 @@ pub(crate) enum RegistryMsg {
     },
     /// A CONNECT waiting for the previous owner's session waited long enough.
     HandoverTimeout { client_id: Arc<str>, epoch: u64 },
+    /// The session of `client_id` for this node's claim `epoch` has not come from node
+    /// `from` yet: ask that node again (its frame may have been dropped with a link).
+    HandoverNudge {
+        client_id: Arc<str>,
+        epoch: u64,
+        from: u64,
+    },
     /// The handed-over session of `client_id` is routed here: its CONNECT (in
     /// `resuming`) goes on.
     HandoverReady { client_id: Arc<str> },
@@ -282,6 +302,9 @@ pub(crate) struct SubscribeResult {
     /// subscription's filter (the SUBACK waits for them, up to a bound), so that a publish
     /// on another node after the SUBACK reaches the subscriber.
     pub route_waits: Vec<tokio::sync::oneshot::Receiver<()>>,
+    /// Whether the replicated routes held this node for every new subscription's filter
+    /// before the answer (`Shards::subscribe`; always, outside a cluster).
+    pub routes_held: bool,
     /// In a cluster: new `$exclusive/` and `$limit/N/` subscriptions, whose grant is the
     /// cluster's (see [`HoldWait`]).
     pub holds: Vec<HoldWait>,
@@ -367,6 +390,8 @@ pub(crate) struct LinkFrom {
 /// A shard's part of a forwarded batch (see [`RouterMsg::Forwarded`]).
 pub(crate) struct ForwardedPart {
     pub from: LinkFrom,
+    /// The log index of the routes the batch was routed under (see `routing::moving`).
+    pub routed_at: u64,
     pub messages: Vec<(Arc<Message>, Option<SharedTo>)>,
     pub done: tokio::sync::oneshot::Sender<bool>,
 }
@@ -383,12 +408,40 @@ pub(crate) enum RouterMsg {
         filters: Vec<String>,
         reply: Reply<Vec<ReasonCode>>,
     },
-    /// The session ended: forget its subscriptions and its address (if still `actor`'s).
+    /// The session ended: forget its subscriptions and its address (if still `actor`'s);
+    /// one handed over to another node (`MovedAway` first) keeps its subscriptions but
+    /// shared ones for a while, relaying what was routed to them before the move's cut
+    /// (`routing::moving`).
     SessionEnded {
         client_id: Arc<str>,
         actor: ActorId,
         filters: Vec<String>,
     },
+    /// The session of `client_id` is being handed over to node `to` (its claim `epoch`):
+    /// from now on what is routed to it goes there (until the move's cut), and what waits
+    /// here for it goes there too once it ended. Answered at once: what this shard sent
+    /// the client before is in its mailbox ahead of the hand-over.
+    MovedAway {
+        client_id: Arc<str>,
+        to: u64,
+        epoch: u64,
+        done: Reply<()>,
+    },
+    /// The session of `client_id`, handed over for this node's claim `epoch`, subscribes
+    /// next: until its move's cut, only copies relayed from its old node reach it.
+    MovedIn { client_id: Arc<str>, epoch: u64 },
+    /// The log applied the cut of `client_id`'s move to `node` (claim `epoch`) at `index`.
+    Moved {
+        client_id: Arc<str>,
+        node: u64,
+        epoch: u64,
+        index: u64,
+    },
+    /// The log applied the routes up to `index` (every route change of this shard's
+    /// `RemoteRoute`s came before): what a publish routed now is stamped with.
+    RoutesAt(u64),
+    /// Ends the judgements of moves whose time is up (`routing::moving`).
+    MovesCheck,
     /// A client attached or detached: shared groups prefer online members, and an
     /// offline one holds no publisher back. `persistent`: whether its session now outlives
     /// its connection (a resume may change it), so that its deliveries are stored.

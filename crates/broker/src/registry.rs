@@ -75,6 +75,9 @@ const EARLY_MAX: usize = 256;
 /// How long a CONNECT that resumes a session another node held waits for that node to hand
 /// it over; past it the session starts afresh here (the other node is down or cut off).
 const HANDOVER_WAIT: Duration = Duration::from_secs(3);
+/// Times the previous node is asked again for a session within `HANDOVER_WAIT`, evenly
+/// spaced: the frame that carried it may have been dropped with a link redialled.
+const HANDOVER_ASKS: u32 = 2;
 
 /// How long a CONNECT waits for the cluster to commit its claim before it is refused
 /// (MQTT 5 CONNACK 0x88 Server unavailable, 3.x return code 3).
@@ -212,6 +215,16 @@ impl Registry {
                             return;
                         }
                     }
+                    if let Some(from) = previous {
+                        for k in 1..HANDOVER_ASKS + 1 {
+                            let msg = RegistryMsg::HandoverNudge {
+                                client_id: client_id.clone(),
+                                epoch,
+                                from,
+                            };
+                            ctx.after(HANDOVER_WAIT * k / (HANDOVER_ASKS + 1), msg);
+                        }
+                    }
                     let msg = RegistryMsg::HandoverTimeout { client_id, epoch };
                     ctx.after(HANDOVER_WAIT, msg);
                     return;
@@ -280,7 +293,11 @@ impl Registry {
             let handoff = match entry {
                 Some(e) if !e.addr.is_closed() => {
                     debug!(client_id = %client_id, epoch, node, "session taken over by another node");
-                    e.addr.ask(ClientMsg::HandOver).await.ok().flatten()
+                    let ask = e.addr.ask(|reply| ClientMsg::HandOver {
+                        to: (node, epoch),
+                        reply,
+                    });
+                    ask.await.ok().flatten()
                 }
                 _ => None,
             };
@@ -340,9 +357,26 @@ impl Registry {
         let addr = self.start_restored(session, h.owner.map(Arc::from), true, ctx);
         add(&self.shared.metrics.cluster_sessions_received, 1);
         self.resuming.insert(client_id.clone(), conn);
+        let cluster = self.cluster.clone();
+        let id = client_id.clone();
         ctx.spawn_then(
             async move {
-                let _ = addr.ask(ClientMsg::Resubscribe).await;
+                let ask = addr.ask(|reply| ClientMsg::Resubscribe {
+                    moved: Some(epoch),
+                    reply,
+                });
+                // The move's cut goes in the log after the routes that hold this node for
+                // the session's filters. Not held in time (no quorum): no cut, and the
+                // shards stop waiting for it on their own (`routing::moving`).
+                match (ask.await, cluster) {
+                    (Ok(true), Some(cluster)) => {
+                        let _ = cluster.send(ClusterMsg::Moved { client_id: id, epoch }).await;
+                    }
+                    (Ok(false), _) => {
+                        tracing::warn!(client_id = %id, epoch, "the routes of a session moved here were not committed in time: its move has no cut");
+                    }
+                    _ => {}
+                }
             },
             move |()| RegistryMsg::HandoverReady { client_id },
         );
@@ -607,7 +641,9 @@ impl Actor for Registry {
                 // Routed before the listeners open: a publish after start reaches them. A few
                 // hundred at a time (one join over 100k asks spent most of a start polling).
                 for chunk in asks.chunks(RESTORE_CHUNK) {
-                    let each = chunk.iter().map(|a| a.ask(ClientMsg::Resubscribe));
+                    let each = chunk
+                        .iter()
+                        .map(|a| a.ask(|reply| ClientMsg::Resubscribe { moved: None, reply }));
                     futures::future::join_all(each).await;
                 }
                 let _ = reply.send(());
@@ -652,6 +688,25 @@ impl Actor for Registry {
                         add(&self.shared.metrics.cluster_handover_timeouts, 1);
                         self.connect_here(client_id, conn, ctx).await;
                     }
+                }
+            }
+            RegistryMsg::HandoverNudge {
+                client_id,
+                epoch,
+                from,
+            } => {
+                let waiting = self
+                    .handovers
+                    .get(&client_id)
+                    .is_some_and(|(e, _)| *e == epoch);
+                if let Some(cluster) = self.cluster.clone().filter(|_| waiting) {
+                    debug!(client_id = %client_id, epoch, from, "the session has not come yet; asking again");
+                    let msg = ClusterMsg::WantSession {
+                        from,
+                        client_id,
+                        epoch,
+                    };
+                    let _ = cluster.send(msg).await;
                 }
             }
             RegistryMsg::HandoverReady { client_id } => {

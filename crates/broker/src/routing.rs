@@ -50,7 +50,9 @@ mod control;
 mod deliver;
 mod departed;
 use admin::ShardCounts;
+mod handover;
 mod link;
+mod moving;
 mod remote;
 mod stored;
 mod subscribe;
@@ -179,6 +181,9 @@ pub(crate) struct RouterActor {
     /// Per link, where its cursor sits in `to_store` (if it still does): one cursor per
     /// link per commit is enough, moved forward in place.
     link_cursor_op: HashMap<(u64, u16), usize, FixedState>,
+    /// Sessions moving between nodes, and the routes' index publishes are routed under
+    /// (see `handover`).
+    moving: handover::ShardMoves,
 }
 
 /// `total` split over `n` shards, rounded up: each shard's part of a node-wide cap.
@@ -279,6 +284,7 @@ impl RouterActor {
             link_writes: HashMap::default(),
             link_taken: HashMap::default(),
             link_cursor_op: HashMap::default(),
+            moving: handover::ShardMoves::default(),
             link_stored: cursors
                 .iter()
                 .filter(|c| usize::from(c.to_shard) == index)
@@ -413,6 +419,9 @@ impl RouterActor {
                 Some(_) if matches!(d.kind, DeliveryKind::Shared { .. }) => continue,
                 Some(node) => Source::Forwarded(node),
             };
+            if !self.judge_move(&msg, &d.subscriber, &d.kind, from.as_ref()) {
+                continue;
+            }
             self.offer(&msg, d.subscriber, d.options.0, source, &mut qos0, ctx);
         }
         self.routed += 1;
@@ -448,16 +457,24 @@ impl Actor for RouterActor {
                 }
                 self.publish(m, None, None, ctx);
             }
-            RouterMsg::Forwarded(part) => {
-                let crate::msg::ForwardedPart {
-                    from,
-                    messages,
-                    done,
-                } = *part;
-                for (m, group) in messages {
-                    self.forwarded(m, group.as_ref(), from, ctx);
-                }
-                self.link_barrier(from.node, done);
+            RouterMsg::Forwarded(part) => self.forwarded_part(part, ctx),
+            RouterMsg::RoutesAt(index) => self.routes_applied(index, ctx),
+            RouterMsg::Moved {
+                client_id,
+                node,
+                epoch,
+                index,
+            } => self.cut((client_id, node, epoch), index, ctx),
+            RouterMsg::MovedIn { client_id, epoch } => self.moved_in(client_id, epoch, ctx),
+            RouterMsg::MovesCheck => self.moves_check(ctx),
+            RouterMsg::MovedAway {
+                client_id,
+                to,
+                epoch,
+                done,
+            } => {
+                self.moved_away(client_id, (to, epoch), ctx);
+                let _ = done.send(());
             }
             RouterMsg::LinkStored { node, seq, durable } => self.link_stored(node, seq, durable),
             RouterMsg::ForwardAcked { node, inc, seq } => {
@@ -541,8 +558,12 @@ impl Actor for RouterActor {
                     admission,
                     reply,
                 } = *sub;
+                let installed = self.moving_installed(&client_id);
                 let r = self.subscribe(client_id, client, may_hold, persistent, filters, admission);
                 let _ = reply.send(r);
+                if installed {
+                    self.routes_applied(0, ctx);
+                }
             }
             RouterMsg::Unsubscribe {
                 client_id,
@@ -564,7 +585,7 @@ impl Actor for RouterActor {
                 actor,
                 filters,
             } => {
-                for f in &filters {
+                for f in &self.session_left(&client_id, filters, actor) {
                     let _ = self.unsubscribe(&client_id, f);
                 }
                 if self

@@ -269,6 +269,7 @@ impl Shards {
             new: vec![false; n],
             retained: Vec::new(),
             route_waits: Vec::new(),
+            routes_held: true,
             holds: Vec::new(),
         };
         let mut route_waits = Vec::new();
@@ -334,9 +335,13 @@ impl Shards {
         if !route_waits.is_empty() {
             // Bounded: without a raft quorum the subscription still works on this node.
             let all = join_all(route_waits);
-            if starling_rt::time::timeout(ROUTE_WAIT, all).await.is_none() {
-                tracing::debug!(%client_id, "SUBACK sent before the cluster's routes hold it");
-            }
+            out.routes_held = match starling_rt::time::timeout(ROUTE_WAIT, all).await {
+                Some(each) => each.iter().all(Result::is_ok),
+                None => {
+                    tracing::debug!(%client_id, "SUBACK sent before the cluster's routes hold it");
+                    false
+                }
+            };
         }
         out
     }
@@ -433,8 +438,23 @@ impl Shards {
         codes
     }
 
+    /// The session of `client_id` is being handed over to `to` (node, claim's epoch):
+    /// answers once every shard relays what it routes to the session from now on.
+    pub(crate) async fn moved_away(&self, client_id: &Arc<str>, to: (u64, u64)) {
+        let asks = self.0.addrs.iter().map(|a| {
+            a.ask(|done| RouterMsg::MovedAway {
+                client_id: client_id.clone(),
+                to: to.0,
+                epoch: to.1,
+                done,
+            })
+        });
+        join_all(asks).await;
+    }
+
     /// A session ended: every shard that knows it (`known`, or holds one of its
-    /// `filters`) forgets its subscriptions and its address.
+    /// `filters`) forgets its subscriptions and its address (or keeps them as its relay,
+    /// when it was handed over: `moved_away`).
     pub(crate) async fn session_ended(
         &self,
         client_id: Arc<str>,

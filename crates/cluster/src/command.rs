@@ -93,6 +93,18 @@ pub enum Command {
     /// `node` restarted: the holds of its clients from before are gone (those whose
     /// sessions it restored hold again as they subscribe).
     DropHolds { node: NodeId },
+    /// `node` installed the session of `client_id` that its claim `epoch` took over, and
+    /// the routes of its subscriptions hold `node` (they were committed before this). It
+    /// changes no state: its log index is the cut of that move. A publish routed under the
+    /// routes of an earlier index reaches the session through the node it left, one routed
+    /// under this index or a later one reaches it directly (see the broker's
+    /// `routing::moving`). Applied even when a newer claim came first: the node the
+    /// session left still needs the cut.
+    Moved {
+        client_id: String,
+        node: NodeId,
+        epoch: u64,
+    },
 }
 
 /// What applying a command gave.

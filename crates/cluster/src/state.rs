@@ -26,6 +26,13 @@ pub enum Change {
         topic: String,
         message: Option<RetainedMsg>,
     },
+    /// The cut of a move: `node` installed the session of `client_id` that its claim
+    /// `epoch` took over (see [`Command::Moved`]).
+    Moved {
+        client_id: String,
+        node: NodeId,
+        epoch: u64,
+    },
 }
 
 /// The whole replicated state.
@@ -173,6 +180,21 @@ impl ClusterState {
             }
             Command::DropHolds { node } => {
                 self.drop_holds(node);
+                Output::Done
+            }
+            Command::Moved {
+                client_id,
+                node,
+                epoch,
+            } => {
+                if !self.members.contains_key(&node) {
+                    return Output::Refused(format!("node {node} is not a member"));
+                }
+                changes.push(Change::Moved {
+                    client_id,
+                    node,
+                    epoch,
+                });
                 Output::Done
             }
             Command::Claim { client_id, node } => {

@@ -83,6 +83,11 @@ fn command() -> impl Strategy<Value = Command> {
             exclusive: e,
         }),
         (1u64..4).prop_map(|n| Command::DropHolds { node: n }),
+        (0u8..4, 1u64..4, 0u64..12).prop_map(|(c, n, e)| Command::Moved {
+            client_id: format!("c{c}"),
+            node: n,
+            epoch: e,
+        }),
     ]
 }
 
@@ -117,6 +122,8 @@ impl Mirror {
                     Some(nodes).filter(|n| !n.is_empty()),
                 ),
                 Change::Retained { topic, message } => set(&mut self.retained, topic, message),
+                // A cut changes no state: nothing to mirror.
+                Change::Moved { .. } => {}
             }
         }
     }

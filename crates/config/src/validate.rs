@@ -655,6 +655,7 @@ fn validate_cluster(
         retained_reads: raw.retained_reads,
         reconnect_reads: raw.reconnect_reads,
         forward_confirm: raw.forward_confirm,
+        handover_relay: raw.handover_relay,
         raft_priority: raw.raft_priority,
         outbox_max_messages: raw.outbox_max_messages,
         forward_timeout_ms: raw.forward_timeout_ms,

@@ -18,10 +18,10 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::cluster::{
-    acked_lines, free_udp_port, gather, health, missing, node_certs, publisher, running_cluster,
+    acked_lines, gather, health, low_port, missing, node_certs, publisher, running_cluster,
     wait_status,
 };
-use common::{free_port, starling, watcher, watcher_with, Daemon};
+use common::{starling, watcher, watcher_with, Daemon};
 
 /// The ids of the members a status lists.
 fn member_ids(st: &serde_json::Value) -> BTreeSet<u64> {
@@ -47,7 +47,7 @@ fn all_voters_heard(st: &serde_json::Value) -> bool {
 
 /// Node 4's file: alone in its peer list, waiting to be added.
 fn fourth_node(dir: &Path) -> (PathBuf, u16) {
-    let (mqtt, http, cluster) = (free_port(), free_port(), free_udp_port());
+    let (mqtt, http, cluster) = (low_port(false), low_port(false), low_port(true));
     let text = format!(
         r#"[node]
 id = 4

@@ -323,6 +323,9 @@ pub(crate) async fn watch_mover(
         match c.recv().await {
             Ok(Packet::Disconnect(d)) => break format!("DISCONNECT {:?}", d.reason_code),
             Ok(Packet::Publish(p)) => {
+                if p.topic.starts_with("t/") {
+                    lock(&oracle).mover_got.insert(parse(&p.payload));
+                }
                 if let Some(id) = p.packet_id {
                     let _ = c.send(&Packet::Puback(ack(id))).await;
                 }
@@ -362,21 +365,31 @@ pub(crate) async fn mover(setup: Arc<Setup>, faults: Faults, oracle: Shared, nod
         return;
     };
     o.clean_start = false;
-    // A subscription, so that the session has something to carry.
-    c.subscribe(1, "move/#", QoS::AtLeastOnce)
+    // The publishers' topics: what was routed to its session while it moved must reach it
+    // (check 9).
+    c.subscribe(1, "t/#", QoS::AtLeastOnce)
         .await
         .expect("the mover subscribes");
     loop {
         match c.recv().await.expect("the mover's first connection holds") {
             Packet::Suback(_) => break,
+            // Publishes routed to it between the SUBACK's routing and its sending.
+            Packet::Publish(p) => {
+                lock(&oracle).mover_got.insert(parse(&p.payload));
+                if let Some(id) = p.packet_id {
+                    let _ = c.send(&Packet::Puback(ack(id))).await;
+                }
+            }
             other => check!(false, "the mover got {other:?} before its SUBACK"),
         }
     }
+    lock(&oracle).mover_subacked = Some(elapsed());
     let mut conn = 0usize;
     let watch = (at, first_at);
     starling_rt::spawn(watch_mover(conn, watch, c, oracle.clone(), faults.clone()));
     loop {
-        sleep(ms(thread_rng().gen_range(500..2000))).await;
+        let (least, most) = setup.variant.move_pause_ms;
+        sleep(ms(thread_rng().gen_range(least..most))).await;
         let last = lock(&oracle).healed;
         let to = if at == nodes[0] { nodes[1] } else { nodes[0] };
         let before = lock(&faults).clock;

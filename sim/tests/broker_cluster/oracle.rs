@@ -47,6 +47,10 @@ pub(crate) struct Oracle {
     pub(crate) superseded_by: BTreeMap<usize, usize>,
     pub(crate) ended: BTreeMap<usize, (Duration, String)>,
     pub(crate) moves: Vec<Move>,
+    /// The mover's first SUBACK, and the publishes it got over all its connections (check
+    /// 9).
+    pub(crate) mover_subacked: Option<Duration>,
+    pub(crate) mover_got: BTreeSet<(usize, u64)>,
     /// Publishers stop publishing (they still settle what is in flight).
     pub(crate) stop: bool,
     pub(crate) healed: bool,
@@ -82,6 +86,38 @@ pub(crate) fn missing(o: &Oracle) -> Vec<(usize, (usize, u64))> {
         }
     }
     out
+}
+
+/// Confirmed publishes the mover missed (check 9): those sent after its first SUBACK, before
+/// any move that lost its session (the session starts afresh, with no subscription), and
+/// not within `SETTLE` of a partition or a kill (`faults`: when each began and ended),
+/// which may lose a session's messages where it is (a node without a store killed, a
+/// handed-over session sent on a link that is down).
+pub(crate) fn mover_missing(o: &Oracle, faults: &[(Duration, Duration)]) -> Vec<(usize, u64)> {
+    let Some(from) = o.mover_subacked else {
+        return Vec::new();
+    };
+    let until = o
+        .moves
+        .iter()
+        .find(|m| !m.session_present)
+        .map_or(Duration::MAX, |m| m.started);
+    let near = |t: Duration| {
+        faults
+            .iter()
+            .any(|&(a, b)| t + SETTLE >= a && t <= b + SETTLE)
+    };
+    o.sent
+        .iter()
+        .filter(|(key, s)| {
+            o.settled.get(*key) == Some(&true)
+                && s.at > from
+                && s.at < until
+                && !near(s.at)
+                && !o.mover_got.contains(*key)
+        })
+        .map(|(key, _)| *key)
+        .collect()
 }
 
 /// The first problem in one subscriber's arrivals: a message never sent, a QoS 2 message

@@ -32,6 +32,11 @@ pub(crate) struct Variant {
     pub(crate) kills: bool,
     /// More lines of `[storage]`.
     pub(crate) storage: &'static str,
+    /// A nemesis runs (partitions, delays, and kills or overload as above); without one
+    /// the run is calm, and nothing excuses a loss.
+    pub(crate) faults: bool,
+    /// The mover's pause between moves, in milliseconds (a range).
+    pub(crate) move_pause_ms: (u64, u64),
 }
 
 /// The broker as it should be: queues deep enough for the whole run.
@@ -47,6 +52,8 @@ pub(crate) const SOUND: Variant = Variant {
     ack_delay: Duration::ZERO,
     kills: false,
     storage: "",
+    faults: true,
+    move_pause_ms: (500, 2000),
 };
 
 /// The same with five nodes, and overloaded nodes among the faults.
@@ -136,6 +143,25 @@ pub(crate) const FORWARD_UNCONFIRMED: Variant = Variant {
     ..SOUND
 };
 
+/// No faults, and the mover moving every 100-400 ms while the publishers go on: every
+/// publish confirmed while it moves must reach it, once routed to the node it left (check
+/// 9 excuses nothing in a calm run).
+pub(crate) const MOVES: Variant = Variant {
+    name: "moves",
+    faults: false,
+    move_pause_ms: (100, 400),
+    ..SOUND
+};
+
+/// The moves without the handover's relay (`cluster.handover_relay = false`): what was
+/// routed to the mover's old node in the moment of a move is lost there, which check 9
+/// must catch.
+pub(crate) const NO_RELAY: Variant = Variant {
+    name: "no-relay",
+    cluster: "handover_relay = false\n",
+    ..MOVES
+};
+
 /// A broker that loses acknowledged messages: a subscriber's queue holds two, back-pressure
 /// is off so nothing slows the publishers, one delivery in flight at a time, and the
 /// subscribers take 100 ms per message. A forwarded batch is acknowledged once the
@@ -153,4 +179,6 @@ pub(crate) const LOSSY: Variant = Variant {
     ack_delay: Duration::from_millis(100),
     kills: false,
     storage: "",
+    faults: true,
+    move_pause_ms: (500, 2000),
 };

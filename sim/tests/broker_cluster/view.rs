@@ -172,6 +172,10 @@ pub(crate) async fn chaos(
     nemesis: &mut Nemesis,
 ) {
     let end = Instant::now() + knobs.chaos;
+    if !setup.variant.faults {
+        sleep(knobs.chaos).await;
+        return;
+    }
     let every = knobs.fault_every.as_millis() as u64;
     while Instant::now() < end {
         let leader = claimed_leader(&statuses(setup).await);

@@ -806,7 +806,20 @@ impl Client {
                 let was = Box::pin(self.kick(ctx)).await;
                 let _ = reply.send(was);
             }
-            ClientMsg::HandOver(reply) => {
+            ClientMsg::HandOver { to, reply } => {
+                if self.session.is_ended() {
+                    let _ = reply.send(None);
+                    return true;
+                }
+                // First every shard relays to the new node instead of delivering here;
+                // what they delivered before is in the mailbox, and the state is taken
+                // behind it.
+                if self.shared.config.cluster.handover_relay {
+                    self.shards.moved_away(&self.client_id(), to).await;
+                }
+                ctx.spawn_then(async {}, move |()| ClientMsg::HandOverNow(reply));
+            }
+            ClientMsg::HandOverNow(reply) => {
                 let h = Box::pin(self.hand_over(ctx)).await;
                 let _ = reply.send(h);
             }
@@ -822,10 +835,10 @@ impl Client {
                 let r = Box::pin(self.operator_unsubscribe(filters)).await;
                 let _ = reply.send(r);
             }
-            ClientMsg::Resubscribe(reply) => {
+            ClientMsg::Resubscribe { moved, reply } => {
                 Box::pin(self.adopt()).await;
-                Box::pin(self.resubscribe(ctx)).await;
-                let _ = reply.send(());
+                let waits = Box::pin(self.resubscribe(moved, ctx)).await;
+                let _ = reply.send(waits);
             }
         }
         true

@@ -26,7 +26,9 @@ use super::acks::Resent;
 use super::Client;
 use crate::gate::AuthGate;
 use crate::metrics::add;
-use crate::msg::{AckTo, RegistryMsg, StoreMsg, StoreOp, Stored, Waiter, WaiterTo, OWN_WRITE};
+use crate::msg::{
+    AckTo, RegistryMsg, RouterMsg, StoreMsg, StoreOp, Stored, Waiter, WaiterTo, OWN_WRITE,
+};
 use crate::settings::Shared;
 use crate::shards::Shards;
 
@@ -417,7 +419,7 @@ impl Client {
 
     /// A session restored at start subscribes its filters again, as they were granted; the
     /// retained messages they match are not sent again.
-    pub(super) async fn resubscribe(&mut self, ctx: &mut Ctx<Self>) {
+    pub(super) async fn resubscribe(&mut self, moved: Option<u64>, ctx: &mut Ctx<Self>) -> bool {
         let filters: Vec<SubscribeRequest> = self
             .session
             .subscriptions()
@@ -429,7 +431,18 @@ impl Client {
             })
             .collect();
         if filters.is_empty() {
-            return;
+            return true;
+        }
+        if let Some(epoch) = moved {
+            // Ahead of the subscriptions, from this actor: each shard knows the session
+            // moved before it can route anything to it (`routing::moving`).
+            for shard in self.shards.all() {
+                let msg = RouterMsg::MovedIn {
+                    client_id: self.client_id(),
+                    epoch,
+                };
+                let _ = shard.send(msg).await;
+            }
         }
         self.meet_shards(&filters, ctx);
         let may_hold = self.may_hold();
@@ -441,6 +454,7 @@ impl Client {
         if r.results.iter().any(Result::is_err) {
             tracing::warn!(client_id = %self.client_id(), "a stored subscription was refused at restore");
         }
+        r.routes_held
     }
 
     /// Whether a QoS 1/2 publish's acknowledgement waits for its routing's answer: with a

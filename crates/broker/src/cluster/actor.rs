@@ -21,6 +21,7 @@ use holds::HoldOp;
 use retained::{Barrier, RetainOp};
 
 mod confirm;
+mod handed;
 mod holds;
 mod membership;
 mod retained;
@@ -120,17 +121,25 @@ pub(crate) struct ClusterActor {
     left: tokio::sync::watch::Sender<bool>,
     /// An operator's leave of this node is under way (it tells `left` itself when done).
     leave_running: bool,
+    /// Sessions handed over lately, to send again if asked.
+    handed: handed::Handed,
 }
 
 /// A handed-over session's frame at most (cut in parts of `SESSION_PART_BYTES`): half of
 /// what a receiving node holds of sessions being put together, so that two fit.
 const HANDOFF_BYTES_MAX: usize = super::parts::PARTS_BYTES_MAX / 2;
 
-/// A claim (with whom to answer) or a release, waiting for its commit.
+/// A claim (with whom to answer), a release or a move's cut (with the times it was
+/// proposed before), waiting for its commit.
 enum OwnerOp {
     Claim(Arc<str>, Reply<Result<Claim, ClaimError>>),
     Release(Arc<str>, u64),
+    Moved(Arc<str>, u64, u32),
 }
+
+/// Times a move's cut is proposed again after a failed proposal (no quorum for a while):
+/// after that the shards stop waiting for it on their own (`routing::moving`).
+const MOVED_TRIES: u32 = 5;
 
 /// Claims and releases per proposal at most: one entry of the log stays small.
 const OWNER_BATCH_MAX: usize = 1024;
@@ -194,6 +203,7 @@ impl ClusterActor {
             leaving: false,
             left,
             leave_running: false,
+            handed: handed::Handed::default(),
         }
     }
 
@@ -306,6 +316,11 @@ impl ClusterActor {
                         epoch: *epoch,
                     },
                 },
+                OwnerOp::Moved(c, epoch, _) => Command::Moved {
+                    client_id: c.to_string(),
+                    node,
+                    epoch: *epoch,
+                },
             })
             .collect();
         self.owner_in_flight = Some(ops);
@@ -324,8 +339,13 @@ impl ClusterActor {
             Err(e) => Err(e),
         };
         for (i, op) in ops.into_iter().enumerate() {
-            let OwnerOp::Claim(client_id, reply) = op else {
-                continue;
+            let (client_id, reply) = match op {
+                OwnerOp::Claim(client_id, reply) => (client_id, reply),
+                OwnerOp::Moved(c, epoch, tries) if outputs.is_err() && tries < MOVED_TRIES => {
+                    self.owner_queue.push(OwnerOp::Moved(c, epoch, tries + 1));
+                    continue;
+                }
+                _ => continue,
             };
             let answer = match &outputs {
                 Ok(outs) => match outs.get(i) {
@@ -426,8 +446,9 @@ impl ClusterActor {
         }
     }
 
-    async fn changed(&mut self, changes: Vec<Change>, replayed: bool) {
+    async fn changed(&mut self, index: u64, changes: Vec<Change>, replayed: bool) {
         let mut left = Vec::new();
+        let mut routes = false;
         for c in changes {
             match c {
                 Change::Member { node, member } => {
@@ -454,16 +475,48 @@ impl ClusterActor {
                     };
                     self.sync_peers();
                 }
-                Change::Route { filter, nodes } => self.route(filter, nodes).await,
+                Change::Route { filter, nodes } => {
+                    routes = true;
+                    self.route(filter, nodes).await;
+                }
                 Change::Owner { client_id, owner } => {
                     self.owner_changed(client_id, owner, !replayed).await
                 }
                 Change::Retained { topic, message } => {
                     self.retained_changed(topic, message).await;
                 }
+                Change::Moved {
+                    client_id,
+                    node,
+                    epoch,
+                } => {
+                    routes = true;
+                    let client_id: Arc<str> = Arc::from(client_id);
+                    for shard in self.shards.all() {
+                        let msg = RouterMsg::Moved {
+                            client_id: client_id.clone(),
+                            node,
+                            epoch,
+                            index,
+                        };
+                        let _ = shard.send(msg).await;
+                    }
+                }
             }
         }
+        if routes {
+            self.routes_at(index).await;
+        }
         self.nodes_left(left).await;
+    }
+
+    /// Tells every shard that the routes up to `index` are applied (behind the route
+    /// changes it was told of): what they route from now on is stamped with it
+    /// (`routing::moving`).
+    async fn routes_at(&self, index: u64) {
+        for shard in self.shards.all() {
+            let _ = shard.send(RouterMsg::RoutesAt(index)).await;
+        }
     }
 
     /// Tells every shard that `nodes` left, once their routes are gone (a `Leave` applies
@@ -594,12 +647,17 @@ impl Actor for ClusterActor {
                 self.propose_due(ctx);
             }
             ClusterMsg::RouteWait { filter, done } => self.wait_route(filter, done),
-            ClusterMsg::Changed { changes, replayed } => {
-                self.changed(changes, replayed).await;
+            ClusterMsg::Changed {
+                index,
+                changes,
+                replayed,
+            } => {
+                self.changed(index, changes, replayed).await;
                 self.propose_due(ctx);
             }
-            ClusterMsg::Reset(all) => {
+            ClusterMsg::Reset(index, all) => {
                 self.reset(all).await;
+                self.routes_at(index).await;
                 self.propose_due(ctx);
             }
             ClusterMsg::Claim { client_id, reply } => {
@@ -636,6 +694,10 @@ impl Actor for ClusterActor {
                 self.owner_queue.push(OwnerOp::Release(client_id, epoch));
                 self.propose_owners(ctx);
             }
+            ClusterMsg::Moved { client_id, epoch } => {
+                self.owner_queue.push(OwnerOp::Moved(client_id, epoch, 0));
+                self.propose_owners(ctx);
+            }
             ClusterMsg::Registry(r) => self.registry = Some(r),
             ClusterMsg::Restored => {
                 self.shards_restored += 1;
@@ -661,11 +723,30 @@ impl Actor for ClusterActor {
                         tracing::warn!(node_id = self.node, %client_id, bytes, "session too large to hand over; the new node starts it afresh");
                         frames = crate::forward::encode_session_parts(&client_id, epoch, None);
                     }
-                    starling_rt::spawn(async move {
-                        for frame in frames {
-                            super::send_frame(&links, to, frame).await;
-                        }
-                    });
+                    self.handed
+                        .keep((to, client_id, epoch), &frames, time::now());
+                    super::send_frames(links, to, frames);
+                }
+            }
+            ClusterMsg::SessionWanted {
+                by,
+                client_id,
+                epoch,
+            } => {
+                let again = self.handed.wanted(by, &client_id, epoch, time::now());
+                if let (Some(frames), Some(links)) = (again, self.links.clone()) {
+                    tracing::debug!(node_id = self.node, %client_id, epoch, by, "a handed-over session sent again");
+                    super::send_frames(links, by, frames);
+                }
+            }
+            ClusterMsg::WantSession {
+                from,
+                client_id,
+                epoch,
+            } => {
+                if let Some(links) = self.links.clone() {
+                    let frame = crate::forward::encode_session_wanted(&client_id, epoch);
+                    super::send_frames(links, from, vec![frame]);
                 }
             }
             ClusterMsg::SessionArrived {

@@ -264,6 +264,7 @@ async fn inbound(
                 pos,
                 seq,
                 probe,
+                routed_at,
                 messages,
             }) => {
                 let v = order.batch((from, shard), pos, seq, probe, time::now());
@@ -312,6 +313,7 @@ async fn inbound(
                     let (done, wait) = tokio::sync::oneshot::channel();
                     let msg = RouterMsg::Forwarded(Box::new(ForwardedPart {
                         from: link,
+                        routed_at,
                         messages,
                         done,
                     }));
@@ -363,6 +365,16 @@ async fn inbound(
                 handoff,
             } => {
                 if !session_arrived(&actor, client_id, epoch, handoff).await {
+                    return;
+                }
+            }
+            Frame::SessionWanted { client_id, epoch } => {
+                let msg = ClusterMsg::SessionWanted {
+                    by: from,
+                    client_id: Arc::from(client_id),
+                    epoch,
+                };
+                if actor.send(msg).await.is_err() {
                     return;
                 }
             }
@@ -465,6 +477,15 @@ async fn ack(links: &DataLinks, to: u64, (shard, inc): (u16, u64), seq: u64) {
 }
 
 /// Sends `frame` to `to`, waiting up to a second for room on its stream.
+/// Sends `frames` to `to` in order, off the caller's turn (each as [`send_frame`]).
+pub(crate) fn send_frames(links: DataLinks, to: u64, frames: Vec<Vec<u8>>) {
+    starling_rt::spawn(async move {
+        for frame in frames {
+            send_frame(&links, to, frame).await;
+        }
+    });
+}
+
 pub(crate) async fn send_frame(links: &DataLinks, to: u64, mut frame: Vec<u8>) {
     for _ in 0..100 {
         match links.try_send(to, frame) {

@@ -28,7 +28,10 @@ impl NodeReplica {
     fn send_all(&mut self, state: &ClusterState) {
         self.behind = self
             .actor
-            .try_send(ClusterMsg::Reset(state.as_changes()))
+            .try_send(ClusterMsg::Reset(
+                state.summary().applied,
+                state.as_changes(),
+            ))
             .is_err();
     }
 }
@@ -39,7 +42,11 @@ impl Replica for NodeReplica {
             self.send_all(state);
         } else if !changes.is_empty() {
             let replayed = index <= self.replay_until;
-            let msg = ClusterMsg::Changed { changes, replayed };
+            let msg = ClusterMsg::Changed {
+                index,
+                changes,
+                replayed,
+            };
             self.behind = self.actor.try_send(msg).is_err();
         }
     }

@@ -1,16 +1,17 @@
-//! The `Publish` frame's own layout (version 4), written straight from the shard's
+//! The `Publish` frame's own layout (version 5), written straight from the shard's
 //! messages and read straight into the receiver's: postcard through `MessageState` cost
 //! each side of a cross-node delivery about a tenth of its node's CPU (a `String` per
 //! topic and publisher, a buffer per property list, the frame copied once more behind its
 //! version byte).
 //!
 //! ```text
-//! 0       version (4)
+//! 0       version (5)
 //! 1..3    sending shard, u16 LE
 //! 3..27   link position: incarnation, base, top, u64 LE each
 //! 27..35  batch number, u64 LE
 //! 35      probe (0 or 1)
-//! 36..40  message count, u32 LE
+//! 36..44  routed at: the log index of the routes its messages were routed under, u64 LE
+//! 44..48  message count, u32 LE
 //! then per message:
 //!   flags: QoS (bits 0-1), RETAIN (2), expiry (3), announced (4), publisher (5),
 //!          group (6), properties (7)
@@ -18,8 +19,13 @@
 //!   properties: varint length + the MQTT 5 PUBLISH property list (its own length first)
 //!   expiry: u64 LE nanoseconds since the Unix epoch (wall clock)
 //!   publisher: varint length + bytes
-//!   group: name, then filter, each varint length + bytes
+//!   group: name, then filter, each varint length + bytes; an empty name (MQTT allows
+//!          none) marks a message relayed to one moving session, its client id in the
+//!          filter's place (`routing::moving`)
 //! ```
+//!
+//! Version 4 was the same without "routed at" (its count at 36..40): it is still read, as
+//! routed at 0, and goes out again as version 5.
 //!
 //! The header has a fixed size, so a parked batch goes again at another place of its link
 //! by rewriting the header alone ([`reposition`]).
@@ -34,8 +40,10 @@ use starling_session::{Expiry, Message, WallClock};
 use super::{FrameError, LinkPos};
 use crate::msg::SharedTo;
 
+pub(super) const PUBLISH_V5: u8 = 5;
 pub(super) const PUBLISH_V4: u8 = 4;
-const HEADER: usize = 40;
+const HEADER: usize = 48;
+const HEADER_V4: usize = 40;
 const PLACE: PropertyPlace = PropertyPlace::Packet(PacketType::Publish);
 
 const RETAIN: u8 = 1 << 2;
@@ -45,20 +53,30 @@ const PUBLISHER: u8 = 1 << 5;
 const GROUP: u8 = 1 << 6;
 const PROPERTIES: u8 = 1 << 7;
 
-/// A decoded `Publish` frame: shard, position, batch number, probe, messages in order.
-pub(super) type Decoded = (u16, LinkPos, u64, bool, Vec<(Message, Option<SharedTo>)>);
+/// A decoded `Publish` frame: shard, position, batch number, probe, routed at, messages in
+/// order.
+pub(super) type Decoded = (
+    u16,
+    LinkPos,
+    u64,
+    bool,
+    u64,
+    Vec<(Message, Option<SharedTo>)>,
+);
 
-/// `shard`'s batch `seq` holding `messages` in order.
+/// `shard`'s batch `seq` holding `messages` in order, routed under the routes of log index
+/// `routed_at`.
 pub(super) fn encode<'a>(
     shard: u16,
     pos: LinkPos,
     (seq, probe): (u64, bool),
+    routed_at: u64,
     messages: impl Iterator<Item = (&'a Arc<Message>, Option<&'a SharedTo>)>,
     clock: &WallClock,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     out.resize(HEADER, 0);
-    header(&mut out, shard, pos, seq, probe);
+    header(&mut out, shard, pos, seq, probe, routed_at);
     let mut count: u32 = 0;
     let mut props = BytesMut::new();
     for (m, g) in messages {
@@ -99,7 +117,7 @@ pub(super) fn encode<'a>(
             put_bytes(&mut out, g.filter.as_bytes());
         }
     }
-    out[36..40].copy_from_slice(&count.to_le_bytes());
+    out[44..48].copy_from_slice(&count.to_le_bytes());
     out
 }
 
@@ -107,8 +125,9 @@ pub(super) fn encode<'a>(
 /// another clock), its expiry moved to this node's monotonic clock.
 pub(super) fn decode(frame: &[u8], clock: &WallClock) -> Result<Decoded, FrameError> {
     let mut r = Reader(frame);
-    if r.u8()? != PUBLISH_V4 {
-        return Err(FrameError::Version(frame[0]));
+    let version = r.u8()?;
+    if version != PUBLISH_V5 && version != PUBLISH_V4 {
+        return Err(FrameError::Version(version));
     }
     let shard = u16::from_le_bytes(r.array()?);
     let pos = LinkPos {
@@ -122,6 +141,7 @@ pub(super) fn decode(frame: &[u8], clock: &WallClock) -> Result<Decoded, FrameEr
         1 => true,
         b => return Err(bad(format_args!("probe byte {b}"))),
     };
+    let routed_at = if version == PUBLISH_V5 { r.u64()? } else { 0 };
     let count = u32::from_le_bytes(r.array()?) as usize;
     // A message takes at least three bytes: never trust the count for more room.
     let mut messages = Vec::with_capacity(count.min(r.0.len() / 3));
@@ -174,29 +194,40 @@ pub(super) fn decode(frame: &[u8], clock: &WallClock) -> Result<Decoded, FrameEr
             r.0.len()
         )));
     }
-    Ok((shard, pos, seq, probe, messages))
+    Ok((shard, pos, seq, probe, routed_at, messages))
 }
 
-/// The same batch as a first send at `pos` of its link.
+/// The same batch as a first send at `pos` of its link (a version 4 one as version 5,
+/// routed at 0).
 pub(super) fn reposition(frame: &[u8], pos: LinkPos) -> Option<Vec<u8>> {
-    if frame.len() < HEADER || frame[0] != PUBLISH_V4 {
-        return None;
-    }
-    let mut out = frame.to_vec();
+    let (routed_at, count, body) = match *frame.first()? {
+        PUBLISH_V5 if frame.len() >= HEADER => (
+            u64::from_le_bytes(frame[36..44].try_into().ok()?),
+            &frame[44..48],
+            &frame[HEADER..],
+        ),
+        PUBLISH_V4 if frame.len() >= HEADER_V4 => (0, &frame[36..40], &frame[HEADER_V4..]),
+        _ => return None,
+    };
+    let mut out = Vec::with_capacity(HEADER + body.len());
+    out.resize(HEADER, 0);
+    out[44..48].copy_from_slice(count);
+    out.extend_from_slice(body);
     let shard = u16::from_le_bytes([frame[1], frame[2]]);
     let seq = u64::from_le_bytes(frame[27..35].try_into().ok()?);
-    header(&mut out, shard, pos, seq, false);
+    header(&mut out, shard, pos, seq, false, routed_at);
     Some(out)
 }
 
-fn header(out: &mut [u8], shard: u16, pos: LinkPos, seq: u64, probe: bool) {
-    out[0] = PUBLISH_V4;
+fn header(out: &mut [u8], shard: u16, pos: LinkPos, seq: u64, probe: bool, routed_at: u64) {
+    out[0] = PUBLISH_V5;
     out[1..3].copy_from_slice(&shard.to_le_bytes());
     out[3..11].copy_from_slice(&pos.inc.to_le_bytes());
     out[11..19].copy_from_slice(&pos.base.to_le_bytes());
     out[19..27].copy_from_slice(&pos.top.to_le_bytes());
     out[27..35].copy_from_slice(&seq.to_le_bytes());
     out[35] = u8::from(probe);
+    out[36..44].copy_from_slice(&routed_at.to_le_bytes());
 }
 
 /// Nanoseconds since the epoch: one before it is the epoch, long past either way; one
@@ -329,6 +360,7 @@ mod tests {
             shard in any::<u16>(),
             (inc, base, top, seq) in (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
             probe in any::<bool>(),
+            routed_at in any::<u64>(),
             later_ms in 0u64..5_000,
         ) {
             let c = clock();
@@ -339,13 +371,14 @@ mod tests {
                 shard,
                 pos,
                 (seq, probe),
+                routed_at,
                 sent.iter().map(|(m, g)| (m, g.as_ref())),
                 &c,
             );
             let later = Duration::from_millis(later_ms);
             let there = WallClock { now: c.now + later, wall: c.wall + later };
-            let (s, p, q, pr, back) = decode(&frame, &there).unwrap();
-            prop_assert_eq!((s, p, q, pr), (shard, pos, seq, probe));
+            let (s, p, q, pr, at, back) = decode(&frame, &there).unwrap();
+            prop_assert_eq!((s, p, q, pr, at), (shard, pos, seq, probe, routed_at));
             prop_assert_eq!(back.len(), batch.len());
             for ((m, g), (orig, og, ns)) in back.iter().zip(&batch) {
                 prop_assert_eq!(&m.topic, &orig.topic);
@@ -367,10 +400,24 @@ mod tests {
             // Sent again elsewhere in its link: only the header moves.
             let moved = LinkPos { inc, base: base ^ 1, top: top ^ 2 };
             let again = reposition(&frame, moved).unwrap();
-            let (s, p, q, pr, back2) = decode(&again, &there).unwrap();
-            prop_assert_eq!((s, p, q, pr), (shard, moved, seq, false));
+            let (s, p, q, pr, at, back2) = decode(&again, &there).unwrap();
+            prop_assert_eq!((s, p, q, pr, at), (shard, moved, seq, false, routed_at));
             prop_assert_eq!(back2.len(), back.len());
             prop_assert_eq!(&again[HEADER..], &frame[HEADER..]);
+            // A version 4 frame of the same batch (no routes' index) is read as routed at
+            // 0, and goes again as version 5.
+            let mut v4 = frame[..HEADER_V4].to_vec();
+            v4[0] = PUBLISH_V4;
+            v4[36..40].copy_from_slice(&frame[44..48]);
+            v4.extend_from_slice(&frame[HEADER..]);
+            let (s, p, q, pr, at, back4) = decode(&v4, &there).unwrap();
+            prop_assert_eq!((s, p, q, pr, at), (shard, pos, seq, probe, 0));
+            prop_assert_eq!(back4.len(), back.len());
+            let again4 = reposition(&v4, moved).unwrap();
+            prop_assert_eq!(again4[0], PUBLISH_V5);
+            let (_, p, _, _, at, _) = decode(&again4, &there).unwrap();
+            prop_assert_eq!((p, at), (moved, 0));
+            prop_assert_eq!(&again4[HEADER..], &frame[HEADER..]);
         }
 
         /// A frame cut anywhere, or with bytes flipped, is refused or read; never a panic.
@@ -383,7 +430,7 @@ mod tests {
             let c = clock();
             let sent: Vec<(Arc<Message>, Option<SharedTo>)> =
                 batch.iter().map(|(m, g, _)| (Arc::new(m.clone()), g.clone())).collect();
-            let mut frame = encode(1, LinkPos { inc: 1, base: 1, top: 1 }, (1, false),
+            let mut frame = encode(1, LinkPos { inc: 1, base: 1, top: 1 }, (1, false), 7,
                 sent.iter().map(|(m, g)| (m, g.as_ref())), &c);
             let short = &frame[..cut.index(frame.len())];
             prop_assert!(decode(short, &c).is_err());
@@ -406,10 +453,11 @@ mod tests {
                 top: 0,
             },
             (0, false),
+            0,
             std::iter::empty(),
             &c,
         );
-        frame[36..40].copy_from_slice(&u32::MAX.to_le_bytes());
+        frame[44..48].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(decode(&frame, &c), Err(FrameError::Body(_))));
         assert!(reposition(
             &frame[..10],

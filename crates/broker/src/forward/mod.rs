@@ -3,15 +3,18 @@
 //!   and per incarnation of the sending shard (a restarted node numbers afresh), each with
 //!   the shared group the receiver was picked for (or none), each with its expiry as
 //!   wall-clock time, so it means the same on the receiving node as long as the nodes'
-//!   clocks agree. The receiver takes a link's batches only in order, without a gap
-//!   (`cluster/inlink.rs`). Its own layout (`batch`), version 4; batches parked by a build
-//!   that wrote version 3 (postcard through `MessageState`) are still read;
+//!   clocks agree, and with the log index of the routes it was routed under. The receiver
+//!   takes a link's batches only in order, without a gap (`cluster/inlink.rs`). Its own
+//!   layout (`batch`), version 5; batches parked by a build that wrote version 4 (no
+//!   routes' index) or version 3 (postcard through `MessageState`) are still read;
 //! - `Ack`: the receiver took that shard's batch `seq`, durably (one per batch, in order,
 //!   so a batch before it that was not acknowledged was taken but is not durable, or its
 //!   acknowledgement was lost);
 //! - `Resend`: the receiver is missing the sender's batches from `from` on (lost with a
 //!   replaced connection, or with the receiver's restart) and took none after them;
-//! - `Session`: a session handed over to the receiver, which claimed its client id.
+//! - `Session`: a session handed over to the receiver, which claimed its client id (or
+//!   `SessionPart`s of one too large for a frame); `SessionWanted`: the receiver still
+//!   waits for one, sent again.
 //!
 //! All but `Publish` are postcard behind version byte 3.
 
@@ -77,6 +80,13 @@ pub(crate) enum Wire<P> {
         total: u32,
         bytes: Vec<u8>,
     },
+    /// The receiver's claim `epoch` of `client_id` still waits for the session the
+    /// sender handed over: it sends it again (the first went on a link that was down and
+    /// was dropped when it was redialled).
+    SessionWanted {
+        client_id: String,
+        epoch: u64,
+    },
 }
 
 /// A frame as read.
@@ -91,6 +101,9 @@ pub(crate) struct Batch {
     /// Sent again because the receiver said nothing for a while: it answers with what it
     /// is missing up to `pos.top`.
     pub probe: bool,
+    /// The log index of the routes its messages were routed under (0: unknown, a batch
+    /// of an earlier build): see `routing::moving`.
+    pub routed_at: u64,
     /// In order, each with the shared group (name, topic filter) the receiver was picked
     /// for, or `None` for its plain subscribers.
     pub messages: Vec<(Message, Option<SharedTo>)>,
@@ -136,6 +149,7 @@ impl<P> Wire<P> {
                 total,
                 bytes,
             },
+            Wire::SessionWanted { client_id, epoch } => Wire::SessionWanted { client_id, epoch },
         }
     }
 }
@@ -154,6 +168,14 @@ pub(crate) fn encode_session(
         client_id: client_id.to_owned(),
         epoch,
         handoff,
+    })
+}
+
+/// A `SessionWanted` frame.
+pub(crate) fn encode_session_wanted(client_id: &str, epoch: u64) -> Vec<u8> {
+    frame_bytes(&Wire::<BatchV3>::SessionWanted {
+        client_id: client_id.to_owned(),
+        epoch,
     })
 }
 
@@ -233,15 +255,17 @@ pub(crate) enum FrameError {
     Body(String),
 }
 
-/// A `Publish` frame of `shard`'s batch `seq`, holding `messages` in order.
+/// A `Publish` frame of `shard`'s batch `seq`, holding `messages` in order, routed under
+/// the routes of log index `routed_at`.
 pub(crate) fn encode_publish<'a>(
     shard: u16,
     pos: LinkPos,
     seq_probe: (u64, bool),
+    routed_at: u64,
     messages: impl Iterator<Item = (&'a Arc<Message>, Option<&'a SharedTo>)>,
     clock: &WallClock,
 ) -> Vec<u8> {
-    batch::encode(shard, pos, seq_probe, messages, clock)
+    batch::encode(shard, pos, seq_probe, routed_at, messages, clock)
 }
 
 /// A `Publish` frame sent again at another place in its link (`pos`), as a first send, in
@@ -258,7 +282,14 @@ pub(crate) fn reposition(frame: &[u8], pos: LinkPos, clock: &WallClock) -> Optio
                 .map(|(m, g)| (Arc::new(m), g))
                 .collect();
             let it = messages.iter().map(|(m, g)| (m, g.as_ref()));
-            Some(encode_publish(b.shard, pos, (b.seq, false), it, clock))
+            Some(encode_publish(
+                b.shard,
+                pos,
+                (b.seq, false),
+                b.routed_at,
+                it,
+                clock,
+            ))
         }
         _ => None,
     }
@@ -267,13 +298,14 @@ pub(crate) fn reposition(frame: &[u8], pos: LinkPos, clock: &WallClock) -> Optio
 /// A frame back; a `Publish` frame's messages timed and expiring on `clock`.
 pub(crate) fn decode(frame: &[u8], clock: &WallClock) -> Result<Frame, FrameError> {
     let v = *frame.first().ok_or(FrameError::Empty)?;
-    if v == batch::PUBLISH_V4 {
-        let (shard, pos, seq, probe, messages) = batch::decode(frame, clock)?;
+    if v == batch::PUBLISH_V5 || v == batch::PUBLISH_V4 {
+        let (shard, pos, seq, probe, routed_at, messages) = batch::decode(frame, clock)?;
         return Ok(Wire::Publish(Batch {
             shard,
             pos,
             seq,
             probe,
+            routed_at,
             messages,
         }));
     }
@@ -287,6 +319,7 @@ pub(crate) fn decode(frame: &[u8], clock: &WallClock) -> Result<Frame, FrameErro
         pos: b.pos,
         seq: b.seq,
         probe: b.probe,
+        routed_at: 0,
         messages: messages(b.messages, b.groups, clock),
     }))
 }
@@ -316,7 +349,7 @@ mod tests {
     /// A batch parked by a build that wrote version 3 goes again, in this build's layout,
     /// with its messages, groups and expiry; the other frames read back.
     #[test]
-    fn a_version_3_batch_is_read_and_sent_again_as_version_4() {
+    fn a_version_3_batch_is_read_and_sent_again_as_version_5() {
         let now = starling_rt::time::now();
         let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let clock = WallClock { now, wall };
@@ -352,7 +385,7 @@ mod tests {
             top: 17,
         };
         let again = reposition(&old, pos, &clock).unwrap();
-        assert_eq!(again[0], batch::PUBLISH_V4);
+        assert_eq!(again[0], batch::PUBLISH_V5);
         // Read 10 s later on a node whose clock agrees: 20 s of expiry left.
         let later = now + Duration::from_secs(10);
         let there = WallClock {
@@ -364,6 +397,7 @@ mod tests {
             pos: back_pos,
             seq: 17,
             probe: false,
+            routed_at: 0,
             messages: back,
         }) = decode(&again, &there).unwrap()
         else {

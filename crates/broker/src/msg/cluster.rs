@@ -93,6 +93,20 @@ pub(crate) enum ClusterMsg {
         epoch: u64,
         handoff: Option<Box<HandOff>>,
     },
+    /// This node's claim `epoch` of `client_id` still waits for the session from node
+    /// `from`: ask that node for it again.
+    WantSession {
+        from: u64,
+        client_id: Arc<str>,
+        epoch: u64,
+    },
+    /// Node `by` still waits for the session of `client_id` this node handed over for its
+    /// claim `epoch`: send it again, if it is still kept (`cluster::actor::Handed`).
+    SessionWanted {
+        by: u64,
+        client_id: Arc<str>,
+        epoch: u64,
+    },
     /// A session another node handed over arrived (see [`RegistryMsg::HandedOver`]).
     SessionArrived {
         client_id: Arc<str>,
@@ -101,6 +115,13 @@ pub(crate) enum ClusterMsg {
     },
     /// The data streams to the other nodes.
     Links(starling_raft::DataLinks),
+    /// The session of `client_id` handed over for this node's claim `epoch` is installed
+    /// and the routes of its filters hold this node: commit the move's cut
+    /// (`Command::Moved`).
+    Moved {
+        client_id: Arc<str>,
+        epoch: u64,
+    },
     /// The session of `client_id` claimed with `epoch` ended here: release the claim.
     Release {
         client_id: Arc<str>,
@@ -131,12 +152,13 @@ pub(crate) enum ClusterMsg {
     /// driver's turn). `replayed`: the entry was committed before this node started (a
     /// restart applies the log again from its start or its snapshot).
     Changed {
+        index: u64,
         changes: Vec<starling_cluster::Change>,
         replayed: bool,
     },
-    /// The whole replicated state, as changes from nothing: the state was replaced by a
-    /// snapshot, or changes were lost on the way.
-    Reset(Vec<starling_cluster::Change>),
+    /// The whole replicated state at log index `.0`, as changes from nothing: the state
+    /// was replaced by a snapshot, or changes were lost on the way.
+    Reset(u64, Vec<starling_cluster::Change>),
     /// The raft driver is up.
     Raft(starling_raft::RaftHandle),
     /// The outcome of this node's own proposal.

@@ -12,9 +12,61 @@ use super::{remote, RouterActor, Source, RETRY_BLOCKED};
 use crate::destination::{is_qos0, Destination, Flushed, Pushed, SharedTo};
 use crate::flow::Qos0Tally;
 use crate::metrics::add;
-use crate::msg::{HeldDelivery, RouterMsg, StoreOp};
+use crate::msg::{HeldDelivery, Publisher, RouterMsg, StoreOp};
 
 impl RouterActor {
+    /// One delivery to another node (its subscriber key `key`), marked for a shared group
+    /// there or a moving session (`mark`): its pending list, counted towards the waiting
+    /// publisher's answer; `from` (a QoS 1/2 publisher) is held back while the node's
+    /// window is full.
+    pub(super) fn offer_node(
+        &mut self,
+        key: &Arc<str>,
+        msg: &Arc<Message>,
+        mark: Option<SharedTo>,
+        from: Option<&Publisher>,
+    ) {
+        let routed_at = self.routed_at();
+        let Some(Destination::Remote(node)) = self.destinations.get_mut(key) else {
+            return;
+        };
+        // `cluster.forward_confirm = false`: the publisher's answer does not wait for the
+        // other node (a drop here still counts: it is known now).
+        let confirm = self.shared.config.cluster.forward_confirm;
+        let fkey = self.fwd_current.as_ref().filter(|_| confirm).map(|f| f.key);
+        let bounds = (self.pending_max, self.outbox_share);
+        let offered = remote::offer_remote(node, msg.clone(), fkey, mark, routed_at, bounds);
+        // Checked here first: the window is seldom full, and its own check looks the node
+        // up again.
+        let full = node.in_flight() >= self.rules.high;
+        let node = node.node;
+        let refused = match offered {
+            remote::Offered::Dropped => {
+                add(&self.shared.metrics.dropped_mailbox_full, 1);
+                true
+            }
+            remote::Offered::OutboxFull => {
+                add(&self.shared.metrics.cluster_outbox_full, 1);
+                true
+            }
+            _ => {
+                add(&self.shared.metrics.cluster_forwarded, 1);
+                false
+            }
+        };
+        if let Some(f) = self.fwd_current.as_mut() {
+            if confirm || refused {
+                f.count(offered);
+            }
+        }
+        if offered == remote::Offered::First {
+            self.dirty.push(key.clone());
+        }
+        if let Some(from) = from.filter(|_| full) {
+            self.hold_for_window(node, from);
+        }
+    }
+
     /// One delivery to one subscriber's destination: held-back marking, the saturated
     /// short cut, then its pending list under the session's queue policy.
     pub(super) fn offer(
@@ -33,14 +85,10 @@ impl RouterActor {
         // One lookup per delivery: what must be sent or scheduled is carried out after.
         let client = match self.destinations.get_mut(&subscriber) {
             Some(Destination::Local(client)) => client,
-            Some(Destination::Remote(node)) => {
+            Some(Destination::Remote(_)) => {
                 // Forwarded publishes stop here: the node they came from sent them to
                 // every node that needed them.
                 if local {
-                    // `cluster.forward_confirm = false`: the publisher's answer does not
-                    // wait for the other node (a drop here still counts: it is known now).
-                    let confirm = self.shared.config.cluster.forward_confirm;
-                    let key = self.fwd_current.as_ref().filter(|_| confirm).map(|f| f.key);
                     let group = match kind {
                         Some(DeliveryKind::Shared { group, filter, .. }) => Some(SharedTo {
                             group: group.clone(),
@@ -48,38 +96,12 @@ impl RouterActor {
                         }),
                         _ => None,
                     };
-                    let bounds = (self.pending_max, self.outbox_share);
-                    let offered = remote::offer_remote(node, msg.clone(), key, group, bounds);
-                    let refused = match offered {
-                        remote::Offered::Dropped => {
-                            add(&self.shared.metrics.dropped_mailbox_full, 1);
-                            true
-                        }
-                        remote::Offered::OutboxFull => {
-                            add(&self.shared.metrics.cluster_outbox_full, 1);
-                            true
-                        }
-                        _ => {
-                            add(&self.shared.metrics.cluster_forwarded, 1);
-                            false
-                        }
-                    };
-                    if let Some(f) = self.fwd_current.as_mut() {
-                        if confirm || refused {
-                            f.count(offered);
-                        }
-                    }
-                    if offered == remote::Offered::First {
-                        self.dirty.push(subscriber);
-                    }
-                    // Checked here first: the window is seldom full, and its own check
-                    // looks the node up again.
-                    if let Some(from) = from.filter(|_| !is_qos0(msg, &opts)) {
-                        if node.in_flight() >= self.rules.high {
-                            let node = node.node;
-                            self.hold_for_window(node, from);
-                        }
-                    }
+                    self.offer_node(
+                        &subscriber,
+                        msg,
+                        group,
+                        from.filter(|_| !is_qos0(msg, &opts)),
+                    );
                 }
                 return;
             }

@@ -22,7 +22,7 @@ impl RouterActor {
         };
         self.remote_nodes.retain(|n| *n != node);
         self.dirty.retain(|k| *k != key);
-        let mut unconfirmed: Vec<u64> = r.pending.iter().filter_map(|(_, k, _)| *k).collect();
+        let mut unconfirmed: Vec<u64> = r.pending.iter().filter_map(|(_, k, _, _)| *k).collect();
         unconfirmed.extend(r.lost.iter().copied());
         let mut lost = 0u64;
         let mut rows = Vec::new();
@@ -107,6 +107,7 @@ mod tests {
             last_sent: now,
             keys: Vec::new(),
             messages: vec![(message(), None); n],
+            routed_at: 0,
             park,
         }
     }

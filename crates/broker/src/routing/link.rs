@@ -150,6 +150,10 @@ impl RouterActor {
         let before = self.to_store.len();
         match group {
             None => self.publish(m, None, Some(from.node), ctx),
+            // Relayed to a session that moved here (`handover`).
+            Some(g) if super::handover::relay_epoch(g).is_some() => {
+                self.relayed(m, &g.filter, from.node, ctx)
+            }
             Some(group) => self.publish_to_group(&m, group, from.node, ctx),
         }
         if self.to_store.len() > before {

@@ -152,21 +152,16 @@ fn worse(a: Stored, b: Stored) -> Stored {
 impl RouterActor {
     /// Joins the cluster; what an earlier run parked for other nodes goes to them again.
     pub(super) fn wire_cluster(&mut self, c: ShardCluster) {
-        let (me, links) = (c.node, c.links.clone());
+        let me = c.node;
         self.cluster = Some(c);
         for batch in std::mem::take(&mut self.replays) {
             if batch.node == me {
                 continue;
             }
-            let key = remote_key(batch.node);
-            if !self.remote_nodes.contains(&batch.node) {
-                self.remote_nodes.push(batch.node);
-            }
-            let inc = self.link_inc;
-            let d = self.destinations.entry(key.clone()).or_insert_with(|| {
-                Destination::Remote(RemoteNode::new(batch.node, links.clone(), inc))
-            });
-            if let Destination::Remote(r) = d {
+            let Some(key) = self.node_destination(batch.node) else {
+                continue;
+            };
+            if let Some(Destination::Remote(r)) = self.destinations.get_mut(&key) {
                 r.replay.push_back(Replay {
                     batch,
                     sent: None,
@@ -177,6 +172,21 @@ impl RouterActor {
                 self.dirty.push(key);
             }
         }
+    }
+
+    /// The subscriber key of `node`, its destination made if this shard had none (`None`:
+    /// no cluster).
+    pub(super) fn node_destination(&mut self, node: u64) -> Option<Arc<str>> {
+        let links = self.cluster.as_ref()?.links.clone();
+        let key = remote_key(node);
+        if !self.remote_nodes.contains(&node) {
+            self.remote_nodes.push(node);
+        }
+        let inc = self.link_inc;
+        self.destinations
+            .entry(key.clone())
+            .or_insert_with(|| Destination::Remote(RemoteNode::new(node, links, inc)));
+        Some(key)
     }
 
     /// Parks batch `seq` sent to `node`, which did not acknowledge it in time: written to
@@ -203,7 +213,8 @@ impl RouterActor {
         };
         let messages = u.messages.iter().map(|(m, g)| (m, g.as_ref()));
         let clock = WallClock { now, wall };
-        let frame = crate::forward::encode_publish(shard, pos, (seq, false), messages, &clock);
+        let frame =
+            crate::forward::encode_publish(shard, pos, (seq, false), u.routed_at, messages, &clock);
         let parked_ms = wall
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
@@ -325,14 +336,7 @@ impl RouterActor {
                 debug!(node, filter, error = %e, "remote route refused");
                 return;
             }
-            let links = c.links.clone();
-            if !self.remote_nodes.contains(&node) {
-                self.remote_nodes.push(node);
-            }
-            let inc = self.link_inc;
-            self.destinations
-                .entry(key)
-                .or_insert_with(|| Destination::Remote(RemoteNode::new(node, links, inc)));
+            self.node_destination(node);
         } else {
             let _ = self.router.unsubscribe(&key, filter);
         }
@@ -519,6 +523,7 @@ pub(super) fn offer_remote(
     msg: Arc<Message>,
     key: Option<u64>,
     group: Option<SharedTo>,
+    routed_at: u64,
     (bound, outbox): (usize, usize),
 ) -> Offered {
     // The outbox's policy when full: what is for that node is refused ("refuse").
@@ -528,14 +533,14 @@ pub(super) fn offer_remote(
     let was_empty = node.pending.is_empty();
     if node.pending.len() >= bound {
         let qos0 = |m: &Arc<Message>| m.qos == starling_codec::QoS::AtMostOnce;
-        match node.pending.iter().position(|(m, _, _)| qos0(m)) {
+        match node.pending.iter().position(|(m, _, _, _)| qos0(m)) {
             Some(i) => {
                 node.pending.remove(i);
             }
             None => return Offered::Dropped,
         }
     }
-    node.pending.push_back((msg, key, group));
+    node.pending.push_back((msg, key, group, routed_at));
     if was_empty {
         Offered::First
     } else {

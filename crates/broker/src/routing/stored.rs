@@ -23,6 +23,22 @@ impl RouterActor {
     pub(super) fn stored_deliveries(&mut self, ds: Vec<(Arc<str>, ActorId, Delivery)>) {
         let hard = self.shared.limits.mqueue_len_hard();
         for (subscriber, actor, d) in ds {
+            if !self.moving_is_empty() && self.relay_routed(&subscriber, &d.0) {
+                // Its session is being handed over: the copy goes to its new node, and
+                // the record here with the session.
+                if let Some(Destination::Local(c)) = self.destinations.get_mut(&subscriber) {
+                    if c.addr.id() == actor {
+                        c.held = c.held.saturating_sub(1);
+                    }
+                }
+                if let Some(seq) = d.1.stored {
+                    self.to_store.push(StoreOp::Retire {
+                        client_id: subscriber.clone(),
+                        seq,
+                    });
+                }
+                continue;
+            }
             let dest = self.destinations.get_mut(&subscriber);
             if dest.as_ref().is_some_and(|d| d.actor() != actor) {
                 // Its session ended (its records with it) and a new one took the client id.

@@ -154,7 +154,7 @@ impl RouterActor {
     }
 
     /// A `$share/{group}/` or `$queue/` subscription, as the router core parses it.
-    fn is_shared(&self, raw: &str) -> bool {
+    pub(super) fn is_shared(&self, raw: &str) -> bool {
         parse_subscription(raw, &self.shared.topic_limits)
             .is_ok_and(|p| matches!(p.extension, Extension::Shared { .. }))
     }

@@ -27,6 +27,7 @@ pub(crate) struct RawCluster {
     pub retained_reads: ClusterReads,
     pub reconnect_reads: ClusterReads,
     pub forward_confirm: bool,
+    pub handover_relay: bool,
     pub raft_priority: bool,
     pub outbox_max_messages: u32,
     pub forward_timeout_ms: u32,
@@ -47,6 +48,7 @@ impl Default for RawCluster {
             retained_reads: ClusterReads::Linearizable,
             reconnect_reads: ClusterReads::Linearizable,
             forward_confirm: true,
+            handover_relay: true,
             raft_priority: true,
             outbox_max_messages: 100_000,
             forward_timeout_ms: 5_000,
@@ -109,6 +111,11 @@ pub struct ClusterConfig {
     /// (default true), or at once (false: lower latency, but a forward lost with a link or
     /// a node is lost after the publisher was told it arrived).
     pub forward_confirm: bool,
+    /// A session handed over to another node leaves its subscriptions here for a while,
+    /// relaying to it what was routed to them before the move's cut (default true). False
+    /// ends them with the session: publishes routed to this node in the moment of the
+    /// move are lost (only to show that the simulation's check catches it).
+    pub handover_relay: bool,
     /// The raft driver runs on a thread of its own and takes its peers' messages ahead of
     /// client work (default true). False puts it on a worker, behind the clients there:
     /// only to show what a follower flooded by clients then does to its leader (the
@@ -144,6 +151,7 @@ impl Default for ClusterConfig {
             retained_reads: raw.retained_reads,
             reconnect_reads: raw.reconnect_reads,
             forward_confirm: raw.forward_confirm,
+            handover_relay: raw.handover_relay,
             raft_priority: raw.raft_priority,
             outbox_max_messages: raw.outbox_max_messages,
             forward_timeout_ms: raw.forward_timeout_ms,

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::{free_port, have, starling, temp_dir, Daemon};
+use super::{have, starling, temp_dir, Daemon};
 
 /// Ports of one node: MQTT, HTTP API, cluster (UDP).
 #[derive(Clone, Copy)]
@@ -19,9 +19,25 @@ pub struct Ports {
     pub cluster: u16,
 }
 
-pub fn free_udp_port() -> u16 {
-    let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
-    s.local_addr().expect("addr").port()
+/// A free port below the ephemeral range (Linux starts it at 32768), from a block of this
+/// process's: one the kernel picks from that range may become some client's local port
+/// before the node binds it (a full test run once saw a node never join so). `udp`: free
+/// for UDP (the cluster endpoint), else for TCP.
+pub fn low_port(udp: bool) -> u16 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let base = 20_000 + (std::process::id() % 400) * 30;
+    loop {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = u16::try_from(20_000 + (base - 20_000 + n) % 12_000).expect("below 32000");
+        let free = if udp {
+            std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
+        } else {
+            std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+        };
+        if free {
+            return port;
+        }
+    }
 }
 
 pub fn repo_file(rel: &str) -> PathBuf {
@@ -35,9 +51,9 @@ pub fn repo_file(rel: &str) -> PathBuf {
 pub fn configs(dir: &Path, extra: &str) -> (Vec<PathBuf>, Vec<Ports>) {
     let ports: Vec<Ports> = (0..3)
         .map(|_| Ports {
-            mqtt: free_port(),
-            http: free_port(),
-            cluster: free_udp_port(),
+            mqtt: low_port(false),
+            http: low_port(false),
+            cluster: low_port(true),
         })
         .collect();
     let mut files = Vec::new();

@@ -1,0 +1,347 @@
+//! A shard's part in moving sessions between nodes (the rules are `moving`'s): the index
+//! of the routes each publish is routed under, the relay a session that left keeps here,
+//! the copies relayed to one that came, and forwarded batches kept back until this shard
+//! can judge them.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use starling_router::{DeliveryKind, PublishContext};
+use starling_rt::{time, Ctx, TimerId};
+use starling_session::{Instant, Message};
+use tracing::debug;
+
+use super::moving::{Moves, Verdict};
+use super::{RouterActor, Source};
+use crate::destination::SharedTo;
+use crate::flow::Qos0Tally;
+use crate::metrics::add;
+use crate::msg::{ForwardedPart, Publisher, RouterMsg};
+
+/// How often the judgements of moves are looked at for their end.
+const CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The shard's state for moves.
+#[derive(Default)]
+pub(super) struct ShardMoves {
+    /// The log index of the routes this shard applied last (`RouterMsg::RoutesAt`).
+    routes_at: u64,
+    /// While a forwarded batch is routed: the index it was routed under on its node.
+    forwarded_at: Option<u64>,
+    moves: Moves,
+    /// Forwarded batches this shard cannot judge yet, and everything after them from the
+    /// same node, in order, each with when it came: routed under routes this shard has not
+    /// applied yet while a move's cut is unknown here (`Moves::waits_for`), or holding a
+    /// copy relayed to a session that has not arrived yet. Bounded by the senders'
+    /// windows: their batches are not acknowledged yet.
+    kept: VecDeque<(Box<ForwardedPart>, Instant)>,
+    timer: Option<TimerId>,
+}
+
+/// How long a copy relayed for a session's claim waits for that session to arrive here
+/// (the relay and the session travel apart): a little more than a claiming CONNECT waits
+/// for its session (`registry::HANDOVER_WAIT`). Then it goes to whatever session of that
+/// client id is here, or nowhere.
+const RELAY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The mark of a copy relayed to a moving session: a shared group whose name starts with
+/// U+0000 (which no MQTT string holds), then the epoch of the claim the session moved
+/// by; the client id in the filter's place.
+fn relay_mark(client_id: &Arc<str>, epoch: u64) -> SharedTo {
+    SharedTo {
+        group: Arc::from(format!("\u{0}{epoch}")),
+        filter: client_id.clone(),
+    }
+}
+
+/// The claim's epoch of a relayed copy's mark; `None`: a shared group's.
+pub(super) fn relay_epoch(mark: &SharedTo) -> Option<u64> {
+    mark.group
+        .strip_prefix('\u{0}')
+        .map(|e| e.parse().unwrap_or(0))
+}
+
+impl RouterActor {
+    /// The log index of the routes the publish being routed was routed under: its node's,
+    /// for one forwarded.
+    pub(super) fn routed_at(&self) -> u64 {
+        self.moving.forwarded_at.unwrap_or(self.moving.routes_at)
+    }
+
+    /// A part of a batch another node forwarded: routed now, or kept until this shard can
+    /// judge it.
+    pub(super) fn forwarded_part(&mut self, part: Box<ForwardedPart>, ctx: &mut Ctx<Self>) {
+        let now = time::now();
+        let node = part.from.node;
+        let behind = self.moving.kept.iter().any(|(p, _)| p.from.node == node);
+        if behind || !self.can_judge(&part, now, now) {
+            self.moving.kept.push_back((part, now));
+            self.arm_moves_check(ctx);
+            return;
+        }
+        self.route_part(*part, ctx);
+    }
+
+    /// Whether a part that came at `came` can be routed now: the routes it was routed
+    /// under are applied here (or no cut is awaited), and the sessions its relayed copies
+    /// are for have arrived (or waited long enough).
+    fn can_judge(&self, part: &ForwardedPart, came: Instant, now: Instant) -> bool {
+        let m = &self.moving;
+        if m.moves.waits_for(part.routed_at, m.routes_at) {
+            return false;
+        }
+        now.saturating_duration_since(came) >= RELAY_WAIT
+            || part.messages.iter().all(|(_, g)| {
+                match g.as_ref().and_then(|g| Some((relay_epoch(g)?, &g.filter))) {
+                    Some((epoch, client_id)) => m.moves.knows(client_id, epoch),
+                    None => true,
+                }
+            })
+    }
+
+    fn route_part(&mut self, part: ForwardedPart, ctx: &mut Ctx<Self>) {
+        let ForwardedPart {
+            from,
+            routed_at,
+            messages,
+            done,
+        } = part;
+        self.moving.forwarded_at = Some(routed_at);
+        for (m, group) in messages {
+            self.forwarded(m, group.as_ref(), from, ctx);
+        }
+        self.moving.forwarded_at = None;
+        self.link_barrier(from.node, done);
+    }
+
+    /// Routes the batches kept back that this shard can judge now, in each node's order.
+    fn route_kept(&mut self, ctx: &mut Ctx<Self>) {
+        if self.moving.kept.is_empty() {
+            return;
+        }
+        let now = time::now();
+        let mut waiting = VecDeque::new();
+        let mut blocked: Vec<u64> = Vec::new();
+        for (part, came) in std::mem::take(&mut self.moving.kept) {
+            let node = part.from.node;
+            if blocked.contains(&node) || !self.can_judge(&part, came, now) {
+                if !blocked.contains(&node) {
+                    blocked.push(node);
+                }
+                waiting.push_back((part, came));
+            } else {
+                self.route_part(*part, ctx);
+            }
+        }
+        // Routing may not keep anything back itself: nothing was added meanwhile.
+        debug_assert!(self.moving.kept.is_empty());
+        self.moving.kept = waiting;
+    }
+
+    pub(super) fn moving_is_empty(&self) -> bool {
+        self.moving.moves.is_empty()
+    }
+
+    /// A session subscribes here: one that moved here can take the copies relayed to it
+    /// from now on (its subscriptions are installed). Whether it had moved here.
+    pub(super) fn moving_installed(&mut self, client_id: &str) -> bool {
+        !self.moving.moves.is_empty() && self.moving.moves.installed(client_id)
+    }
+
+    /// The log applied the routes up to `index` (0: nothing new, but what was kept back
+    /// may go now).
+    pub(super) fn routes_applied(&mut self, index: u64, ctx: &mut Ctx<Self>) {
+        self.moving.routes_at = self.moving.routes_at.max(index);
+        self.route_kept(ctx);
+    }
+
+    /// The log applied a move's cut.
+    pub(super) fn cut(
+        &mut self,
+        (client_id, node, epoch): (Arc<str>, u64, u64),
+        index: u64,
+        ctx: &mut Ctx<Self>,
+    ) {
+        if let Some(me) = self.cluster.as_ref().map(|c| c.node) {
+            let now = time::now();
+            self.moving
+                .moves
+                .cut(&client_id, (node, epoch), index, me, now);
+        }
+        self.routes_applied(index, ctx);
+    }
+
+    /// A session handed over for this node's claim `epoch` subscribes next.
+    pub(super) fn moved_in(&mut self, client_id: Arc<str>, epoch: u64, ctx: &mut Ctx<Self>) {
+        if self.cluster.is_none() || !self.shared.config.cluster.handover_relay {
+            return;
+        }
+        // Back before its relay here went: the relay's subscriptions are its own again
+        // (it subscribes to the same filters).
+        self.moving.moves.came(client_id, epoch, time::now());
+        self.arm_moves_check(ctx);
+        // Copies relayed to it may have come before it did.
+        self.route_kept(ctx);
+    }
+
+    /// The session of `client_id` is being handed over to `to` (node, claim's epoch):
+    /// what is routed to it from now on is relayed there.
+    pub(super) fn moved_away(&mut self, client_id: Arc<str>, to: (u64, u64), ctx: &mut Ctx<Self>) {
+        if self.cluster.is_none() || !self.shared.config.cluster.handover_relay {
+            return;
+        }
+        let now = time::now();
+        self.moving.moves.went(client_id, to.0, to.1, now);
+        self.arm_moves_check(ctx);
+    }
+
+    /// The session of `client_id` (its actor `actor`) ended here. Returns the filters to
+    /// take down now: all of them; or, for one handed over (`moved_away`), its shared ones
+    /// only (a group's member is picked per node, and this node has none left), the others
+    /// staying as its relay; what waited here for it is relayed too.
+    pub(super) fn session_left(
+        &mut self,
+        client_id: &Arc<str>,
+        filters: Vec<String>,
+        actor: starling_rt::ActorId,
+    ) -> Vec<String> {
+        if !self.moving.moves.relays(client_id) {
+            self.moving.moves.ended(client_id);
+            return filters;
+        }
+        let (shared, relay): (Vec<String>, Vec<String>) =
+            filters.into_iter().partition(|f| self.is_shared(f));
+        self.moving.moves.relay_filters(client_id, relay);
+        let waiting = match self.destinations.get_mut(client_id) {
+            Some(crate::destination::Destination::Local(l)) if l.addr.id() == actor => {
+                l.pending.drain_messages()
+            }
+            _ => Vec::new(),
+        };
+        for m in waiting {
+            self.relay_routed(client_id, &m);
+        }
+        shared
+    }
+
+    /// A delivery routed to the session of `client_id` before its relay here began, and
+    /// not handed to it (it waited here, or for its record's commit): relayed, if the
+    /// session is being handed over. Whether it was.
+    pub(super) fn relay_routed(&mut self, client_id: &Arc<str>, msg: &Arc<Message>) -> bool {
+        // Its own, wherever the session is now: judged as a relayed copy.
+        match self.moving.moves.verdict(client_id, 0, true) {
+            Some(Verdict::Relay(to, epoch)) => {
+                let prior = self.moving.forwarded_at.replace(0);
+                self.relay(msg, (client_id, epoch), to, None);
+                self.moving.forwarded_at = prior;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn arm_moves_check(&mut self, ctx: &mut Ctx<Self>) {
+        let busy = !self.moving.moves.is_empty() || !self.moving.kept.is_empty();
+        if self.moving.timer.is_none() && busy {
+            self.moving.timer = Some(ctx.after(CHECK_EVERY, RouterMsg::MovesCheck));
+        }
+    }
+
+    /// Ends the judgements whose time is up: a relay that goes takes its subscriptions
+    /// down (and with them, this node's routes for them).
+    pub(super) fn moves_check(&mut self, ctx: &mut Ctx<Self>) {
+        self.moving.timer = None;
+        for (client_id, filters) in self.moving.moves.expire(time::now()) {
+            debug!(client_id = %client_id, "a moved session's relay ends here");
+            for f in filters {
+                let _ = self.unsubscribe(&client_id, &f);
+            }
+        }
+        self.route_kept(ctx);
+        self.arm_moves_check(ctx);
+    }
+
+    /// Whether a delivery of `msg` to `subscriber` goes on as any other; if not, it was
+    /// relayed to the session's new node, or dropped for another copy.
+    pub(super) fn judge_move(
+        &mut self,
+        msg: &Arc<Message>,
+        subscriber: &Arc<str>,
+        kind: &DeliveryKind,
+        from: Option<&Publisher>,
+    ) -> bool {
+        if self.moving.moves.is_empty() || matches!(kind, DeliveryKind::Shared { .. }) {
+            return true;
+        }
+        let v = self
+            .moving
+            .moves
+            .verdict(subscriber, self.routed_at(), false);
+        match v {
+            None | Some(Verdict::Deliver) => true,
+            Some(Verdict::Skip) => false,
+            Some(Verdict::Relay(to, epoch)) => {
+                self.relay(msg, (subscriber, epoch), to, from);
+                false
+            }
+        }
+    }
+
+    /// Sends a copy on to the node a session moved to, marked for it.
+    fn relay(
+        &mut self,
+        msg: &Arc<Message>,
+        (client_id, epoch): (&Arc<str>, u64),
+        to: u64,
+        from: Option<&Publisher>,
+    ) {
+        let Some(key) = self.node_destination(to) else {
+            return;
+        };
+        let held = from.filter(|_| msg.qos != starling_codec::QoS::AtMostOnce);
+        self.offer_node(&key, msg, Some(relay_mark(client_id, epoch)), held);
+    }
+
+    /// A copy another node relayed to the session of `client_id`: delivered under the
+    /// session's own subscriptions here, or sent on if it moved on again.
+    pub(super) fn relayed(
+        &mut self,
+        msg: Arc<Message>,
+        client_id: &Arc<str>,
+        node: u64,
+        ctx: &mut Ctx<Self>,
+    ) {
+        let pctx = PublishContext {
+            random: 0,
+            publisher_hash: 0,
+        };
+        let mut merged = std::mem::take(&mut self.merged);
+        self.router.route_merged(
+            &msg.topic,
+            &pctx,
+            |_| true,
+            &mut self.scratch,
+            &mut merged,
+            |a, b| Arc::ptr_eq(a, b) || a == b,
+        );
+        let mine = merged
+            .drain(..)
+            .find(|d| &d.subscriber == client_id && !matches!(d.kind, DeliveryKind::Shared { .. }));
+        self.merged = merged;
+        let Some(d) = mine else {
+            // Its session here ended, or took the matching subscription back meanwhile.
+            add(&self.shared.metrics.dropped_other, 1);
+            debug!(client_id = %client_id, topic = %msg.topic, "a relayed copy found no subscription of its session");
+            return;
+        };
+        match self.moving.moves.verdict(client_id, self.routed_at(), true) {
+            None | Some(Verdict::Deliver) => {
+                let mut qos0 = Qos0Tally::default();
+                let source = Source::Forwarded(node);
+                self.offer(&msg, d.subscriber, d.options.0, source, &mut qos0, ctx);
+            }
+            Some(Verdict::Relay(to, epoch)) => self.relay(&msg, (client_id, epoch), to, None),
+            Some(Verdict::Skip) => {}
+        }
+    }
+}
