@@ -269,6 +269,9 @@ pub(crate) enum RegistryMsg {
     },
     /// A CONNECT waiting for the previous owner's session waited long enough.
     HandoverTimeout { client_id: Arc<str>, epoch: u64 },
+    /// Sessions restored at start that another node claimed since (client id, the
+    /// claim's epoch and node), as the log says once this node caught up: handed over.
+    StaleRestored(Vec<(Arc<str>, u64, u64)>),
     /// The session of `client_id` for this node's claim `epoch` has not come from node
     /// `from` yet: ask that node again (its frame may have been dropped with a link).
     HandoverNudge {

@@ -512,6 +512,42 @@ impl Registry {
 
 /// The cluster actor's answer to a claim or a confirmation, or `Unavailable` if it does not
 /// come within [`CLAIM_WAIT`] (`late` says what did not happen) or the actor stopped.
+/// The sessions restored at start (`client_ids`) that the log gives to another node, read
+/// through the leader: a linearizable read, so that it reflects every claim committed
+/// before it, the ones this node's own log did not yet hold as committed at its start
+/// included (asked in the middle of the log's replay, an older claim of another node
+/// could pass for the owner). Tried until it is answered, for a while; none if never.
+async fn stale_restored(
+    cluster: Addr<ClusterMsg>,
+    client_ids: Vec<Arc<str>>,
+    me: u64,
+) -> Vec<(Arc<str>, u64, u64)> {
+    for _ in 0..STALE_READS {
+        let ids = client_ids.clone();
+        let ask = cluster.ask(|reply| ClusterMsg::ReadOwners {
+            client_ids: ids,
+            reply,
+        });
+        if let Some(Ok(Ok(owners))) = time::timeout(STALE_READ_WAIT, ask).await {
+            return client_ids
+                .into_iter()
+                .zip(owners)
+                .filter_map(|(c, o)| o.filter(|o| o.node != me).map(|o| (c, o.epoch, o.node)))
+                .collect();
+        }
+        time::sleep(STALE_READ_WAIT).await;
+    }
+    tracing::warn!(
+        sessions = client_ids.len(),
+        "the restored sessions' owners could not be read; kept as they are"
+    );
+    Vec::new()
+}
+
+/// The restored sessions' check: each read's bound, the pause between two, and how many.
+const STALE_READ_WAIT: Duration = Duration::from_secs(5);
+const STALE_READS: u32 = 24;
+
 async fn within_claim_wait<R>(
     ask: impl std::future::Future<Output = Result<Result<R, ClaimError>, starling_rt::AskError>>,
     late: &str,
@@ -635,6 +671,10 @@ impl Actor for Registry {
             }
             RegistryMsg::Restore(sessions, reply) => {
                 let mut asks = Vec::with_capacity(sessions.len());
+                let restored_ids: Vec<Arc<str>> = sessions
+                    .iter()
+                    .map(|(s, _)| s.client_id().clone())
+                    .collect();
                 for (session, owner) in sessions {
                     asks.push(self.start_restored(session, owner, false, ctx));
                 }
@@ -647,6 +687,16 @@ impl Actor for Registry {
                     futures::future::join_all(each).await;
                 }
                 let _ = reply.send(());
+                // In a cluster, the log may say another node took some of them over while
+                // this node was down, in a claim applied before they were restored (which
+                // then found nothing to hand over): checked once this node caught up.
+                if let Some(cluster) = self.cluster.clone().filter(|_| !restored_ids.is_empty()) {
+                    let me = self.shared.config.node.id;
+                    ctx.spawn_then(
+                        stale_restored(cluster, restored_ids, me),
+                        RegistryMsg::StaleRestored,
+                    );
+                }
             }
             RegistryMsg::Clients(reply) => {
                 let all = self.clients.values().map(|e| e.addr.clone());
@@ -687,6 +737,15 @@ impl Actor for Registry {
                         debug!(client_id = %client_id, epoch, "no session from the previous node in time; starting afresh");
                         add(&self.shared.metrics.cluster_handover_timeouts, 1);
                         self.connect_here(client_id, conn, ctx).await;
+                    }
+                }
+            }
+            RegistryMsg::StaleRestored(stale) => {
+                for (client_id, epoch, node) in stale {
+                    if self.clients.contains_key(&client_id) {
+                        tracing::info!(client_id = %client_id, epoch, node, "a restored session another node took over meanwhile is handed over");
+                        add(&self.shared.metrics.cluster_sessions_discarded, 1);
+                        self.taken_over(&client_id, epoch, node);
                     }
                 }
             }

@@ -20,8 +20,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::cluster::{
-    acked_lines, configs, gather, health, missing, publisher, publisher_with, running_cluster,
-    until_forwarded, wait_status,
+    acked_lines, configs, ctl_stats, gather, health, missing, publisher, publisher_with,
+    running_cluster, until_forwarded, wait_status,
 };
 use common::{have, starling, temp_dir, watcher, Daemon};
 
@@ -350,8 +350,6 @@ fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_
     }
 }
 
-/// Node `config`'s answer `n` of `starling ctl stats` (0: its `/stats`, 1: its
-/// `/metrics`), under `key`.
 /// Sends signal `name` (`STOP`, `CONT`, `KILL`) to process `pid`.
 fn signal(name: &str, pid: u32) {
     let ok = Command::new("kill")
@@ -360,20 +358,6 @@ fn signal(name: &str, pid: u32) {
         .status()
         .is_ok_and(|s| s.success());
     assert!(ok, "kill -{name} {pid}");
-}
-
-fn ctl_stats(config: &Path, n: usize, key: &str) -> serde_json::Value {
-    let out = starling()
-        .arg("--config")
-        .arg(config)
-        .args(["ctl", "stats"])
-        .output()
-        .expect("starling ctl stats runs");
-    assert!(out.status.success(), "starling ctl stats: {out:?}");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().nth(n).expect("the answer");
-    let v: serde_json::Value = serde_json::from_str(line).expect("JSON");
-    v[0][key].clone()
 }
 
 /// Node `config`'s counters.

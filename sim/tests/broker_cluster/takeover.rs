@@ -6,11 +6,11 @@
 //!
 //! The replayed claim reaches the registry after the restore here, as a `TakenOver`, and
 //! the session is handed over then. Nothing orders the two on real threads: a claim met
-//! before the restore finds no session to hand over, and the restore then keeps it (open
-//! in docs/clustering.md). A first fix, asking the cluster actor at the restore which
-//! sessions the applied log gives to another node, was taken back: asked in the middle of
-//! the log's replay, it named an older claim and handed a session its node owned away
-//! (`cluster_handover.rs` caught it).
+//! before the restore finds no session to hand over, and the restore kept it; the
+//! registry now reads its restored sessions' owners through the leader once they are
+//! routed, which the real-process test in `cluster_handover.rs` reaches. (A first fix,
+//! asking the cluster actor during the restore, was taken back: asked in the middle of the
+//! log's replay, it named an older claim and handed a session its node owned away.)
 
 #[allow(unused_imports)]
 use super::*;

@@ -694,6 +694,7 @@ impl Actor for ClusterActor {
                 self.owner_queue.push(OwnerOp::Release(client_id, epoch));
                 self.propose_owners(ctx);
             }
+            ClusterMsg::ReadOwners { client_ids, reply } => self.read_owners(client_ids, reply),
             ClusterMsg::Moved { client_id, epoch } => {
                 self.owner_queue.push(OwnerOp::Moved(client_id, epoch, 0));
                 self.propose_owners(ctx);

@@ -122,6 +122,12 @@ pub(crate) enum ClusterMsg {
         client_id: Arc<str>,
         epoch: u64,
     },
+    /// The owners of `client_ids` as the log has them now (a linearizable read through
+    /// the leader): the registry's check of the sessions it restored at start.
+    ReadOwners {
+        client_ids: Vec<Arc<str>>,
+        reply: Reply<Result<Vec<Option<starling_cluster::Owner>>, String>>,
+    },
     /// The session of `client_id` claimed with `epoch` ended here: release the claim.
     Release {
         client_id: Arc<str>,

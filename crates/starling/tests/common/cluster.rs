@@ -283,3 +283,19 @@ pub fn running_cluster(name: &str, extra: &str) -> Option<(Vec<PathBuf>, Vec<Por
     );
     Some((files, ports, nodes))
 }
+
+/// Node `config`'s answer `n` of `starling ctl stats` (0: its `/stats`, 1: its
+/// `/metrics`), under `key`.
+pub fn ctl_stats(config: &Path, n: usize, key: &str) -> serde_json::Value {
+    let out = starling()
+        .arg("--config")
+        .arg(config)
+        .args(["ctl", "stats"])
+        .output()
+        .expect("starling ctl stats runs");
+    assert!(out.status.success(), "starling ctl stats: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().nth(n).expect("the answer");
+    let v: serde_json::Value = serde_json::from_str(line).expect("JSON");
+    v[0][key].clone()
+}

@@ -4,6 +4,9 @@
 //! its own memory of the claim, and one client id would have two live sessions.
 //!
 //! The confirmations waiting share one read, one read at a time.
+//!
+//! The same read tells the registry, after a restart, which of the sessions it restored
+//! another node has claimed since (`read_owners`).
 
 use std::sync::Arc;
 
@@ -96,6 +99,38 @@ fn verdict(me: u64, epoch: u64, now: Option<Owner>, view: Option<Owner>) -> Resu
         _ => Err(ClaimError::Unavailable(
             "this node has not applied the client id's new owner yet".into(),
         )),
+    }
+}
+
+impl ClusterActor {
+    /// Reads the owners of `client_ids` through the leader (off this actor's turn) and
+    /// answers with them, in order.
+    pub(super) fn read_owners(
+        &self,
+        client_ids: Vec<Arc<str>>,
+        reply: Reply<Result<Vec<Option<Owner>>, String>>,
+    ) {
+        let Some(raft) = self.raft.clone() else {
+            let _ = reply.send(Err("raft is not up".into()));
+            return;
+        };
+        let n = client_ids.len();
+        let query = encode(&Query::Owners(
+            client_ids.iter().map(|c| c.to_string()).collect(),
+        ));
+        starling_rt::spawn(async move {
+            let answer = raft
+                .read(query, Consistency::Linearizable)
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| decode::<Answer>(&bytes).map_err(|e| e.to_string()));
+            let owners = match answer {
+                Ok(Answer::Owners(o)) if o.len() == n => Ok(o),
+                Ok(other) => Err(format!("unexpected answer {other:?}")),
+                Err(e) => Err(e),
+            };
+            let _ = reply.send(owners);
+        });
     }
 }
 
