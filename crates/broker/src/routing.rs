@@ -562,7 +562,8 @@ impl Actor for RouterActor {
                 let r = self.subscribe(client_id, client, may_hold, persistent, filters, admission);
                 let _ = reply.send(r);
                 if installed {
-                    self.routes_applied(0, ctx);
+                    // Copies relayed to it may have come before its subscriptions.
+                    self.route_kept(ctx);
                 }
             }
             RouterMsg::Unsubscribe {

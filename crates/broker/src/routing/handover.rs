@@ -71,26 +71,27 @@ impl RouterActor {
     /// A part of a batch another node forwarded: routed now, or kept until this shard can
     /// judge it.
     pub(super) fn forwarded_part(&mut self, part: Box<ForwardedPart>, ctx: &mut Ctx<Self>) {
-        let now = time::now();
         let node = part.from.node;
         let behind = self.moving.kept.iter().any(|(p, _)| p.from.node == node);
-        if behind || !self.can_judge(&part, now, now) {
-            self.moving.kept.push_back((part, now));
+        // Just come: it has not waited for the sessions of its relayed copies (no clock read
+        // on this path, one per forwarded batch and shard).
+        if behind || !self.can_judge(&part, false) {
+            self.moving.kept.push_back((part, time::now()));
             self.arm_moves_check(ctx);
             return;
         }
         self.route_part(*part, ctx);
     }
 
-    /// Whether a part that came at `came` can be routed now: the routes it was routed
-    /// under are applied here (or no cut is awaited), and the sessions its relayed copies
-    /// are for have arrived (or waited long enough).
-    fn can_judge(&self, part: &ForwardedPart, came: Instant, now: Instant) -> bool {
+    /// Whether a part can be routed now: the routes it was routed under are applied here
+    /// (or no cut is awaited), and the sessions its relayed copies are for have arrived (or
+    /// it `waited` long enough for them).
+    fn can_judge(&self, part: &ForwardedPart, waited: bool) -> bool {
         let m = &self.moving;
         if m.moves.waits_for(part.routed_at, m.routes_at) {
             return false;
         }
-        now.saturating_duration_since(came) >= RELAY_WAIT
+        waited
             || part.messages.iter().all(|(_, g)| {
                 match g.as_ref().and_then(|g| Some((relay_epoch(g)?, &g.filter))) {
                     Some((epoch, client_id)) => m.moves.knows(client_id, epoch),
@@ -115,7 +116,7 @@ impl RouterActor {
     }
 
     /// Routes the batches kept back that this shard can judge now, in each node's order.
-    fn route_kept(&mut self, ctx: &mut Ctx<Self>) {
+    pub(super) fn route_kept(&mut self, ctx: &mut Ctx<Self>) {
         if self.moving.kept.is_empty() {
             return;
         }
@@ -124,7 +125,8 @@ impl RouterActor {
         let mut blocked: Vec<u64> = Vec::new();
         for (part, came) in std::mem::take(&mut self.moving.kept) {
             let node = part.from.node;
-            if blocked.contains(&node) || !self.can_judge(&part, came, now) {
+            let waited = now.saturating_duration_since(came) >= RELAY_WAIT;
+            if blocked.contains(&node) || !self.can_judge(&part, waited) {
                 if !blocked.contains(&node) {
                     blocked.push(node);
                 }
@@ -148,8 +150,7 @@ impl RouterActor {
         !self.moving.moves.is_empty() && self.moving.moves.installed(client_id)
     }
 
-    /// The log applied the routes up to `index` (0: nothing new, but what was kept back
-    /// may go now).
+    /// The log applied the routes up to `index`.
     pub(super) fn routes_applied(&mut self, index: u64, ctx: &mut Ctx<Self>) {
         self.moving.routes_at = self.moving.routes_at.max(index);
         self.route_kept(ctx);
