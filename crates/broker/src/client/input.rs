@@ -80,7 +80,7 @@ impl Actor for Client {
                 }
                 // The peer is gone or broke the protocol: what it sent before goes now.
                 if let Some(held) = c.held.take() {
-                    return Poll::Ready(ClientMsg::Input(*held, None));
+                    return Poll::Ready(ClientMsg::Input(Vec::from(*held), None));
                 }
                 if std::mem::take(&mut c.end_owed) {
                     return Poll::Ready(ClientMsg::InputEnd);
@@ -101,7 +101,7 @@ impl Actor for Client {
                 Some(held) if !holding && held.len() > HELD_RELEASE => {
                     held.drain(..HELD_RELEASE).collect()
                 }
-                Some(_) if !holding => *c.held.take().unwrap_or_default(),
+                Some(_) if !holding => c.held.take().map_or_else(Vec::new, |h| Vec::from(*h)),
                 _ => Vec::new(),
             };
             if !holding && c.held.is_some() {
@@ -117,7 +117,7 @@ impl Actor for Client {
                 let before = c.input.len();
                 match decode(&mut c.input, c.protocol, max) {
                     Ok(Some(p)) if holding && !passes_hold(&p) => {
-                        c.held.get_or_insert_with(Box::default).push(p);
+                        c.held.get_or_insert_with(Box::default).push_back(p);
                     }
                     Ok(Some(p)) => {
                         if batch.capacity() == 0 {

@@ -574,8 +574,10 @@ impl Client {
         };
         let (pass, held): (Vec<Packet>, Vec<Packet>) = packets.by_ref().partition(passes_hold);
         let h = c.held.get_or_insert_with(Box::default);
-        let later = std::mem::replace(&mut **h, held);
-        h.extend(later);
+        // Before what was held later, order kept.
+        for p in held.into_iter().rev() {
+            h.push_front(p);
+        }
         *packets = pass.into_iter();
     }
 
