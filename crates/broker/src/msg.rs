@@ -495,6 +495,10 @@ pub(crate) enum RouterMsg {
     /// `node` left the cluster (its `Leave` applied while this node ran, after its routes
     /// went): what this shard holds for it is given up (`routing::departed`).
     NodeLeft(u64),
+    /// The cluster's members, read through the leader once after this node's start: what
+    /// this shard holds (parked batches restored from the store) for any other node left
+    /// while this node was down, and goes as for `NodeLeft`.
+    Members(Vec<u64>),
     /// This shard's part of a batch another node forwarded, in the batch's order: each
     /// publish for this node's subscribers only (never forwarded again, not retained here):
     /// its plain subscribers, or (`Some`) one member of the shared group that node picked

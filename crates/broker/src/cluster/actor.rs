@@ -705,6 +705,7 @@ impl Actor for ClusterActor {
                 if self.shards_restored == self.shards.all().len() {
                     self.restored = true;
                     self.propose_due(ctx);
+                    self.check_departed();
                 }
             }
             ClusterMsg::Links(l) => self.links = Some(l),

@@ -68,6 +68,45 @@ impl RouterActor {
     }
 }
 
+impl RouterActor {
+    /// The members as read through the leader after this node's start: batches an earlier
+    /// run parked for a node not among them can never be delivered (it left while this
+    /// node was down: its `Leave`, replayed from this node's own log, dropped nothing, since
+    /// that node might have joined again since). Their rows go, counted lost. Only the
+    /// restored rows: the node's destination and routes stay, so that a node that joins
+    /// between the read and this message loses nothing routed to it.
+    pub(super) fn departed_while_down(&mut self, members: &[u64]) {
+        let mut lost = 0u64;
+        let mut rows = Vec::new();
+        for node in self.remote_nodes.iter().filter(|n| !members.contains(n)) {
+            let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(*node)) else {
+                continue;
+            };
+            if r.replay.is_empty() && r.replay_gone.is_empty() {
+                continue;
+            }
+            let mut gone = 0u64;
+            for rep in r.replay.drain(..) {
+                if !rep.dropping {
+                    gone += u64::from(rep.batch.messages);
+                }
+                rows.push((*node, rep.batch.inc, rep.batch.seq));
+            }
+            rows.extend(r.replay_gone.drain(..).map(|(inc, seq)| (*node, inc, seq)));
+            info!(
+                node,
+                lost = gone,
+                "a node left the cluster while this one was down: what was parked for it is given up"
+            );
+            lost += gone;
+        }
+        add(&self.shared.metrics.cluster_outbox_lost, lost);
+        for (node, inc, seq) in rows {
+            self.to_store.push(Op::DropOutbox { node, inc, seq }.into());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::Ordering;
@@ -176,5 +215,68 @@ mod tests {
             shared.metrics.cluster_outbox_lost.load(Ordering::Relaxed),
             5
         );
+    }
+
+    /// After a restart, the members read through the leader: a node with restored rows that
+    /// is not among them left meanwhile, and its rows go; a member's stay.
+    #[test]
+    fn rows_for_a_node_that_left_while_this_one_was_down_go_once_the_members_are_read() {
+        let shared = Shared::new(Config::default()).expect("default config");
+        let start = ShardStart {
+            delayed_base: 0,
+            seq_base: 0,
+            cursors: &[],
+            outbox: Vec::new(),
+        };
+        let mut shard = RouterActor::new(shared.clone(), 0, ShardMap::new(1, 0), None, start);
+        for node in [7, 8] {
+            let mut r = RemoteNode::new(node, starling_raft::DataLinks::default(), 9);
+            r.replay.push_back(Replay {
+                batch: OutboxBatch {
+                    node,
+                    shard: 0,
+                    inc: 5,
+                    seq: 1,
+                    parked_ms: 0,
+                    messages: 2,
+                    map_seed: 0,
+                    shards: 1,
+                    frame: Vec::new(),
+                },
+                sent: None,
+                dropping: false,
+            });
+            shard
+                .destinations
+                .insert(remote_key(node), Destination::Remote(r));
+            shard.remote_nodes.push(node);
+        }
+
+        shard.departed_while_down(&[1, 2, 8]);
+
+        let replays = |shard: &RouterActor, node| match shard.destinations.get(&remote_key(node)) {
+            Some(Destination::Remote(r)) => r.replay.len(),
+            _ => panic!("node {node}'s destination stays"),
+        };
+        assert_eq!(replays(&shard, 7), 0, "the departed node's rows go");
+        assert_eq!(replays(&shard, 8), 1, "a member's rows stay");
+        let drops: Vec<u64> = shard
+            .to_store
+            .iter()
+            .filter_map(|op| match op {
+                StoreOp::Op(o) => match &**o {
+                    Op::DropOutbox { node, .. } => Some(*node),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        assert_eq!(drops, vec![7]);
+        assert_eq!(
+            shared.metrics.cluster_outbox_lost.load(Ordering::Relaxed),
+            2
+        );
+        shard.departed_while_down(&[1, 2, 8]);
+        assert_eq!(shard.to_store.len(), 1, "read again: nothing more goes");
     }
 }

@@ -6,16 +6,24 @@
 //! The confirmations waiting share one read, one read at a time.
 //!
 //! The same read tells the registry, after a restart, which of the sessions it restored
-//! another node has claimed since (`read_owners`).
+//! another node has claimed since (`read_owners`), and the shards which nodes they hold
+//! parked batches for left meanwhile (`check_departed`).
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use starling_cluster::{decode, encode, Answer, Owner, Query};
 use starling_raft::Consistency;
-use starling_rt::{Ctx, Reply};
+use starling_rt::{time, Ctx, Reply};
 
 use super::ClusterActor;
-use crate::msg::{ClaimError, ClusterMsg};
+use crate::msg::{ClaimError, ClusterMsg, RouterMsg};
+
+/// The members' read after a start: each try's bound, the pause between two, and how many
+/// (as the registry's check of its restored sessions).
+const MEMBERS_READ_WAIT: Duration = Duration::from_secs(5);
+const MEMBERS_READS: u32 = 24;
 
 /// Confirmations per read at most: the query and its answer stay small.
 const CONFIRM_BATCH_MAX: usize = 1024;
@@ -130,6 +138,40 @@ impl ClusterActor {
                 Err(e) => Err(e),
             };
             let _ = reply.send(owners);
+        });
+    }
+}
+
+impl ClusterActor {
+    /// Once the shards hold what the store had (their parked batches included): the
+    /// members read through the leader, for the shards to give up what they hold for a
+    /// node that left while this one was down (`RouterMsg::Members`). A `Leave` replayed
+    /// from this node's log drops nothing, since that node may have joined again after it;
+    /// a linearizable read sees the log as it is now. Without a quorum it is tried again,
+    /// for a while; the rows stay if it never answers.
+    pub(super) fn check_departed(&self) {
+        let Some(raft) = self.raft.clone() else {
+            return;
+        };
+        let shards = self.shards.clone();
+        let me = self.node;
+        let query = encode(&Query::Members);
+        starling_rt::spawn(async move {
+            for _ in 0..MEMBERS_READS {
+                let read = raft.read(query.clone(), Consistency::Linearizable);
+                if let Some(Ok(bytes)) = time::timeout(MEMBERS_READ_WAIT, read).await {
+                    if let Ok(Answer::Members(members)) = decode::<Answer>(&bytes) {
+                        let mut ids: Vec<u64> = members.into_iter().map(|(n, _)| n).collect();
+                        ids.push(me);
+                        for shard in shards.all() {
+                            let _ = shard.send(RouterMsg::Members(ids.clone())).await;
+                        }
+                        return;
+                    }
+                }
+                time::sleep(MEMBERS_READ_WAIT).await;
+            }
+            tracing::warn!("the members could not be read after the start: parked batches kept");
         });
     }
 }
