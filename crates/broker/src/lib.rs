@@ -182,6 +182,8 @@ impl Broker {
             .flat_map(|s| s.inflight_seqs.iter().chain(&s.queue_seqs))
             .max()
             .map_or(0, |m| m + 1);
+        // Batches an earlier run parked for other nodes: some may be for nodes that left.
+        let parked = !recovered.outbox.is_empty();
         let router = start_shards(
             &shared,
             store.as_ref(),
@@ -228,6 +230,9 @@ impl Broker {
             // Through each shard, behind the route reports of the restored subscriptions.
             for shard in router.all() {
                 let _ = shard.send(msg::RouterMsg::Restored).await;
+            }
+            if let Some(c) = cluster.as_ref().filter(|_| parked) {
+                let _ = c.actor().send(msg::ClusterMsg::CheckDeparted).await;
             }
         }
         warn_volatile_state(&shared.config);

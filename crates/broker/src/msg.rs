@@ -495,10 +495,10 @@ pub(crate) enum RouterMsg {
     /// `node` left the cluster (its `Leave` applied while this node ran, after its routes
     /// went): what this shard holds for it is given up (`routing::departed`).
     NodeLeft(u64),
-    /// The cluster's members, read through the leader once after this node's start: what
-    /// this shard holds (parked batches restored from the store) for any other node left
-    /// while this node was down, and goes as for `NodeLeft`.
-    Members(Vec<u64>),
+    /// Nodes whose `Leave` this node applied (from its own log at its start too) and that
+    /// the members read through the leader after the start do not include: what this shard
+    /// restored from the store for them goes (`routing::departed`).
+    Departed(Vec<u64>),
     /// This shard's part of a batch another node forwarded, in the batch's order: each
     /// publish for this node's subscribers only (never forwarded again, not retained here):
     /// its plain subscribers, or (`Some`) one member of the shared group that node picked

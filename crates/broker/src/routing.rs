@@ -521,7 +521,7 @@ impl Actor for RouterActor {
                 present,
             } => self.remote_route(&filter, node, present),
             RouterMsg::NodeLeft(node) => self.node_left(node),
-            RouterMsg::Members(members) => self.departed_while_down(&members),
+            RouterMsg::Departed(nodes) => self.departed_while_down(&nodes),
             RouterMsg::RetainedRefused(m) => {
                 if self
                     .retained

@@ -705,9 +705,10 @@ impl Actor for ClusterActor {
                 if self.shards_restored == self.shards.all().len() {
                     self.restored = true;
                     self.propose_due(ctx);
-                    self.check_departed();
                 }
             }
+            ClusterMsg::CheckDeparted => self.check_departed(ctx),
+            ClusterMsg::MembersRead(read) => self.members_read(read).await,
             ClusterMsg::Links(l) => self.links = Some(l),
             ClusterMsg::SendSession {
                 to,

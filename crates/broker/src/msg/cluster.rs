@@ -138,6 +138,11 @@ pub(crate) enum ClusterMsg {
     /// A shard routed the node's stored sessions again and sent their route reports
     /// before this: once every shard said so, the node's routes may be stated.
     Restored,
+    /// Batches an earlier run parked were restored: read the members through the leader,
+    /// for the shards to give up those of nodes that left (`confirm::check_departed`).
+    CheckDeparted,
+    /// That read's answer (`None`: it never came).
+    MembersRead(Option<Vec<u64>>),
     /// A retained PUBLISH routed here: set (`Some`) or delete the topic's retained message
     /// through the log; `done` (the shard and its key) is told the outcome when a
     /// publisher waits.

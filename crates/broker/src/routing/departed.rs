@@ -69,16 +69,16 @@ impl RouterActor {
 }
 
 impl RouterActor {
-    /// The members as read through the leader after this node's start: batches an earlier
-    /// run parked for a node not among them can never be delivered (it left while this
-    /// node was down: its `Leave`, replayed from this node's own log, dropped nothing, since
-    /// that node might have joined again since). Their rows go, counted lost. Only the
+    /// `gone` left the cluster, as this node's log has it and the members read through the
+    /// leader after its start confirm: batches an earlier run parked for them can never be
+    /// delivered. Their `Leave`, replayed from this node's own log, dropped nothing (that
+    /// node might have joined again since), so their rows go now, counted lost. Only the
     /// restored rows: the node's destination and routes stay, so that a node that joins
-    /// between the read and this message loses nothing routed to it.
-    pub(super) fn departed_while_down(&mut self, members: &[u64]) {
+    /// again between the read and this message loses nothing routed to it.
+    pub(super) fn departed_while_down(&mut self, gone: &[u64]) {
         let mut lost = 0u64;
         let mut rows = Vec::new();
-        for node in self.remote_nodes.iter().filter(|n| !members.contains(n)) {
+        for node in self.remote_nodes.iter().filter(|n| gone.contains(n)) {
             let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(*node)) else {
                 continue;
             };
@@ -96,7 +96,7 @@ impl RouterActor {
             info!(
                 node,
                 lost = gone,
-                "a node left the cluster while this one was down: what was parked for it is given up"
+                "a node that left the cluster: what an earlier run parked for it is given up"
             );
             lost += gone;
         }
@@ -217,10 +217,10 @@ mod tests {
         );
     }
 
-    /// After a restart, the members read through the leader: a node with restored rows that
-    /// is not among them left meanwhile, and its rows go; a member's stay.
+    /// After a restart, a node whose `Leave` was replayed and that the members read through
+    /// the leader do not include: its restored rows go; another node's stay.
     #[test]
-    fn rows_for_a_node_that_left_while_this_one_was_down_go_once_the_members_are_read() {
+    fn rows_restored_for_a_departed_node_go_once_the_members_are_read() {
         let shared = Shared::new(Config::default()).expect("default config");
         let start = ShardStart {
             delayed_base: 0,
@@ -252,7 +252,7 @@ mod tests {
             shard.remote_nodes.push(node);
         }
 
-        shard.departed_while_down(&[1, 2, 8]);
+        shard.departed_while_down(&[7]);
 
         let replays = |shard: &RouterActor, node| match shard.destinations.get(&remote_key(node)) {
             Some(Destination::Remote(r)) => r.replay.len(),
@@ -276,7 +276,7 @@ mod tests {
             shared.metrics.cluster_outbox_lost.load(Ordering::Relaxed),
             2
         );
-        shard.departed_while_down(&[1, 2, 8]);
+        shard.departed_while_down(&[7]);
         assert_eq!(shard.to_store.len(), 1, "read again: nothing more goes");
     }
 }

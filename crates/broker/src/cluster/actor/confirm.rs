@@ -143,36 +143,52 @@ impl ClusterActor {
 }
 
 impl ClusterActor {
-    /// Once the shards hold what the store had (their parked batches included): the
-    /// members read through the leader, for the shards to give up what they hold for a
-    /// node that left while this one was down (`RouterMsg::Members`). A `Leave` replayed
-    /// from this node's log drops nothing, since that node may have joined again after it;
-    /// a linearizable read sees the log as it is now. Without a quorum it is tried again,
-    /// for a while; the rows stay if it never answers.
-    pub(super) fn check_departed(&self) {
+    /// Batches an earlier run parked were restored: the members are read through the
+    /// leader (off this actor's turn; tried again without a quorum, for a while), and
+    /// `members_read` gives up those parked for nodes that left. A `Leave` replayed from
+    /// this node's log drops nothing, since that node may have joined again after it; a
+    /// linearizable read sees the log as it is now.
+    pub(super) fn check_departed(&self, ctx: &mut Ctx<Self>) {
         let Some(raft) = self.raft.clone() else {
             return;
         };
-        let shards = self.shards.clone();
-        let me = self.node;
         let query = encode(&Query::Members);
-        starling_rt::spawn(async move {
+        let read = async move {
             for _ in 0..MEMBERS_READS {
                 let read = raft.read(query.clone(), Consistency::Linearizable);
                 if let Some(Ok(bytes)) = time::timeout(MEMBERS_READ_WAIT, read).await {
                     if let Ok(Answer::Members(members)) = decode::<Answer>(&bytes) {
-                        let mut ids: Vec<u64> = members.into_iter().map(|(n, _)| n).collect();
-                        ids.push(me);
-                        for shard in shards.all() {
-                            let _ = shard.send(RouterMsg::Members(ids.clone())).await;
-                        }
-                        return;
+                        return Some(members.into_iter().map(|(n, _)| n).collect());
                     }
                 }
                 time::sleep(MEMBERS_READ_WAIT).await;
             }
+            None
+        };
+        ctx.spawn_then(read, ClusterMsg::MembersRead);
+    }
+
+    /// The members as read through the leader: nodes whose `Leave` this node applied (its
+    /// log replayed at the start included) and that are not among them left for good, and
+    /// the shards give up what they restored for them. A node without a member record yet
+    /// (a first member before its `Join` is applied) never counts as gone.
+    pub(super) async fn members_read(&self, read: Option<Vec<u64>>) {
+        let Some(members) = read else {
             tracing::warn!("the members could not be read after the start: parked batches kept");
-        });
+            return;
+        };
+        let gone: Vec<u64> = self
+            .departed
+            .keys()
+            .copied()
+            .filter(|n| *n != self.node && !members.contains(n))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        for shard in self.shards.all() {
+            let _ = shard.send(RouterMsg::Departed(gone.clone())).await;
+        }
     }
 }
 
