@@ -151,11 +151,7 @@ mod tests {
         }
     }
 
-    /// Rows parked for a node that left go, counted lost; its link's state goes with them;
-    /// a batch in the window (its publishers not yet told) and one the store refused have
-    /// no row to drop.
-    #[test]
-    fn a_node_that_left_takes_its_parked_batches_with_it() {
+    fn shard() -> (Arc<Shared>, RouterActor) {
         let shared = Shared::new(Config::default()).expect("default config");
         let start = ShardStart {
             delayed_base: 0,
@@ -163,23 +159,52 @@ mod tests {
             cursors: &[],
             outbox: Vec::new(),
         };
-        let mut shard = RouterActor::new(shared.clone(), 0, ShardMap::new(1, 0), None, start);
-        let mut r = RemoteNode::new(7, starling_raft::DataLinks::default(), 9);
-        r.replay.push_back(Replay {
+        let shard = RouterActor::new(shared.clone(), 0, ShardMap::new(1, 0), None, start);
+        (shared, shard)
+    }
+
+    /// A batch an earlier run (incarnation 5) parked for `node`.
+    fn replay(node: u64, seq: u64, messages: u32) -> Replay {
+        Replay {
             batch: OutboxBatch {
-                node: 7,
+                node,
                 shard: 0,
                 inc: 5,
-                seq: 4,
+                seq,
                 parked_ms: 0,
-                messages: 3,
+                messages,
                 map_seed: 0,
                 shards: 1,
                 frame: Vec::new(),
             },
             sent: None,
             dropping: false,
-        });
+        }
+    }
+
+    /// The rows the shard drops, as (node, incarnation, batch).
+    fn drops(shard: &RouterActor) -> Vec<(u64, u64, u64)> {
+        shard
+            .to_store
+            .iter()
+            .filter_map(|op| match op {
+                StoreOp::Op(o) => match &**o {
+                    Op::DropOutbox { node, inc, seq } => Some((*node, *inc, *seq)),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Rows parked for a node that left go, counted lost; its link's state goes with them;
+    /// a batch in the window (its publishers not yet told) and one the store refused have
+    /// no row to drop.
+    #[test]
+    fn a_node_that_left_takes_its_parked_batches_with_it() {
+        let (shared, mut shard) = shard();
+        let mut r = RemoteNode::new(7, starling_raft::DataLinks::default(), 9);
+        r.replay.push_back(replay(7, 4, 3));
         r.unacked.push_back(unacked(1, 2, Park::Parked));
         r.unacked.push_back(unacked(2, 4, Park::Unbacked));
         r.unacked.push_back(unacked(3, 1, Park::Writing));
@@ -198,18 +223,7 @@ mod tests {
 
         assert!(!shard.destinations.contains_key(&remote_key(7)));
         assert!(shard.remote_nodes.is_empty());
-        let drops: Vec<(u64, u64, u64)> = shard
-            .to_store
-            .iter()
-            .filter_map(|op| match op {
-                StoreOp::Op(o) => match &**o {
-                    Op::DropOutbox { node, inc, seq } => Some((*node, *inc, *seq)),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .collect();
-        assert_eq!(drops, vec![(7, 9, 1), (7, 9, 3), (7, 5, 4)]);
+        assert_eq!(drops(&shard), vec![(7, 9, 1), (7, 9, 3), (7, 5, 4)]);
         // Told safe: the parked batch's 2 and the replay's 3.
         assert_eq!(
             shared.metrics.cluster_outbox_lost.load(Ordering::Relaxed),
@@ -221,31 +235,10 @@ mod tests {
     /// the leader do not include: its restored rows go; another node's stay.
     #[test]
     fn rows_restored_for_a_departed_node_go_once_the_members_are_read() {
-        let shared = Shared::new(Config::default()).expect("default config");
-        let start = ShardStart {
-            delayed_base: 0,
-            seq_base: 0,
-            cursors: &[],
-            outbox: Vec::new(),
-        };
-        let mut shard = RouterActor::new(shared.clone(), 0, ShardMap::new(1, 0), None, start);
+        let (shared, mut shard) = shard();
         for node in [7, 8] {
             let mut r = RemoteNode::new(node, starling_raft::DataLinks::default(), 9);
-            r.replay.push_back(Replay {
-                batch: OutboxBatch {
-                    node,
-                    shard: 0,
-                    inc: 5,
-                    seq: 1,
-                    parked_ms: 0,
-                    messages: 2,
-                    map_seed: 0,
-                    shards: 1,
-                    frame: Vec::new(),
-                },
-                sent: None,
-                dropping: false,
-            });
+            r.replay.push_back(replay(node, 1, 2));
             shard
                 .destinations
                 .insert(remote_key(node), Destination::Remote(r));
@@ -260,18 +253,7 @@ mod tests {
         };
         assert_eq!(replays(&shard, 7), 0, "the departed node's rows go");
         assert_eq!(replays(&shard, 8), 1, "a member's rows stay");
-        let drops: Vec<u64> = shard
-            .to_store
-            .iter()
-            .filter_map(|op| match op {
-                StoreOp::Op(o) => match &**o {
-                    Op::DropOutbox { node, .. } => Some(*node),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .collect();
-        assert_eq!(drops, vec![7]);
+        assert_eq!(drops(&shard), vec![(7, 5, 1)]);
         assert_eq!(
             shared.metrics.cluster_outbox_lost.load(Ordering::Relaxed),
             2
