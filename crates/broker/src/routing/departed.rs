@@ -85,20 +85,20 @@ impl RouterActor {
             if r.replay.is_empty() && r.replay_gone.is_empty() {
                 continue;
             }
-            let mut gone = 0u64;
+            let mut messages = 0u64;
             for rep in r.replay.drain(..) {
                 if !rep.dropping {
-                    gone += u64::from(rep.batch.messages);
+                    messages += u64::from(rep.batch.messages);
                 }
                 rows.push((*node, rep.batch.inc, rep.batch.seq));
             }
             rows.extend(r.replay_gone.drain(..).map(|(inc, seq)| (*node, inc, seq)));
             info!(
                 node,
-                lost = gone,
+                lost = messages,
                 "a node that left the cluster: what an earlier run parked for it is given up"
             );
-            lost += gone;
+            lost += messages;
         }
         add(&self.shared.metrics.cluster_outbox_lost, lost);
         for (node, inc, seq) in rows {
