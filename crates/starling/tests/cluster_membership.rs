@@ -394,6 +394,8 @@ fn batches_parked_for_a_node_that_left_while_their_node_was_down_go_at_its_resta
     // Node 1 again, with its parked rows: they go.
     let _old = std::mem::replace(&mut nodes[0], Daemon::start(&files[0]));
     nodes[0].expect("cluster endpoint up");
+    // The metrics come through its HTTP API, which may bind after the cluster endpoint.
+    nodes[0].expect("HTTP API serving");
     let by = Instant::now() + Duration::from_secs(30);
     loop {
         let lost = metric(&files[0], "cluster.outbox.lost");
