@@ -135,6 +135,36 @@ fn persistent_session_queues_while_offline_and_delivers_after_reconnect() {
     })
 }
 
+/// A client that asked to resume, was told there was no session and lost that CONNACK (or
+/// gave up waiting for it) must not be told at its next CONNECT that a session is there:
+/// it would take its old subscriptions for standing, and get nothing. Once it has sent
+/// anything, the session is there as MQTT says.
+#[test]
+fn a_client_that_never_spoke_after_hearing_of_no_session_is_told_so_again() {
+    common::on_actix(async {
+        let (_b, addr) = broker("").await;
+        for protocol in [Protocol::V3_1_1, Protocol::V5] {
+            let mut c = connect_packet(protocol, &format!("unheard{protocol:?}"), false);
+            c.properties.session_expiry_interval = Some(60);
+            let (s, ack) = Client::open(addr, c.clone()).await;
+            assert!(!ack.session_present);
+            s.kill();
+            let (s, ack) = Client::open(addr, c.clone()).await;
+            assert!(!ack.session_present, "{protocol:?}: told again");
+            // Taken over while still connected, without a word: the same.
+            let (mut s2, ack) = Client::open(addr, c.clone()).await;
+            assert!(!ack.session_present, "{protocol:?}: nor at a takeover");
+            drop(s);
+            s2.send(Packet::Pingreq).await;
+            assert!(matches!(s2.recv().await, Some(Packet::Pingresp)));
+            s2.kill();
+            let (s3, ack) = Client::open(addr, c).await;
+            assert!(ack.session_present, "{protocol:?}: heard from, it is there");
+            s3.disconnect().await;
+        }
+    })
+}
+
 #[test]
 fn takeover_closes_the_first_connection_with_0x8e_and_resumes_the_session() {
     common::on_actix(async {

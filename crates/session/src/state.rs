@@ -74,6 +74,9 @@ pub struct DetachedState {
     pub pending_subscribes: Vec<PendingSubscribeState>,
     /// UNSUBSCRIBEs forwarded to the router and not yet answered.
     pub pending_unsubscribes: Vec<PendingUnsubscribeState>,
+    /// The last CONNECT asked to resume a session and was told there was none, and the
+    /// client has sent nothing since ([`Session::is_unheard`](crate::Session::is_unheard)).
+    pub unheard: bool,
 }
 
 /// A will waiting to be published.

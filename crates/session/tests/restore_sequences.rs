@@ -116,7 +116,8 @@ fn checkpoint(base: Instant, a: &mut Driver, b: &mut Driver, down: u16) {
 /// A session handed over to another node gives the state it would be saved with, but for
 /// its will (a will waiting for its delay is deleted by the new connection, MQTT 5
 /// §3.1.2.5), and ends here with nothing published and nothing dropped: the messages
-/// travel.
+/// travel. None for a session that does not outlive its connection, nor for one its client
+/// has not spoken to since it was told there was none.
 fn hand_over(
     now: Instant,
     w: SystemTime,
@@ -125,7 +126,9 @@ fn hand_over(
 ) {
     let mut h = Session::restore(state.clone(), limits.clone(), now, w).expect("restores");
     drain(&mut h);
-    let outlives = h.outlives_connection();
+    // A session its client was told did not exist, and has not spoken to since, holds
+    // nothing the client gave it: none travels, and the other node says so again.
+    let outlives = h.outlives_connection() && !h.is_unheard();
     let mut saved = h.snapshot(now, w);
     if let Some(d) = saved.detached.as_mut() {
         d.will = None;

@@ -85,6 +85,9 @@ impl SessionParts {
             inbound_qos2,
             pending_subscribes,
             pending_unsubscribes,
+            // Not stored: a session restored after a restart counts as heard from
+            // (docs/persistence.md).
+            unheard: _,
         } = detached?;
         let meta = SessionMeta {
             state_version: version,
@@ -142,6 +145,7 @@ impl SessionParts {
                 inbound_qos2,
                 pending_subscribes,
                 pending_unsubscribes,
+                unheard: false,
             }),
         }
     }

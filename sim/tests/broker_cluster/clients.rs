@@ -354,6 +354,43 @@ pub(crate) async fn watch_mover(
     g.ended.insert(idx, (elapsed(), how));
 }
 
+/// The mover subscribes to the publishers' topics and reads up to a SUBACK that grants it,
+/// taking the publishes routed to it meanwhile; a refusal (0x80: a node that cannot confirm
+/// the retained messages without a quorum) is tried again, as a real client would. False if
+/// the connection broke first.
+async fn mover_subscribes(c: &mut MqttClient, oracle: &Shared) -> bool {
+    loop {
+        match mover_subscribe_once(c, oracle).await {
+            Some(true) => return true,
+            Some(false) => sleep(ms(250)).await,
+            None => return false,
+        }
+    }
+}
+
+/// One SUBSCRIBE of the mover: whether it was granted, `None` if the connection broke.
+async fn mover_subscribe_once(c: &mut MqttClient, oracle: &Shared) -> Option<bool> {
+    c.subscribe(1, "t/#", QoS::AtLeastOnce).await.ok()?;
+    loop {
+        match c.recv().await {
+            Ok(Packet::Suback(s)) => {
+                return Some(!s.reason_codes.iter().any(|r| r.is_error()));
+            }
+            // Publishes routed to it between the SUBACK's routing and its sending.
+            Ok(Packet::Publish(p)) => {
+                if p.topic.starts_with("t/") {
+                    lock(oracle).mover_got.insert(parse(&p.payload));
+                }
+                if let Some(id) = p.packet_id {
+                    let _ = c.send(&Packet::Puback(ack(id))).await;
+                }
+            }
+            Ok(other) => check!(false, "the mover got {other:?} before its SUBACK"),
+            Err(_) => return None,
+        }
+    }
+}
+
 /// The mover: its client id connects on node 2, then on node 3 while connected on node 2,
 /// then on node 2 again, and so on, each connection held a while; one move after the heal.
 pub(crate) async fn mover(setup: Arc<Setup>, faults: Faults, oracle: Shared, nodes: [usize; 2]) {
@@ -367,21 +404,9 @@ pub(crate) async fn mover(setup: Arc<Setup>, faults: Faults, oracle: Shared, nod
     o.clean_start = false;
     // The publishers' topics: what was routed to its session while it moved must reach it
     // (check 9).
-    c.subscribe(1, "t/#", QoS::AtLeastOnce)
-        .await
-        .expect("the mover subscribes");
-    loop {
-        match c.recv().await.expect("the mover's first connection holds") {
-            Packet::Suback(_) => break,
-            // Publishes routed to it between the SUBACK's routing and its sending.
-            Packet::Publish(p) => {
-                lock(&oracle).mover_got.insert(parse(&p.payload));
-                if let Some(id) = p.packet_id {
-                    let _ = c.send(&Packet::Puback(ack(id))).await;
-                }
-            }
-            other => check!(false, "the mover got {other:?} before its SUBACK"),
-        }
+    if !mover_subscribes(&mut c, &oracle).await {
+        check!(false, "the mover's first connection did not hold");
+        return;
     }
     lock(&oracle).mover_subacked = Some(elapsed());
     let mut conn = 0usize;
@@ -444,6 +469,13 @@ pub(crate) async fn mover(setup: Arc<Setup>, faults: Faults, oracle: Shared, nod
             clean,
             session_present: connack.session_present,
         });
+        let mut c = c;
+        // Told its session is gone, it subscribes again, as a real client does: what was
+        // sent from the move's start to this SUBACK is excused (check 9). A connection that
+        // breaks first is left to the next move.
+        if !connack.session_present && mover_subscribes(&mut c, &oracle).await {
+            lock(&oracle).mover_lost.push((started, elapsed()));
+        }
         conn += 1;
         // From the CONNECT on: a node killed with the CONNACK on its way closes it too.
         let watch = (to, started);

@@ -51,6 +51,9 @@ pub(crate) struct Oracle {
     /// 9).
     pub(crate) mover_subacked: Option<Duration>,
     pub(crate) mover_got: BTreeSet<(usize, u64)>,
+    /// Moves that lost the mover's session: from the move's start to the SUBACK of its
+    /// subscription made again.
+    pub(crate) mover_lost: Vec<(Duration, Duration)>,
     /// Publishers stop publishing (they still settle what is in flight).
     pub(crate) stop: bool,
     pub(crate) healed: bool,
@@ -88,20 +91,26 @@ pub(crate) fn missing(o: &Oracle) -> Vec<(usize, (usize, u64))> {
     out
 }
 
-/// Confirmed publishes the mover missed (check 9): those sent after its first SUBACK, before
-/// any move that lost its session (the session starts afresh, with no subscription), and
-/// not within `SETTLE` of a partition or a kill (`faults`: when each began and ended),
-/// which may lose a session's messages where it is (a node without a store killed, a
-/// handed-over session sent on a link that is down).
+/// Confirmed publishes the mover missed (check 9): those sent after its first SUBACK, not
+/// between a move that lost its session (the session starts afresh, with no subscription)
+/// and the SUBACK of the subscription it made again (none after a lost move it did not
+/// subscribe again from), and not within `SETTLE` of a partition or a kill (`faults`: when
+/// each began and ended), which may lose a session's messages where it is (a node without
+/// a store killed, a handed-over session sent on a link that is down).
 pub(crate) fn mover_missing(o: &Oracle, faults: &[(Duration, Duration)]) -> Vec<(usize, u64)> {
     let Some(from) = o.mover_subacked else {
         return Vec::new();
     };
-    let until = o
+    // A lost move not followed by its SUBACK excuses all after it.
+    let mut lost = o.mover_lost.clone();
+    let subscribed_again = |m: &Move| lost.iter().any(|&(started, _)| started == m.started);
+    if let Some(m) = o
         .moves
         .iter()
-        .find(|m| !m.session_present)
-        .map_or(Duration::MAX, |m| m.started);
+        .find(|m| !m.session_present && !subscribed_again(m))
+    {
+        lost.push((m.started, Duration::MAX));
+    }
     let near = |t: Duration| {
         faults
             .iter()
@@ -112,7 +121,7 @@ pub(crate) fn mover_missing(o: &Oracle, faults: &[(Duration, Duration)]) -> Vec<
         .filter(|(key, s)| {
             o.settled.get(*key) == Some(&true)
                 && s.at > from
-                && s.at < until
+                && !lost.iter().any(|&(a, b)| s.at >= a && s.at <= b)
                 && !near(s.at)
                 && !o.mover_got.contains(*key)
         })

@@ -35,6 +35,9 @@ impl Session {
         };
         // Keep alive counts any control packet (MQTT 5 §3.1.2.10).
         conn.last_rx = now;
+        // The client sent something after its CONNECT: it goes on from the CONNACK's
+        // answer, whatever it was.
+        self.unheard = false;
         let result = match packet {
             Packet::Connect(_) => Err(SessionError::SecondConnect),
             Packet::Publish(p) => self.on_publish(now, p, gate),

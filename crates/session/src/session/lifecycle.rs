@@ -43,7 +43,7 @@ impl Session {
         let v5 = connect.protocol.is_v5();
         let props = &connect.properties;
         let had_state = matches!(self.phase, Phase::Detached { .. });
-        let session_present = had_state && !connect.clean_start;
+        let session_present = had_state && !connect.clean_start && !self.is_unheard();
 
         let limits = &self.limits;
         let asked_ka = connect.keep_alive;
@@ -177,6 +177,7 @@ impl Session {
             })
         });
         self.phase = Phase::Attached(Box::new(conn));
+        self.unheard = !connect.clean_start && !session_present;
         debug!(
             client_id = %self.client_id,
             session_present,
@@ -238,13 +239,15 @@ impl Session {
     /// will waiting for its delay is deleted by the new connection (MQTT 5 §3.1.2.5), so
     /// none travels. `None`, and an ordinary end ([`Session::end_because`]), for a session
     /// that does not outlive its connection: the takeover closes that connection, so the
-    /// session ends with it (MQTT 5 §3.1.2.11.2).
+    /// session ends with it (MQTT 5 §3.1.2.11.2). `None` too for a session its client was
+    /// told did not exist and has not spoken to since (see [`Session::is_unheard`]): the
+    /// other node starts afresh and says so, as this one did.
     pub fn hand_over(
         &mut self,
         now: Instant,
         wall: std::time::SystemTime,
     ) -> Option<crate::SessionState> {
-        if !self.outlives_connection() {
+        if !self.outlives_connection() || self.is_unheard() {
             self.end_because(now, DetachReason::TakenOver);
             return None;
         }

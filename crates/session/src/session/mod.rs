@@ -139,6 +139,14 @@ pub struct Session {
     effects: VecDeque<Effect>,
     /// Reused buffer for PUBLISH headers.
     scratch: BytesMut,
+    /// The last CONNECT asked to resume a session (Clean Start 0) and was answered that
+    /// there was none, and no packet from the client has come since: the client may never
+    /// have seen that CONNACK (its connection lost with it, a client that gave up waiting
+    /// for it). Its next CONNECT is answered Session Present 0 again, and a handover
+    /// carries no state: the session holds nothing the client gave it (no subscription, so
+    /// no message either), and Session Present 1 would tell the client that the
+    /// subscriptions it made before are still there.
+    unheard: bool,
 }
 
 #[derive(Debug)]
@@ -274,6 +282,7 @@ impl Session {
             subscriptions: Subscriptions::new(),
             effects: VecDeque::new(),
             scratch: BytesMut::new(),
+            unheard: false,
         }
     }
 
@@ -504,6 +513,22 @@ impl Session {
                 phase: stage.phase(),
             }));
         }
+    }
+
+    /// Whether the client was last told, on a CONNECT that asked to resume, that there was
+    /// no session, and has sent nothing since: such a session holds nothing the client
+    /// gave it, and its next CONNECT is told again that there is none (Session Present 0),
+    /// rather than that the subscriptions it made before a session was lost are there.
+    /// Not part of [`Session::snapshot`]: a restored session is heard.
+    pub fn is_unheard(&self) -> bool {
+        self.unheard
+            && self.subscriptions.is_empty()
+            && self.inflight.is_empty()
+            && self.queue.is_empty()
+            // Not the will's delay: the next connection deletes the will anyway.
+            && self.rare().inbound_qos2.is_empty()
+            && self.rare().pending_subscribes.is_empty()
+            && self.rare().pending_unsubscribes.is_empty()
     }
 
     /// Whether the session outlives its connection (a Session Expiry Interval above 0; MQTT

@@ -32,6 +32,10 @@ impl Session {
         requests: Vec<SubscribeRequest>,
         results: &[Result<QoS, ReasonCode>],
     ) {
+        // The session now holds what a later connection must find there.
+        if results.iter().any(Result::is_ok) {
+            self.unheard = false;
+        }
         for (req, r) in requests.into_iter().zip(results) {
             if let Ok(qos) = r {
                 let options = SubscriptionOptions {

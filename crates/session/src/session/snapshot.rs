@@ -192,6 +192,7 @@ impl Session {
                     filters: filters.clone(),
                 })
                 .collect(),
+            unheard: self.unheard,
         }
     }
 
@@ -348,6 +349,7 @@ impl Session {
             self.rare = Some(Box::new(rare));
         }
         self.expiry_secs = d.expiry_interval_secs;
+        self.unheard = d.unheard;
         self.phase = Phase::Detached {
             expires_at: d.expires_at.and_then(|t| clock.to_instant(t)),
         };

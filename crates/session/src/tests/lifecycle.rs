@@ -88,6 +88,8 @@ fn will_sent_at_session_end_when_expiry_shorter_than_delay() {
 #[test]
 fn takeover_closes_with_0x8e() {
     let mut h = H::attached(SessionLimits::default(), &v5_persistent("c1"));
+    // The client shows it read its CONNACK (see the `unheard` tests below).
+    h.packet(Packet::Pingreq).unwrap();
     h.s.detach(h.now, DetachReason::TakenOver);
     assert_eq!(closed(&h.drain()), Some(Some(ReasonCode::SessionTakenOver)));
     let a = h.s.attach(h.now, &v5_persistent("c1")).unwrap();
@@ -177,4 +179,89 @@ fn disconnect_session_expiry_zero_ends_session() {
     d.properties.session_expiry_interval = Some(0);
     h.packet(Packet::Disconnect(d)).unwrap();
     assert!(h.s.is_ended());
+}
+
+// ----- a CONNECT told there was no session, and not heard from since -----
+
+/// Attaches `c` and returns its CONNACK's Session Present.
+fn present(h: &mut H, c: &Connect) -> bool {
+    h.drain();
+    let a = h.s.attach(h.now, c).unwrap();
+    assert_eq!(connack(&h.drain()).session_present, a.session_present);
+    a.session_present
+}
+
+#[test]
+fn a_resume_told_there_was_no_session_is_told_so_again_until_the_client_speaks() {
+    let mut h = H::new(SessionLimits::default());
+    assert!(!present(&mut h, &v5_persistent("c1")));
+    assert!(h.s.is_unheard());
+    // Lost with its CONNACK, or given up on by a client that did not wait for it: the
+    // client may think its old session (and its subscriptions) still stands.
+    h.s.detach(h.now, DetachReason::ConnectionLost);
+    assert!(!present(&mut h, &v5_persistent("c1")), "told again");
+    h.s.detach(h.now, DetachReason::TakenOver);
+    assert!(
+        !present(&mut h, &v5_persistent("c1")),
+        "nor after a takeover"
+    );
+    // Any packet shows the client read it: from then on the session is there.
+    h.packet(Packet::Pingreq).unwrap();
+    assert!(!h.s.is_unheard());
+    h.s.detach(h.now, DetachReason::ConnectionLost);
+    assert!(present(&mut h, &v5_persistent("c1")));
+}
+
+#[test]
+fn a_clean_start_or_a_session_that_holds_something_is_present_as_ever() {
+    // Clean Start 1 asked for nothing: the session it made is there for the next CONNECT
+    // (MQTT 5 §3.2.2.1.1), heard from or not.
+    let mut clean = connect(Protocol::V5, "c1", true);
+    clean.properties.session_expiry_interval = Some(3600);
+    let mut h = H::new(SessionLimits::default());
+    assert!(!present(&mut h, &clean));
+    h.s.detach(h.now, DetachReason::ConnectionLost);
+    assert!(present(&mut h, &v5_persistent("c1")));
+
+    // A subscription, pipelined behind the CONNECT, is something the client gave.
+    let mut h = H::new(SessionLimits::default());
+    assert!(!present(&mut h, &v5_persistent("c1")));
+    h.packet(Packet::Subscribe(subscribe(
+        1,
+        &[("t/#", QoS::AtLeastOnce)],
+    )))
+    .unwrap();
+    h.s.detach(h.now, DetachReason::ConnectionLost);
+    assert!(present(&mut h, &v5_persistent("c1")));
+
+    // A message queued for it (however it came) is kept and announced.
+    let mut h = H::new(SessionLimits::default());
+    assert!(!present(&mut h, &v5_persistent("c1")));
+    h.s.detach(h.now, DetachReason::ConnectionLost);
+    h.s.deliver(
+        h.now,
+        &msg("t/1", QoS::AtLeastOnce, b"x"),
+        &sub(QoS::AtLeastOnce),
+    );
+    h.drain();
+    assert!(present(&mut h, &v5_persistent("c1")));
+}
+
+#[test]
+fn a_session_its_client_never_heard_of_is_handed_over_as_none() {
+    let mut h = H::new(SessionLimits::default());
+    assert!(!present(&mut h, &v5_persistent("c1")));
+    assert_eq!(
+        h.s.hand_over(h.now, std::time::SystemTime::UNIX_EPOCH),
+        None
+    );
+    assert!(h.s.is_ended());
+
+    let mut h = H::new(SessionLimits::default());
+    assert!(!present(&mut h, &v5_persistent("c1")));
+    h.packet(Packet::Pingreq).unwrap();
+    assert!(h
+        .s
+        .hand_over(h.now, std::time::SystemTime::UNIX_EPOCH)
+        .is_some());
 }
