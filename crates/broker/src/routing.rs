@@ -54,8 +54,10 @@ mod handover;
 mod link;
 mod moving;
 mod remote;
+mod slots;
 mod stored;
 mod subscribe;
+use slots::{Destinations, Slot};
 
 /// A subscription's options as the shard stores them: what a delivery through it carries,
 /// merged with the subscriber's other matching subscriptions by the router core.
@@ -79,11 +81,11 @@ pub(crate) struct RouterActor {
     /// This shard's number and the map of all shards.
     index: usize,
     map: ShardMap,
-    router: Router<Arc<str>, SubOpts>,
+    router: Router<Slot, SubOpts>,
     retained: RetainedIndex<Arc<Message>>,
-    /// Looked up once per delivery: foldhash, seeded from the runtime (SipHash was ~240
-    /// instructions of each delivery).
-    destinations: HashMap<Arc<str>, Destination, FixedState>,
+    /// By key (foldhash, seeded from the runtime) and by the slot the router's
+    /// subscriptions name: a delivery finds its destination by index.
+    destinations: Destinations,
     delayed: usize,
     /// This shard's part of `mqtt.delayed_publish_max`.
     delayed_max: usize,
@@ -97,8 +99,8 @@ pub(crate) struct RouterActor {
     /// This shard's incarnation on the links to other nodes (see `RemoteNode::inc`).
     link_inc: u64,
     /// Reused per publish: the matches, then one entry per subscriber after merging.
-    scratch: Vec<Routed<Arc<str>, SubOpts>>,
-    merged: Vec<Routed<Arc<str>, SubOpts>>,
+    scratch: Vec<Routed<Slot, SubOpts>>,
+    merged: Vec<Routed<Slot, SubOpts>>,
     /// Subscribers with a non-empty pending batch, each once.
     dirty: Vec<Arc<str>>,
     /// Publishes routed since the last flush.
@@ -244,7 +246,7 @@ impl RouterActor {
             map,
             router,
             retained,
-            destinations: HashMap::with_hasher(FixedState::with_seed(rng.next_u64())),
+            destinations: Destinations::new(rng.next_u64()),
             delayed: 0,
             delayed_max,
             owned: 0,
@@ -401,10 +403,10 @@ impl RouterActor {
         self.router.route_merged(
             &msg.topic,
             &pctx,
-            |s| destinations.get(s).is_some_and(Destination::online),
+            |s| destinations.at(*s).is_some_and(Destination::online),
             &mut self.scratch,
             &mut merged,
-            |a, b| Arc::ptr_eq(a, b) || a == b,
+            |a, b| a == b,
         );
         if local && merged.is_empty() {
             // No subscriber here nor on another node: the publish's node counts it, once.
@@ -419,7 +421,7 @@ impl RouterActor {
                 Some(_) if matches!(d.kind, DeliveryKind::Shared { .. }) => continue,
                 Some(node) => Source::Forwarded(node),
             };
-            if !self.judge_move(&msg, &d.subscriber, &d.kind, from.as_ref()) {
+            if !self.judge_move(&msg, d.subscriber, &d.kind, from.as_ref()) {
                 continue;
             }
             self.offer(&msg, d.subscriber, d.options.0, source, &mut qos0, ctx);

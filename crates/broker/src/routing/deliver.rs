@@ -8,7 +8,7 @@ use starling_rt::{time, ActorId, Ctx};
 use starling_session::{DeliveryOptions, Message};
 use tracing::debug;
 
-use super::{remote, RouterActor, Source, RETRY_BLOCKED};
+use super::{remote, RouterActor, Slot, Source, RETRY_BLOCKED};
 use crate::destination::{is_qos0, Destination, Flushed, Pushed, SharedTo};
 use crate::flow::Qos0Tally;
 use crate::metrics::add;
@@ -72,7 +72,7 @@ impl RouterActor {
     pub(super) fn offer(
         &mut self,
         msg: &Arc<Message>,
-        subscriber: Arc<str>,
+        slot: Slot,
         mut opts: DeliveryOptions,
         source: Source<'_>,
         qos0: &mut Qos0Tally,
@@ -82,10 +82,14 @@ impl RouterActor {
             Source::Local(from, kind) => (from, true, kind, None),
             Source::Forwarded(node) => (None, false, None, Some(node)),
         };
-        // One lookup per delivery: what must be sent or scheduled is carried out after.
-        let client = match self.destinations.get_mut(&subscriber) {
-            Some(Destination::Local(client)) => client,
-            Some(Destination::Remote(_)) => {
+        // One lookup per delivery, by index: what must be sent or scheduled is carried out
+        // after.
+        let Some((subscriber, dest)) = self.destinations.at_mut(slot) else {
+            return;
+        };
+        let client = match dest {
+            Destination::Local(client) => client,
+            Destination::Remote(_) => {
                 // Forwarded publishes stop here: the node they came from sent them to
                 // every node that needed them.
                 if local {
@@ -96,16 +100,11 @@ impl RouterActor {
                         }),
                         _ => None,
                     };
-                    self.offer_node(
-                        &subscriber,
-                        msg,
-                        group,
-                        from.filter(|_| !is_qos0(msg, &opts)),
-                    );
+                    let key = subscriber.clone();
+                    self.offer_node(&key, msg, group, from.filter(|_| !is_qos0(msg, &opts)));
                 }
                 return;
             }
-            None => return,
         };
         let me = client.addr.id();
         let mut outcome = None;
@@ -242,8 +241,14 @@ impl RouterActor {
                 holds
             };
             // Counted now, decided for the whole publish.
-            qos0.count(holds, &subscriber);
+            qos0.count(holds, subscriber);
         }
+        // The key, owned, only for what comes after the destination's borrow: seldom
+        // needed, and a reference count each delivery was the fan-out's largest cost.
+        let Some(subscriber) = (hold || outcome.is_some() || first).then(|| subscriber.clone())
+        else {
+            return;
+        };
         if hold {
             if let Some(from) = from {
                 self.hold_for(&subscriber, from);

@@ -12,7 +12,7 @@ use starling_session::{Instant, Message};
 use tracing::debug;
 
 use super::moving::{Moves, Verdict};
-use super::{RouterActor, Source};
+use super::{RouterActor, Slot, Source};
 use crate::destination::SharedTo;
 use crate::flow::Qos0Tally;
 use crate::metrics::add;
@@ -267,22 +267,23 @@ impl RouterActor {
     pub(super) fn judge_move(
         &mut self,
         msg: &Arc<Message>,
-        subscriber: &Arc<str>,
+        subscriber: Slot,
         kind: &DeliveryKind,
         from: Option<&Publisher>,
     ) -> bool {
         if self.moving.moves.is_empty() || matches!(kind, DeliveryKind::Shared { .. }) {
             return true;
         }
-        let v = self
-            .moving
-            .moves
-            .verdict(subscriber, self.routed_at(), false);
+        let v =
+            self.moving
+                .moves
+                .verdict(self.destinations.key(subscriber), self.routed_at(), false);
         match v {
             None | Some(Verdict::Deliver) => true,
             Some(Verdict::Skip) => false,
             Some(Verdict::Relay(to, epoch)) => {
-                self.relay(msg, (subscriber, epoch), to, from);
+                let subscriber = self.destinations.key(subscriber).clone();
+                self.relay(msg, (&subscriber, epoch), to, from);
                 false
             }
         }
@@ -323,11 +324,12 @@ impl RouterActor {
             |_| true,
             &mut self.scratch,
             &mut merged,
-            |a, b| Arc::ptr_eq(a, b) || a == b,
+            |a, b| a == b,
         );
+        let slot = self.destinations.slot(client_id);
         let mine = merged
             .drain(..)
-            .find(|d| &d.subscriber == client_id && !matches!(d.kind, DeliveryKind::Shared { .. }));
+            .find(|d| Some(d.subscriber) == slot && !matches!(d.kind, DeliveryKind::Shared { .. }));
         self.merged = merged;
         let Some(d) = mine else {
             // Its session here ended, or took the matching subscription back meanwhile.

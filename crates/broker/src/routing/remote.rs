@@ -34,7 +34,7 @@ use starling_rt::{time, Ctx, WeakAddr};
 use starling_session::{DeliveryOptions, Message, WallClock};
 use tracing::debug;
 
-use super::{RouterActor, SubOpts};
+use super::{RouterActor, Slot, SubOpts};
 use crate::destination::{
     remote_key, Destination, Park, RemoteNode, Replay, SharedTo, REPLAY_AGAIN,
 };
@@ -183,9 +183,9 @@ impl RouterActor {
             self.remote_nodes.push(node);
         }
         let inc = self.link_inc;
-        self.destinations
-            .entry(key.clone())
-            .or_insert_with(|| Destination::Remote(RemoteNode::new(node, links, inc)));
+        self.destinations.get_or_insert_with(key.clone(), || {
+            Destination::Remote(RemoteNode::new(node, links, inc))
+        });
         Some(key)
     }
 
@@ -332,13 +332,23 @@ impl RouterActor {
                 retain_as_published: true,
                 ..DeliveryOptions::default()
             });
-            if let Err(e) = self.router.subscribe(key.clone(), filter, opts) {
-                debug!(node, filter, error = %e, "remote route refused");
-                return;
+            let slot = self.destinations.slot_for(key);
+            match self.router.subscribe(slot, filter, opts) {
+                Ok(None) => self.destinations.subscribed(slot),
+                Ok(Some(_)) => {}
+                Err(e) => {
+                    debug!(node, filter, error = %e, "remote route refused");
+                    // The slot goes if it was made for this route alone.
+                    self.destinations.subscribed(slot);
+                    self.destinations.unsubscribed(slot);
+                    return;
+                }
             }
             self.node_destination(node);
-        } else {
-            let _ = self.router.unsubscribe(&key, filter);
+        } else if let Some(slot) = self.destinations.slot(&key) {
+            if let Ok(Some(_)) = self.router.unsubscribe(&slot, filter) {
+                self.destinations.unsubscribed(slot);
+            }
         }
     }
 
@@ -421,8 +431,9 @@ impl RouterActor {
                 .map_or(0, |p| self.router.publisher_hash(p)),
         };
         let destinations = &self.destinations;
-        let local = |s: &Arc<str>| matches!(destinations.get(s), Some(Destination::Local(_)));
-        let online = |s: &Arc<str>| matches!(destinations.get(s), Some(d @ Destination::Local(_)) if d.online());
+        let local = |s: &Slot| matches!(destinations.at(*s), Some(Destination::Local(_)));
+        let online =
+            |s: &Slot| matches!(destinations.at(*s), Some(d @ Destination::Local(_)) if d.online());
         let picked = self
             .router
             .pick_shared(&to.group, &to.filter, &pctx, online)

@@ -10,7 +10,7 @@ use starling_rt::{time, WeakAddr};
 use starling_session::{DeliveryOptions, SubscribeRequest};
 use tracing::debug;
 
-use super::{RouterActor, SubOpts};
+use super::{RouterActor, Slot, SubOpts};
 use crate::destination::Destination;
 use crate::flow::Backlog;
 use crate::msg::{Admission, ClientMsg, ClusterMsg, HoldWait, SubscribeResult};
@@ -39,6 +39,7 @@ impl RouterActor {
                 }
             }
         }
+        let slot = self.destinations.slot_for(client_id.clone());
         let mut res = SubscribeResult::default();
         for (i, req) in filters.into_iter().enumerate() {
             let mut hold = None;
@@ -48,7 +49,7 @@ impl RouterActor {
             ));
             let (outcome, new) = match &admission {
                 Admission::Decide => {
-                    let r = self.router.subscribe(client_id.clone(), &req.filter, opts);
+                    let r = self.router.subscribe(slot, &req.filter, opts);
                     let new = matches!(r, Ok(None));
                     self.owned += usize::from(new);
                     self.owned_shared += usize::from(new && self.is_shared(&req.filter));
@@ -64,12 +65,13 @@ impl RouterActor {
                     (r, new)
                 }
                 Admission::Admitted { new } => {
-                    let r = self
-                        .router
-                        .subscribe_admitted(client_id.clone(), &req.filter, opts);
+                    let r = self.router.subscribe_admitted(slot, &req.filter, opts);
                     (r, new.get(i).copied().unwrap_or(false))
                 }
             };
+            if matches!(outcome, Ok(None)) {
+                self.destinations.subscribed(slot);
+            }
             match outcome {
                 Ok(_) => {
                     res.results.push(Ok(req.options.qos));
@@ -108,7 +110,11 @@ impl RouterActor {
         client_id: &Arc<str>,
         filter: &str,
     ) -> Result<bool, RouterError> {
-        let removed = self.router.unsubscribe(client_id, filter)?.is_some();
+        let slot = self.destinations.slot(client_id).unwrap_or(Slot::NONE);
+        let removed = self.router.unsubscribe(&slot, filter)?.is_some();
+        if removed {
+            self.destinations.unsubscribed(slot);
+        }
         if removed && self.map.reach(filter, &self.shared.topic_limits).home() == self.index {
             self.owned -= 1;
             self.owned_shared -= usize::from(self.is_shared(filter));
