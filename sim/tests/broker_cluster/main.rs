@@ -129,8 +129,12 @@ const SEEDS_SHARED: u64 = 100;
 /// Seeds of the retained run, and those its `local` companion may take to be caught.
 const SEEDS_RETAINED: u64 = 100;
 const LOCAL_SEEDS: u64 = 10;
-/// Seeds the local-reconnects companion may take to be caught.
-const RECONNECT_SEEDS: u64 = 80;
+/// Seeds the local-reconnects companion may take to be caught: the race it needs (a node
+/// behind on a newer claim while the mover comes back to it) is rare, and which seed has it
+/// moves with every change to the broker's schedules (seed 91 on `2e034df`, beyond the 80
+/// allowed before). The search stops at the first catch, so the bound costs only a run
+/// that is not caught.
+const RECONNECT_SEEDS: u64 = 200;
 /// Seeds of the run with kills.
 const SEEDS_KILLS: u64 = 100;
 /// Seeds of the takeover-at-restart scenario (no nemesis: each seed varies the timing).
