@@ -243,8 +243,8 @@ impl RouterActor {
             // Counted now, decided for the whole publish.
             qos0.count(holds, subscriber);
         }
-        // The key, owned, only for what comes after the destination's borrow: seldom
-        // needed, and a reference count each delivery was the fan-out's largest cost.
+        // The key, owned, only for what comes after the destination's borrow, which is
+        // seldom: a delivery otherwise raises and drops no count of it.
         let Some(subscriber) = (hold || outcome.is_some() || first).then(|| subscriber.clone())
         else {
             return;

@@ -338,9 +338,7 @@ impl RouterActor {
                 Ok(Some(_)) => {}
                 Err(e) => {
                     debug!(node, filter, error = %e, "remote route refused");
-                    // The slot goes if it was made for this route alone.
-                    self.destinations.subscribed(slot);
-                    self.destinations.unsubscribed(slot);
+                    self.destinations.refused(slot);
                     return;
                 }
             }

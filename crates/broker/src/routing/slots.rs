@@ -1,8 +1,8 @@
 //! A shard's destinations, each in a numbered slot: the router's subscriptions name a
 //! subscriber by its slot, so that a delivery finds its destination by an index instead of
 //! hashing the client id twice (the online check, then the offer), and copies a number
-//! instead of a reference count. Releasing those counts was the largest single cost of a
-//! QoS 0 fan-out (docs/benchmarks.md, "Fourteenth look").
+//! instead of raising and dropping a reference count (fan-out QoS 0 1.08x,
+//! docs/benchmarks.md, "Fourteenth look").
 //!
 //! A slot lives while its destination does or while the router holds a subscription that
 //! names it (a subscription outlives its session's end until its unsubscribe comes): so a
@@ -156,6 +156,11 @@ impl Destinations {
         self.free_if_unused(slot.0);
     }
 
+    /// A slot made for a subscription the router refused goes, if nothing else holds it.
+    pub(crate) fn refused(&mut self, slot: Slot) {
+        self.free_if_unused(slot.0);
+    }
+
     fn free_if_unused(&mut self, i: u32) {
         let unused = self.entries[i as usize]
             .as_ref()
@@ -242,5 +247,17 @@ mod tests {
         assert!(d.remove("n").is_some());
         assert_eq!(d.slots(), 0);
         assert!(d.remove("n").is_none());
+    }
+
+    #[test]
+    fn a_slot_made_for_a_refused_subscription_goes_unless_held() {
+        let mut d = Destinations::new(3);
+        let s = d.slot_for(Arc::from("x"));
+        d.refused(s);
+        assert_eq!(d.slots(), 0);
+        d.insert(Arc::from("y"), remote(4));
+        let y = d.slot_for(Arc::from("y"));
+        d.refused(y);
+        assert_eq!(d.slot("y"), Some(y), "held by its destination");
     }
 }
