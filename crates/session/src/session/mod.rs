@@ -519,7 +519,8 @@ impl Session {
     /// no session, and has sent nothing since: such a session holds nothing the client
     /// gave it, and its next CONNECT is told again that there is none (Session Present 0),
     /// rather than that the subscriptions it made before a session was lost are there.
-    /// Not part of [`Session::snapshot`]: a restored session is heard.
+    /// Part of [`Session::snapshot`] (`DetachedState::unheard`), so a handed-over or
+    /// restored copy keeps it; the broker's store does not keep it (docs/persistence.md).
     pub fn is_unheard(&self) -> bool {
         self.unheard
             && self.subscriptions.is_empty()
