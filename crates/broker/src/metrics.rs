@@ -75,6 +75,7 @@ pub(crate) struct Metrics {
     pub cluster_sessions_received: AtomicU64,
     pub cluster_sessions_stored: AtomicU64,
     pub cluster_handover_timeouts: AtomicU64,
+    pub cluster_sessions_late: AtomicU64,
     pub cluster_sessions_discarded: AtomicU64,
     pub cluster_forward_batches: AtomicU64,
     pub cluster_forward_bytes: AtomicU64,
@@ -350,6 +351,9 @@ pub struct MetricsSnapshot {
     pub cluster_sessions_received: u64,
     pub cluster_sessions_stored: u64,
     pub cluster_handover_timeouts: u64,
+    /// Sessions handed over after their CONNECT went on afresh that took the fresh
+    /// session's place (it had never held more than its name).
+    pub cluster_sessions_late: u64,
     /// Stored sessions found owned by another node as this node started (taken over
     /// while it was down): handed to that node instead of restored here.
     pub cluster_sessions_discarded: u64,
@@ -415,6 +419,7 @@ impl Metrics {
             cluster_sessions_received: get(&self.cluster_sessions_received),
             cluster_sessions_stored: get(&self.cluster_sessions_stored),
             cluster_handover_timeouts: get(&self.cluster_handover_timeouts),
+            cluster_sessions_late: get(&self.cluster_sessions_late),
             cluster_sessions_discarded: get(&self.cluster_sessions_discarded),
             cluster_forward_batches: get(&self.cluster_forward_batches),
             cluster_forward_bytes: get(&self.cluster_forward_bytes),
@@ -447,7 +452,7 @@ impl MetricsSnapshot {
 
     /// Every figure of Starling's own with its name (the field's), what it counts and its
     /// kind ([`MetricsSnapshot::every`] adds RMQTT's, for expositions that list them all).
-    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 52] {
+    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 53] {
         use MetricKind::{Counter as C, Gauge as G};
         [
             (
@@ -671,6 +676,12 @@ impl MetricsSnapshot {
                 "CONNECTs that waited in vain for the previous node's session",
                 C,
                 self.cluster_handover_timeouts,
+            ),
+            (
+                "cluster_sessions_late",
+                "Sessions handed over after their CONNECT went on afresh that took the fresh session's place",
+                C,
+                self.cluster_sessions_late,
             ),
             (
                 "cluster_sessions_discarded",

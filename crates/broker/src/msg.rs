@@ -134,6 +134,10 @@ pub(crate) enum ClientMsg {
     /// The hand-over's second step, behind every delivery the shards sent before they
     /// started relaying: the state is taken now.
     HandOverNow(Reply<Option<Box<HandOff>>>),
+    /// A session another node handed over too late for its CONNECT, which went on afresh
+    /// here, would take this one's place: this session ends and answers true if it never
+    /// held more than its name (`Session::give_way`), and otherwise stays as it is.
+    GiveWay(Reply<bool>),
     /// An operator subscribes the connected client to `filters` (valid ones) at `qos`: as
     /// its own SUBSCRIBE would (quota, authorization, retained messages after), with no
     /// SUBACK. Answers, per filter, the granted QoS or the code that refused it.
@@ -269,6 +273,19 @@ pub(crate) enum RegistryMsg {
     },
     /// A CONNECT waiting for the previous owner's session waited long enough.
     HandoverTimeout { client_id: Arc<str>, epoch: u64 },
+    /// The answer of the session started afresh for this node's claim `epoch` of
+    /// `client_id` when the previous owner's `handoff` came too late (`ClientMsg::GiveWay`):
+    /// `gave`, it ended and the handed-over session takes its place; if not, it stays (its
+    /// actor `addr`, `attaches` and `owner` go back into the registry).
+    GaveWay {
+        client_id: Arc<str>,
+        epoch: u64,
+        handoff: Box<HandOff>,
+        addr: starling_rt::Addr<ClientMsg>,
+        attaches: u32,
+        owner: Option<Arc<str>>,
+        gave: bool,
+    },
     /// Sessions restored at start that another node claimed since (client id, the
     /// claim's epoch and node), as the log says once this node caught up: handed over.
     StaleRestored(Vec<(Arc<str>, u64, u64)>),

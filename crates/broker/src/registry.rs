@@ -19,6 +19,9 @@ use crate::refuse::refuse_with;
 use crate::settings::Shared;
 use crate::shards::Shards;
 
+mod handover;
+use handover::Adopting;
+
 /// How long shutdown waits for each client to say goodbye.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 /// Restored sessions resubscribing at once, at start.
@@ -58,10 +61,13 @@ pub(crate) struct Registry {
     /// this node's either way, and the client's latest connection is the one it serves (an
     /// older one answered later would take the session from it).
     claiming: HashMap<Arc<str>, Box<NewConn>>,
-    /// CONNECTs whose handed-over session is being routed here (its subscriptions), the
-    /// last step before they resume it; a newer CONNECT takes the older one's place here
-    /// too.
-    resuming: HashMap<Arc<str>, Box<NewConn>>,
+    /// Handed-over sessions being routed here (their subscriptions), the last step before
+    /// a CONNECT resumes them, with the CONNECT that waits for it, if one does yet; a newer
+    /// CONNECT takes the older one's place here too.
+    resuming: HashMap<Arc<str>, Option<Box<NewConn>>>,
+    /// Sessions handed over after their CONNECT went on afresh, taking the fresh session's
+    /// place if it gives way (`handover::adopt_late`).
+    adopting: HashMap<Arc<str>, Adopting>,
     /// The node is leaving its cluster (`RegistryMsg::Drain`): CONNECTs are refused, so
     /// that clients reconnect to another node and their sessions follow them there.
     draining: bool,
@@ -102,6 +108,7 @@ impl Registry {
             confirming: HashMap::new(),
             claiming: HashMap::new(),
             resuming: HashMap::new(),
+            adopting: HashMap::new(),
             draining: false,
             draining_to: Vec::new(),
         }
@@ -127,9 +134,17 @@ impl Registry {
             .confirming
             .get_mut(&client_id)
             .or_else(|| self.claiming.get_mut(&client_id))
-            .or_else(|| self.resuming.get_mut(&client_id))
         {
             *waiting = conn;
+            return;
+        }
+        if let Some(waiting) = self.resuming.get_mut(&client_id) {
+            *waiting = Some(conn);
+            return;
+        }
+        if let Some(a) = self.adopting.get_mut(&client_id) {
+            // The session is changing places: the CONNECT resumes whichever stays.
+            a.conn = Some(conn);
             return;
         }
         if let Some(&epoch) = self.claimed.get(&client_id) {
@@ -282,6 +297,13 @@ impl Registry {
         {
             return;
         }
+        if let Some(a) = self.adopting.get_mut(client_id) {
+            // Acted on once the session that stays is known.
+            if a.taken.is_none_or(|(e, _)| e < epoch) {
+                a.taken = Some((epoch, node));
+            }
+            return;
+        }
         self.claimed.remove(client_id);
         let Some(cluster) = self.cluster.clone() else {
             return;
@@ -309,78 +331,6 @@ impl Registry {
             };
             let _ = cluster.send(msg).await;
         });
-    }
-
-    /// The session the previous node handed over for this node's claim `epoch`: it gets a
-    /// client actor, detached, routed here (off this turn), then the waiting CONNECT
-    /// resumes it.
-    fn handed_over(
-        &mut self,
-        client_id: Arc<str>,
-        epoch: u64,
-        handoff: Option<Box<HandOff>>,
-        ctx: &mut Ctx<Self>,
-    ) -> Option<(Arc<str>, Box<NewConn>)> {
-        if self
-            .handovers
-            .get(&client_id)
-            .is_none_or(|(e, _)| *e != epoch)
-        {
-            let answered = self.claimed.get(&client_id).is_some_and(|&c| c >= epoch);
-            match handoff {
-                // Before this node's claim was answered here: kept for its CONNECT.
-                Some(h) if !answered => self.keep_early(client_id, epoch, h),
-                // Too late (the CONNECT went on afresh), for another claim, or nothing.
-                _ => {
-                    debug!(client_id = %client_id, epoch, "a handed-over session nobody waits for; dropped");
-                }
-            }
-            return None;
-        }
-        let (_, conn) = self.handovers.remove(&client_id)?;
-        let Some(h) = handoff.map(|h| *h) else {
-            return Some((client_id, conn));
-        };
-        let (now, wall) = (time::now(), time::wall());
-        let session = match starling_session::Session::restore(
-            h.state,
-            self.shared.limits.clone(),
-            now,
-            wall,
-        ) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(client_id = %client_id, error = %e, "handed-over session not restored; starting afresh");
-                return Some((client_id, conn));
-            }
-        };
-        let addr = self.start_restored(session, h.owner.map(Arc::from), true, ctx);
-        add(&self.shared.metrics.cluster_sessions_received, 1);
-        self.resuming.insert(client_id.clone(), conn);
-        let cluster = self.cluster.clone();
-        let id = client_id.clone();
-        ctx.spawn_then(
-            async move {
-                let ask = addr.ask(|reply| ClientMsg::Resubscribe {
-                    moved: Some(epoch),
-                    reply,
-                });
-                // The move's cut goes in the log after the routes that hold this node for
-                // the session's filters. Not held in time (no quorum): no cut, and the
-                // shards stop waiting for it on their own (`routing::moving`).
-                match (ask.await, cluster) {
-                    (Ok(true), Some(cluster)) => {
-                        let _ = cluster.send(ClusterMsg::Moved { client_id: id, epoch }).await;
-                    }
-                    (Ok(false), _) => {
-                        tracing::warn!(client_id = %id, epoch, "the routes of a session moved here were not committed in time: its move has no cut");
-                    }
-                    _ => {}
-                }
-            },
-            move |()| RegistryMsg::HandoverReady { client_id },
-        );
-        None
     }
 
     async fn connect_here(&mut self, client_id: Arc<str>, conn: Box<NewConn>, ctx: &mut Ctx<Self>) {
@@ -616,20 +566,6 @@ impl Registry {
         addr
     }
 
-    /// Keeps a session that arrived before its claim's answer, forgetting those kept longer
-    /// than a CONNECT would wait for them.
-    fn keep_early(&mut self, client_id: Arc<str>, epoch: u64, handoff: Box<HandOff>) {
-        let now = time::now();
-        self.early
-            .retain(|_, (_, _, at)| now.saturating_duration_since(*at) < HANDOVER_WAIT);
-        if self.early.len() >= EARLY_MAX {
-            debug!(client_id = %client_id, epoch, "a handed-over session came early and there is no room to keep it; dropped");
-            return;
-        }
-        debug!(client_id = %client_id, epoch, "a handed-over session came before its claim's answer; kept");
-        self.early.insert(client_id, (epoch, handoff, now));
-    }
-
     /// Publishes how many sessions the registry holds (`sessions.count`), raising their
     /// high-water mark (`sessions.max`): after every change to `clients`.
     fn sessions_mark(&self) {
@@ -727,6 +663,23 @@ impl Actor for Registry {
                     self.connect_here(client_id, conn, ctx).await;
                 }
             }
+            RegistryMsg::GaveWay {
+                client_id,
+                epoch,
+                handoff,
+                addr,
+                attaches,
+                owner,
+                gave,
+            } => {
+                let entry = Entry {
+                    addr,
+                    attaches,
+                    owner,
+                };
+                self.gave_way(client_id, epoch, handoff, entry, gave, ctx)
+                    .await;
+            }
             RegistryMsg::HandoverTimeout { client_id, epoch } => {
                 if self
                     .handovers
@@ -769,7 +722,7 @@ impl Actor for Registry {
                 }
             }
             RegistryMsg::HandoverReady { client_id } => {
-                if let Some(conn) = self.resuming.remove(&client_id) {
+                if let Some(Some(conn)) = self.resuming.remove(&client_id) {
                     self.connect_here(client_id, conn, ctx).await;
                 }
             }

@@ -139,6 +139,8 @@ const RECONNECT_SEEDS: u64 = 200;
 const SEEDS_KILLS: u64 = 100;
 /// Seeds of the takeover-at-restart scenario (no nemesis: each seed varies the timing).
 const SEEDS_TAKEOVER: u64 = 20;
+/// Seeds of the late-handover scenario (no nemesis: each seed varies the timing).
+const SEEDS_LATE: u64 = 20;
 /// Seeds of the run with kills and slow commits.
 const SEEDS_SLOW_COMMIT: u64 = 50;
 /// Seeds of the run with kills and the outbox parking after 1.2 s.
@@ -313,6 +315,7 @@ fn start(variant: Variant, shards: u32, store: bool) -> (Arc<Setup>, Cluster, Pa
 }
 
 mod clients;
+mod late;
 mod membership;
 mod oracle;
 mod retained;
@@ -922,6 +925,21 @@ fn a_session_taken_over_is_not_restored_by_the_node_killed_as_it_handed_it_over(
         )
         .seeds(SEEDS_TAKEOVER),
         takeover::scenario,
+    );
+}
+
+/// A session handed over after its CONNECT went on afresh takes the fresh session's place
+/// when that one never held more than its name: the client's next CONNECT finds its
+/// subscription and the messages queued for it (`late.rs`), on [`SEEDS_LATE`] seeds.
+#[test]
+fn a_session_handed_over_late_takes_the_place_of_the_fresh_one_its_client_never_heard_of() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "a_session_handed_over_late_takes_the_place_of_the_fresh_one_its_client_never_heard_of",
+        )
+        .seeds(SEEDS_LATE),
+        late::scenario,
     );
 }
 

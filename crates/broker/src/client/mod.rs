@@ -825,6 +825,17 @@ impl Client {
                 let h = Box::pin(self.hand_over(ctx)).await;
                 let _ = reply.send(h);
             }
+            ClientMsg::GiveWay(reply) => {
+                let gave = self.conn.is_none() && self.session.give_way(time::now());
+                if gave {
+                    self.run_effects(ctx).await;
+                    // Its record's removal is in the store's queue before the session that
+                    // takes its place writes its own.
+                    self.meta_changed(false);
+                    Box::pin(self.write_store(ctx)).await;
+                }
+                let _ = reply.send(gave);
+            }
             ClientMsg::Subscribe {
                 filters,
                 qos,

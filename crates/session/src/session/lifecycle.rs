@@ -231,6 +231,22 @@ impl Session {
         }
     }
 
+    /// Gives way to a session that another node handed over late, after this one was
+    /// started afresh for the CONNECT that waited for it: only a session that never held
+    /// more than its name does (detached, unheard, see [`Session::is_unheard`], and with no
+    /// will waiting for its delay), and it then ends as taken over. False, and nothing
+    /// changes, for any other.
+    pub fn give_way(&mut self, now: Instant) -> bool {
+        let idle = matches!(self.phase, Phase::Detached { .. })
+            && self.is_unheard()
+            && self.will.is_none()
+            && self.rare().will_at.is_none();
+        if idle {
+            self.end_because(now, DetachReason::TakenOver);
+        }
+        idle
+    }
+
     /// Another node takes the session over and continues it (a cluster's handover): the
     /// state it goes on from, deliveries included, and the session ends here without
     /// counting its messages as dropped (they travel in the state). A connected client is

@@ -265,3 +265,34 @@ fn a_session_its_client_never_heard_of_is_handed_over_as_none() {
         .hand_over(h.now, std::time::SystemTime::UNIX_EPOCH)
         .is_some());
 }
+
+#[test]
+fn only_a_detached_session_that_never_held_anything_gives_way_to_a_late_one() {
+    // Started afresh for a CONNECT whose session came late, and lost with its CONNACK.
+    let mut h = H::new(SessionLimits::default());
+    assert!(!present(&mut h, &v5_persistent("c1")));
+    assert!(!h.s.give_way(h.now), "not while its connection is open");
+    h.s.detach(h.now, DetachReason::ConnectionLost);
+    h.drain();
+    assert!(h.s.give_way(h.now));
+    assert!(h.s.is_ended());
+    assert!(
+        wills(&h.drain()).is_empty(),
+        "it had no will, and gives none"
+    );
+
+    // Its client spoke since: the session is its own.
+    let mut h = H::new(SessionLimits::default());
+    assert!(!present(&mut h, &v5_persistent("c1")));
+    h.packet(Packet::Pingreq).unwrap();
+    h.s.detach(h.now, DetachReason::ConnectionLost);
+    assert!(!h.s.give_way(h.now));
+    assert!(!h.s.is_ended());
+
+    // A will waiting for its delay is the client's too: it goes at its time.
+    let mut h = H::new(SessionLimits::default());
+    assert!(!present(&mut h, &with_will(v5_persistent("c1"), Some(30))));
+    h.s.detach(h.now, DetachReason::ConnectionLost);
+    assert!(!h.s.give_way(h.now));
+    assert!(!h.s.is_ended());
+}

@@ -1,0 +1,222 @@
+//! The registry's part in a session's move from another node: the session the previous
+//! owner hands over for this node's claim, kept when it comes before the claim's answer,
+//! installed for the CONNECT that waits for it, and taken in place of a fresh session when
+//! it comes after that CONNECT went on without it.
+
+use std::sync::Arc;
+
+use starling_rt::{time, Ctx};
+use tracing::debug;
+
+use super::{Entry, Registry, EARLY_MAX, HANDOVER_WAIT};
+use crate::metrics::add;
+use crate::msg::{ClientMsg, ClusterMsg, HandOff, NewConn, RegistryMsg};
+
+/// A late session's adoption under way: the fresh session was asked to give way.
+#[derive(Default)]
+pub(super) struct Adopting {
+    /// The latest CONNECT for the client id that came meanwhile.
+    pub(super) conn: Option<Box<NewConn>>,
+    /// Another node's claim (its epoch and node) applied meanwhile: acted on once the
+    /// adoption is over.
+    pub(super) taken: Option<(u64, u64)>,
+}
+
+impl Registry {
+    /// The session the previous node handed over for this node's claim `epoch`: it gets a
+    /// client actor, detached, routed here (off this turn), then the waiting CONNECT
+    /// resumes it. Answers the CONNECT to go on with at once (afresh), if any.
+    pub(super) fn handed_over(
+        &mut self,
+        client_id: Arc<str>,
+        epoch: u64,
+        handoff: Option<Box<HandOff>>,
+        ctx: &mut Ctx<Self>,
+    ) -> Option<(Arc<str>, Box<NewConn>)> {
+        if self
+            .handovers
+            .get(&client_id)
+            .is_none_or(|(e, _)| *e != epoch)
+        {
+            let answered = self.claimed.get(&client_id).is_some_and(|&c| c >= epoch);
+            match handoff {
+                // Before this node's claim was answered here: kept for its CONNECT.
+                Some(h) if !answered => self.keep_early(client_id, epoch, h),
+                // Too late: the CONNECT went on afresh under this claim.
+                Some(h) if self.claimed.get(&client_id) == Some(&epoch) => {
+                    self.adopt_late(client_id, epoch, h, ctx)
+                }
+                // For another claim, or nothing.
+                _ => {
+                    debug!(client_id = %client_id, epoch, "a handed-over session nobody waits for; dropped");
+                }
+            }
+            return None;
+        }
+        let (_, conn) = self.handovers.remove(&client_id)?;
+        let Some(h) = handoff else {
+            return Some((client_id, conn));
+        };
+        self.install(client_id.clone(), epoch, h, Some(conn), ctx)
+            .map(|conn| (client_id, conn))
+    }
+
+    /// Installs a session handed over for the claim `epoch`: a client actor, detached,
+    /// routed here (off this turn); then `conn`, or a CONNECT that comes meanwhile, resumes
+    /// it. Answers `conn` back when the session cannot be restored (it then goes on
+    /// afresh).
+    fn install(
+        &mut self,
+        client_id: Arc<str>,
+        epoch: u64,
+        h: Box<HandOff>,
+        conn: Option<Box<NewConn>>,
+        ctx: &mut Ctx<Self>,
+    ) -> Option<Box<NewConn>> {
+        let h = *h;
+        let (now, wall) = (time::now(), time::wall());
+        let session = match starling_session::Session::restore(
+            h.state,
+            self.shared.limits.clone(),
+            now,
+            wall,
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(client_id = %client_id, error = %e, "handed-over session not restored; starting afresh");
+                return conn;
+            }
+        };
+        let addr = self.start_restored(session, h.owner.map(Arc::from), true, ctx);
+        add(&self.shared.metrics.cluster_sessions_received, 1);
+        self.resuming.insert(client_id.clone(), conn);
+        let cluster = self.cluster.clone();
+        let id = client_id.clone();
+        ctx.spawn_then(
+            async move {
+                let ask = addr.ask(|reply| ClientMsg::Resubscribe {
+                    moved: Some(epoch),
+                    reply,
+                });
+                // The move's cut goes in the log after the routes that hold this node for
+                // the session's filters. Not held in time (no quorum): no cut, and the
+                // shards stop waiting for it on their own (`routing::moving`).
+                match (ask.await, cluster) {
+                    (Ok(true), Some(cluster)) => {
+                        let _ = cluster.send(ClusterMsg::Moved { client_id: id, epoch }).await;
+                    }
+                    (Ok(false), _) => {
+                        tracing::warn!(client_id = %id, epoch, "the routes of a session moved here were not committed in time: its move has no cut");
+                    }
+                    _ => {}
+                }
+            },
+            move |()| RegistryMsg::HandoverReady { client_id },
+        );
+        None
+    }
+
+    /// The session the previous node handed over after its CONNECT waited
+    /// [`HANDOVER_WAIT`] and went on afresh: if the fresh session never held more than its
+    /// name (detached, its client not heard from since it was told there was no session:
+    /// `Session::give_way`), it gives way and this one takes its place, subscriptions and
+    /// queued messages with it, so that the client's next CONNECT finds what it had.
+    /// Otherwise the fresh session is the client's, and this one is dropped.
+    fn adopt_late(
+        &mut self,
+        client_id: Arc<str>,
+        epoch: u64,
+        h: Box<HandOff>,
+        ctx: &mut Ctx<Self>,
+    ) {
+        let busy = self.confirming.contains_key(&client_id)
+            || self.claiming.contains_key(&client_id)
+            || self.resuming.contains_key(&client_id)
+            || self.adopting.contains_key(&client_id);
+        let open = self
+            .clients
+            .get(&client_id)
+            .is_some_and(|e| !e.addr.is_closed());
+        let entry = if busy || !open {
+            None
+        } else {
+            self.clients.remove(&client_id)
+        };
+        let Some(Entry {
+            addr,
+            attaches,
+            owner,
+        }) = entry
+        else {
+            debug!(client_id = %client_id, epoch, "a handed-over session came after its CONNECT went on afresh, and that session is in use; dropped");
+            return;
+        };
+        self.sessions_mark();
+        // CONNECTs for the id wait meanwhile: out of `clients`, the fresh session is not
+        // attached to, nor taken for another node's claim.
+        self.adopting.insert(client_id.clone(), Adopting::default());
+        ctx.spawn_then(
+            async move {
+                let gave = addr.ask(ClientMsg::GiveWay).await.unwrap_or(false);
+                (addr, gave)
+            },
+            move |(addr, gave)| RegistryMsg::GaveWay {
+                client_id,
+                epoch,
+                handoff: h,
+                addr,
+                attaches,
+                owner,
+                gave,
+            },
+        );
+    }
+
+    /// The fresh session's answer to [`Registry::adopt_late`]; then what waited for it.
+    pub(super) async fn gave_way(
+        &mut self,
+        client_id: Arc<str>,
+        epoch: u64,
+        h: Box<HandOff>,
+        entry: Entry,
+        gave: bool,
+        ctx: &mut Ctx<Self>,
+    ) {
+        let a = self.adopting.remove(&client_id).unwrap_or_default();
+        let mut conn = a.conn;
+        let mine = self.claimed.get(&client_id) == Some(&epoch);
+        if !gave {
+            debug!(client_id = %client_id, epoch, "a handed-over session came after its CONNECT went on afresh, and that session is its client's; dropped");
+            self.clients.insert(client_id.clone(), entry);
+            self.sessions_mark();
+        } else if mine && a.taken.is_none() {
+            debug!(client_id = %client_id, epoch, "a handed-over session that came after its CONNECT went on afresh takes the fresh session's place");
+            add(&self.shared.metrics.cluster_sessions_late, 1);
+            conn = self.install(client_id.clone(), epoch, h, conn, ctx);
+        } else {
+            // Claimed by another node meanwhile: the fresh session has ended, and the
+            // claim below finds none here.
+            debug!(client_id = %client_id, epoch, "a handed-over session that came late was claimed away meanwhile; dropped");
+        }
+        if let Some((epoch, node)) = a.taken {
+            self.taken_over(&client_id, epoch, node);
+        }
+        if let Some(conn) = conn {
+            Box::pin(self.connect(client_id, conn, ctx)).await;
+        }
+    }
+
+    /// Keeps a session that arrived before its claim's answer, forgetting those kept longer
+    /// than a CONNECT would wait for them.
+    fn keep_early(&mut self, client_id: Arc<str>, epoch: u64, handoff: Box<HandOff>) {
+        let now = time::now();
+        self.early
+            .retain(|_, (_, _, at)| now.saturating_duration_since(*at) < HANDOVER_WAIT);
+        if self.early.len() >= EARLY_MAX {
+            debug!(client_id = %client_id, epoch, "a handed-over session came early and there is no room to keep it; dropped");
+            return;
+        }
+        debug!(client_id = %client_id, epoch, "a handed-over session came before its claim's answer; kept");
+        self.early.insert(client_id, (epoch, handoff, now));
+    }
+}

@@ -1,0 +1,135 @@
+//! A session handed over after its CONNECT went on afresh (sim seed 4398's way there): the
+//! client moves from node A to node B while A is cut off, so B waits its three seconds
+//! for the session, answers session present 0, and the client loses that CONNACK with its
+//! connection. A applies B's claim when the cut heals and hands the session over, late.
+//! The fresh session on B never held more than its name, so the late one takes its place:
+//! the client's next CONNECT finds its subscription and the messages queued for it while
+//! it was away. (Before, the late session was dropped, and with it those messages.)
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Three nodes, no store, no nemesis: the scenario cuts node A off itself.
+pub(crate) const LATE: Variant = Variant {
+    name: "late",
+    faults: false,
+    ..SOUND
+};
+
+const ROAMER: &str = "late-roamer";
+/// Messages queued for the roamer's session on node A while it is away.
+const QUEUED: u64 = 5;
+
+pub(crate) async fn scenario() {
+    let (setup, cluster, base) = start(LATE, 1, false);
+    let leader = wait_leader(&setup, Duration::from_secs(30)).await;
+    check!(leader.is_some(), "no leader 30 s after start");
+    // The two followers: A is cut off and must not take the log's leadership with it.
+    let leader = leader.map_or(0, |l| l as usize - 1);
+    let (a, b) = ((leader + 1) % 3, (leader + 2) % 3);
+    let mut clients = ClientNodes::default();
+    let forever = Instant::now() + Duration::from_secs(60);
+
+    // The roamer's session on A, with a subscription, and messages queued for it there.
+    let roamer = clients.node("roamer").spawn(async move {
+        let o = opts(ROAMER);
+        let (mut c, _) = connect_by(mqtt_addr(a), &o, forever)
+            .await
+            .expect("the roamer connects to A");
+        c.subscribe(1, "late/#", QoS::AtLeastOnce)
+            .await
+            .expect("the roamer subscribes");
+        while !matches!(
+            c.recv().await.expect("the roamer's SUBACK"),
+            Packet::Suback(_)
+        ) {}
+        c.disconnect().await;
+    });
+    roamer.await.expect("the roamer's first connection");
+    let publisher = clients.node("publisher").spawn(async move {
+        let (mut c, _) = connect_by(mqtt_addr(a), &opts("late-publisher"), forever)
+            .await
+            .expect("the publisher connects to A");
+        for seq in 1..=QUEUED {
+            let publish = Publish {
+                dup: false,
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                topic: "late/x".into(),
+                packet_id: Some(pid(seq as u32)),
+                properties: Properties::default(),
+                payload: Bytes::from(format!("0:{seq}")),
+            };
+            c.send(&Packet::Publish(publish)).await.expect("publish");
+            while !matches!(c.recv().await.expect("a PUBACK"), Packet::Puback(_)) {}
+        }
+        c.disconnect().await;
+    });
+    publisher.await.expect("the publisher");
+
+    // A is cut off; the roamer moves to B, which claims it without A and waits for the
+    // session in vain. The CONNACK (session present 0) is lost: the roamer drops the
+    // connection unread, as a client does whose CONNECT timed out.
+    cluster.isolate(a);
+    let moved = clients.node("roamer-moves").spawn(async move {
+        let mut o = opts(ROAMER);
+        o.clean_start = false;
+        let (c, connack) = connect_by(mqtt_addr(b), &o, forever)
+            .await
+            .expect("the roamer connects to B");
+        drop(c);
+        connack.session_present
+    });
+    let present = moved.await.expect("the roamer's move");
+    check!(
+        !present,
+        "B found the session while A was cut off (session present 1)"
+    );
+    sleep(ms(500)).await;
+    cluster.heal_network();
+
+    // A applies the claim and hands the session over; B takes it in the fresh one's place.
+    let b_admin = setup.admin(b).expect("B runs");
+    let by = Instant::now() + Duration::from_secs(20);
+    while b_admin.metrics().cluster_sessions_late == 0 {
+        check!(
+            Instant::now() < by,
+            "B did not take the late session within 20 s of the heal"
+        );
+        sleep(ms(10)).await;
+    }
+
+    // The roamer's next CONNECT finds its session, and the messages queued on A.
+    let back = clients.node("roamer-back").spawn(async move {
+        let mut o = opts(ROAMER);
+        o.clean_start = false;
+        let (mut c, connack) = connect_by(mqtt_addr(b), &o, forever)
+            .await
+            .expect("the roamer connects to B again");
+        let mut got = Vec::new();
+        while connack.session_present && got.len() < QUEUED as usize {
+            match timeout(Duration::from_secs(10), c.recv()).await {
+                Ok(Ok(Packet::Publish(p))) => {
+                    if let Some(id) = p.packet_id {
+                        let _ = c.send(&Packet::Puback(ack(id))).await;
+                    }
+                    got.push(parse(&p.payload).1);
+                }
+                Ok(Ok(_)) => {}
+                _ => break,
+            }
+        }
+        c.disconnect().await;
+        (connack.session_present, got)
+    });
+    let (present, got) = back.await.expect("the roamer's return");
+    check!(
+        present,
+        "the roamer's session was not there after the late handover (session present 0)"
+    );
+    check!(
+        got == (1..=QUEUED).collect::<Vec<_>>(),
+        "the roamer got {got:?} of the {QUEUED} messages queued for it on A"
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}
