@@ -74,7 +74,7 @@ impl Pending {
             };
             if let Some((m, o)) = self.items.remove(i) {
                 self.qos0 -= usize::from(is_qos0(&m, &o));
-                evicted = o.stored;
+                evicted = o.stored.get();
             }
         }
         self.qos0 += usize::from(is_qos0(&d.0, &d.1));
@@ -576,6 +576,7 @@ mod tests {
     use super::*;
     use bytes::Bytes;
     use starling_codec::Properties;
+    use starling_session::StoreKey;
     use std::sync::Arc;
 
     fn d(qos: QoS, tag: u8) -> Delivery {
@@ -609,7 +610,7 @@ mod tests {
         let fill = |policy| {
             let mut p = Pending::default();
             let mut stored = d(QoS::AtLeastOnce, 0);
-            stored.1.stored = Some(7);
+            stored.1.stored = StoreKey::new(7);
             let none = Pushed::Taken { evicted: None };
             assert_eq!(p.push(stored, 2, policy), none);
             assert_eq!(p.push(d(QoS::AtMostOnce, 1), 2, policy), none);

@@ -50,7 +50,7 @@ mod tests;
 pub use effect::{DropReason, Effect, OutgoingPublish, StoreChange, SubscribeRequest};
 pub use error::{PacketIdList, RestoreError, SessionError};
 pub use limits::{check_connect, refusal, ClientIdentity, QueueFullPolicy, SessionLimits};
-pub use message::{DeliveryOptions, Expiry, Message, SharedHeaders};
+pub use message::{DeliveryOptions, Expiry, Message, SharedHeaders, StoreKey, SubscriptionIds};
 pub use session::{AllowAll, Attached, DetachReason, Gate, Session, WallClock};
 pub use state::SessionState;
 pub use subscriptions::{Subscription, Subscriptions};

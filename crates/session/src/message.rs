@@ -166,7 +166,7 @@ pub struct DeliveryOptions {
     pub retain_as_published: bool,
     /// Subscription Identifiers of the matching subscriptions (MQTT 5
     /// §3.3.4), in the order to send them. Sent to MQTT 5 clients only.
-    pub subscription_ids: Vec<u32>,
+    pub subscription_ids: SubscriptionIds,
     /// True when the broker sends a retained message because of a new
     /// SUBSCRIBE: RETAIN stays 1 whatever `retain_as_published` says
     /// (MQTT 5 §3.3.1.3).
@@ -178,7 +178,112 @@ pub struct DeliveryOptions {
     /// The key of this delivery's record in the broker's store, when it is stored (a QoS 1/2
     /// delivery to a session that outlives its connection): the session then reports each
     /// change of it as an [`Effect::Store`](crate::Effect::Store).
-    pub stored: Option<u64>,
+    pub stored: StoreKey,
+}
+
+/// The Subscription Identifiers of one delivery, in one word: none (the common case) costs
+/// no allocation. With [`StoreKey`], it keeps [`DeliveryOptions`] at 24 bytes and a pending
+/// delivery with its message at 32, two to a cache line: a fan-out appends one to each
+/// subscriber's list per publish, and the lists' size is what it touches.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct SubscriptionIds(thin_vec::ThinVec<u32>);
+
+impl SubscriptionIds {
+    /// Appends one.
+    pub fn push(&mut self, id: u32) {
+        self.0.push(id);
+    }
+
+    /// Appends another delivery's, in their order.
+    pub fn append(&mut self, other: SubscriptionIds) {
+        if self.0.is_empty() {
+            self.0 = other.0;
+        } else {
+            self.0.extend(other.0);
+        }
+    }
+}
+
+impl std::ops::Deref for SubscriptionIds {
+    type Target = [u32];
+
+    fn deref(&self) -> &[u32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SubscriptionIds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl FromIterator<u32> for SubscriptionIds {
+    fn from_iter<I: IntoIterator<Item = u32>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
+    }
+}
+
+impl From<Vec<u32>> for SubscriptionIds {
+    fn from(ids: Vec<u32>) -> Self {
+        ids.into_iter().collect()
+    }
+}
+
+impl<const N: usize> From<[u32; N]> for SubscriptionIds {
+    fn from(ids: [u32; N]) -> Self {
+        ids.into_iter().collect()
+    }
+}
+
+/// The key of a delivery's record in the broker's store, if it has one: a `u64` with no
+/// room lost to an `Option`'s tag (see [`SubscriptionIds`]). Keys are a shard's sequence
+/// numbers, which never reach `u64::MAX`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StoreKey(u64);
+
+impl StoreKey {
+    /// No record.
+    pub const NONE: StoreKey = StoreKey(u64::MAX);
+
+    /// The record `seq`.
+    pub fn new(seq: u64) -> Self {
+        assert_ne!(seq, u64::MAX, "a store key out of range");
+        StoreKey(seq)
+    }
+
+    /// The record's key, if there is one.
+    pub fn get(self) -> Option<u64> {
+        (self.0 != u64::MAX).then_some(self.0)
+    }
+
+    /// True when there is a record.
+    pub fn is_some(self) -> bool {
+        self.0 != u64::MAX
+    }
+
+    /// True when there is none.
+    pub fn is_none(self) -> bool {
+        self.0 == u64::MAX
+    }
+}
+
+impl Default for StoreKey {
+    fn default() -> Self {
+        Self::NONE
+    }
+}
+
+impl From<Option<u64>> for StoreKey {
+    fn from(seq: Option<u64>) -> Self {
+        seq.map_or(Self::NONE, Self::new)
+    }
+}
+
+impl fmt::Debug for StoreKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.get().fmt(f)
+    }
 }
 
 impl DeliveryOptions {
@@ -191,7 +296,7 @@ impl DeliveryOptions {
             subscription_ids: subscription_id.into_iter().collect(),
             from_retained: false,
             held_back: false,
-            stored: None,
+            stored: StoreKey::NONE,
         }
     }
 
@@ -202,7 +307,7 @@ impl DeliveryOptions {
         self.qos = self.qos.max(other.qos);
         self.no_local &= other.no_local;
         self.retain_as_published |= other.retain_as_published;
-        self.subscription_ids.extend(other.subscription_ids);
+        self.subscription_ids.append(other.subscription_ids);
         self.from_retained &= other.from_retained;
         self.held_back |= other.held_back;
     }
@@ -225,18 +330,24 @@ mod tests {
         let mut a = DeliveryOptions {
             qos: QoS::AtMostOnce,
             no_local: true,
-            subscription_ids: vec![1],
+            subscription_ids: [1].into(),
             ..DeliveryOptions::default()
         };
         a.merge(DeliveryOptions {
             qos: QoS::ExactlyOnce,
             no_local: false,
             retain_as_published: true,
-            subscription_ids: vec![7],
+            subscription_ids: [7].into(),
             ..DeliveryOptions::default()
         });
         assert_eq!(a.qos, QoS::ExactlyOnce);
         assert!(!a.no_local && a.retain_as_published);
-        assert_eq!(a.subscription_ids, [1, 7]);
+        assert_eq!(*a.subscription_ids, [1, 7]);
+    }
+
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_pending_delivery_is_half_a_cache_line() {
+        assert_eq!(std::mem::size_of::<(Arc<Message>, DeliveryOptions)>(), 32);
     }
 }

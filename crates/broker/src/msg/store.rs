@@ -79,7 +79,7 @@ impl StoreOp {
             seq,
             qos: message.qos.min(opts.qos),
             retain: opts.from_retained || (opts.retain_as_published && message.retain),
-            subscription_ids: opts.subscription_ids.clone(),
+            subscription_ids: opts.subscription_ids.to_vec(),
             message: message.clone(),
         }
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use starling_router::DeliveryKind;
 use starling_rt::{time, ActorId, Ctx};
-use starling_session::{DeliveryOptions, Message};
+use starling_session::{DeliveryOptions, Message, StoreKey};
 use tracing::debug;
 
 use super::{remote, RouterActor, Slot, Source, RETRY_BLOCKED};
@@ -152,7 +152,7 @@ impl RouterActor {
         if early {
             let seq = self.seq_next;
             self.seq_next += self.map.count() as u64;
-            opts.stored = Some(seq);
+            opts.stored = StoreKey::new(seq);
             self.to_store
                 .push(StoreOp::delivery(subscriber.clone(), seq, msg, &opts));
             let was_empty = client.pending.is_empty();
@@ -184,7 +184,7 @@ impl RouterActor {
             let op = store.then(|| {
                 let seq = self.seq_next;
                 self.seq_next += self.map.count() as u64;
-                opts.stored = Some(seq);
+                opts.stored = StoreKey::new(seq);
                 self.to_store
                     .push(StoreOp::delivery(subscriber.clone(), seq, msg, &opts));
                 self.to_store.len() - 1

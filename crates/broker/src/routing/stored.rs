@@ -31,7 +31,7 @@ impl RouterActor {
                         c.held = c.held.saturating_sub(1);
                     }
                 }
-                if let Some(seq) = d.1.stored {
+                if let Some(seq) = d.1.stored.get() {
                     self.to_store.push(StoreOp::Retire {
                         client_id: subscriber.clone(),
                         seq,
@@ -45,7 +45,7 @@ impl RouterActor {
                 continue;
             }
             let Some(Destination::Local(client)) = dest else {
-                if let Some(seq) = d.1.stored {
+                if let Some(seq) = d.1.stored.get() {
                     self.to_store.push(StoreOp::Retire {
                         client_id: subscriber.clone(),
                         seq,
@@ -55,7 +55,7 @@ impl RouterActor {
             };
             client.held = client.held.saturating_sub(1);
             let was_empty = client.pending.is_empty();
-            let seq = d.1.stored;
+            let seq = d.1.stored.get();
             // Dropped, with its record: this one, or an older one the policy picked.
             let dropped = match client
                 .pending

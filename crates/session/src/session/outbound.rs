@@ -32,7 +32,7 @@ impl Session {
     /// drop is an [`Effect::Dropped`].
     pub fn deliver(&mut self, now: Instant, msg: &Arc<Message>, options: &DeliveryOptions) {
         let qos = msg.qos.min(options.qos);
-        let stored = options.stored;
+        let stored = options.stored.get();
         if self.is_ended() {
             self.dropped(DropReason::SessionEnded, qos);
             self.retire(stored);
@@ -56,7 +56,7 @@ impl Session {
             msg: Arc::clone(msg),
             qos,
             retain,
-            sub_ids: options.subscription_ids.clone(),
+            sub_ids: options.subscription_ids.to_vec(),
             stored,
             from_retained: options.from_retained,
         };

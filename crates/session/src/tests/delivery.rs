@@ -55,7 +55,7 @@ fn subscription_ids_attached_to_deliveries() {
     let mut h = H::attached(SessionLimits::default(), &connect(Protocol::V5, "c1", true));
     let opts = DeliveryOptions {
         qos: QoS::AtMostOnce,
-        subscription_ids: vec![3, 9],
+        subscription_ids: [3, 9].into(),
         ..DeliveryOptions::default()
     };
     h.s.deliver(h.now, &msg("a", QoS::AtMostOnce, b"x"), &opts);

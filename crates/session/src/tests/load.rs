@@ -74,7 +74,7 @@ fn per_subscriber_headers_are_not_shared() {
     o.retain_as_published = true;
     h.s.deliver(h.now, &m, &o);
     let mut o = sub(QoS::AtMostOnce);
-    o.subscription_ids = vec![7];
+    o.subscription_ids = [7].into();
     h.s.deliver(h.now, &m, &o);
     h.s.deliver(h.now, &m, &sub(QoS::AtLeastOnce));
     assert_eq!(published(&h.drain()).len(), 3);

@@ -56,7 +56,7 @@ fn busy_session() -> H {
     with_props.properties.user_properties = vec![("k".into(), "v".into())];
     with_props.expires_at = Some(Expiry::announced(h.now + Duration::from_secs(90)));
     let opts = DeliveryOptions {
-        subscription_ids: vec![9],
+        subscription_ids: [9].into(),
         ..sub(QoS::ExactlyOnce)
     };
     for m in [

@@ -463,14 +463,20 @@ impl Driver {
             qos: qos(o >> 4),
             no_local: o & 0x40 != 0,
             retain_as_published: o & 0x80 != 0,
-            subscription_ids: if o & 0x10 != 0 { vec![7] } else { Vec::new() },
+            subscription_ids: if o & 0x10 != 0 {
+                [7].into()
+            } else {
+                Default::default()
+            },
             from_retained: o & 0x20 != 0,
             held_back: b & 0x80 != 0,
-            stored: (b & 0x40 != 0).then(|| {
-                self.next_key += 1;
-                self.live_keys.insert(self.next_key);
-                self.next_key
-            }),
+            stored: (b & 0x40 != 0)
+                .then(|| {
+                    self.next_key += 1;
+                    self.live_keys.insert(self.next_key);
+                    self.next_key
+                })
+                .into(),
         };
         self.s.deliver(self.now, &msg, &options);
         self.drain();
