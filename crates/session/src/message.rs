@@ -189,11 +189,6 @@ pub struct DeliveryOptions {
 pub struct SubscriptionIds(thin_vec::ThinVec<u32>);
 
 impl SubscriptionIds {
-    /// Appends one.
-    pub fn push(&mut self, id: u32) {
-        self.0.push(id);
-    }
-
     /// Appends another delivery's, in their order.
     pub fn append(&mut self, other: SubscriptionIds) {
         if self.0.is_empty() {
@@ -224,12 +219,6 @@ impl FromIterator<u32> for SubscriptionIds {
     }
 }
 
-impl From<Vec<u32>> for SubscriptionIds {
-    fn from(ids: Vec<u32>) -> Self {
-        ids.into_iter().collect()
-    }
-}
-
 impl<const N: usize> From<[u32; N]> for SubscriptionIds {
     fn from(ids: [u32; N]) -> Self {
         ids.into_iter().collect()
@@ -255,16 +244,6 @@ impl StoreKey {
     /// The record's key, if there is one.
     pub fn get(self) -> Option<u64> {
         (self.0 != u64::MAX).then_some(self.0)
-    }
-
-    /// True when there is a record.
-    pub fn is_some(self) -> bool {
-        self.0 != u64::MAX
-    }
-
-    /// True when there is none.
-    pub fn is_none(self) -> bool {
-        self.0 == u64::MAX
     }
 }
 
