@@ -575,6 +575,13 @@ impl Registry {
         m.sessions_max
             .fetch_max(n, std::sync::atomic::Ordering::Relaxed);
     }
+
+    /// The claim goes with the session that ended (a later CONNECT claims again).
+    fn release_claim(&mut self, client_id: Arc<str>) {
+        if let (Some(epoch), Some(c)) = (self.claimed.remove(&client_id), &self.cluster) {
+            let _ = c.try_send(ClusterMsg::Release { client_id, epoch });
+        }
+    }
 }
 
 impl Actor for Registry {
@@ -598,11 +605,10 @@ impl Actor for Registry {
                         e.addr.stop();
                     }
                     self.sessions_mark();
-                    // The claim goes with the session (a later CONNECT claims again).
-                    if let (Some(epoch), Some(c)) = (self.claimed.remove(&client_id), &self.cluster)
-                    {
-                        let _ = c.try_send(ClusterMsg::Release { client_id, epoch });
-                    }
+                    self.release_claim(client_id);
+                } else if let Some(a) = self.adopting.get_mut(&client_id) {
+                    // Out of `clients` while it is asked to give way: answered after.
+                    a.retired = Some((actor, attaches));
                 }
             }
             RegistryMsg::Restore(sessions, reply) => {

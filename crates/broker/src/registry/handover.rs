@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use starling_rt::{time, Ctx};
+use starling_rt::{time, ActorId, Ctx};
 use tracing::debug;
 
 use super::{Entry, Registry, EARLY_MAX, HANDOVER_WAIT};
@@ -20,6 +20,9 @@ pub(super) struct Adopting {
     /// Another node's claim (its epoch and node) applied meanwhile: acted on once the
     /// adoption is over.
     pub(super) taken: Option<(u64, u64)>,
+    /// The fresh session ended on its own meanwhile (its expiry fell due): its `Retire`
+    /// (actor and attach count), acted on once it answered.
+    pub(super) retired: Option<(ActorId, u32)>,
 }
 
 impl Registry {
@@ -185,7 +188,16 @@ impl Registry {
         let a = self.adopting.remove(&client_id).unwrap_or_default();
         let mut conn = a.conn;
         let mine = self.claimed.get(&client_id) == Some(&epoch);
-        if !gave {
+        let ended = a
+            .retired
+            .is_some_and(|r| r == (entry.addr.id(), entry.attaches));
+        if !gave && ended {
+            // Neither session is kept: the late one would take the place of a session that
+            // ended on its own, and the claim goes with it as with any `Retire`.
+            debug!(client_id = %client_id, epoch, "a handed-over session came late, and the fresh session ended meanwhile; both gone");
+            entry.addr.stop();
+            self.release_claim(client_id.clone());
+        } else if !gave {
             debug!(client_id = %client_id, epoch, "a handed-over session came after its CONNECT went on afresh, and that session is its client's; dropped");
             self.clients.insert(client_id.clone(), entry);
             self.sessions_mark();
