@@ -263,3 +263,67 @@ fn persistent_sessions_lose_no_acknowledged_message_across_a_kill_9() {
         "the persistent session is gone"
     );
 }
+
+/// A raw MQTT 5 CONNECT of `id` with clean start 0 and an hour's session expiry: the
+/// connection and the CONNACK's session present flag.
+fn connect_v5(port: u16, id: &str) -> (std::net::TcpStream, bool) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5, 0x00, 0, 60];
+    // Properties: session expiry interval 3600.
+    body.extend_from_slice(&[5, 0x11, 0, 0, 0x0e, 0x10]);
+    body.extend_from_slice(&(id.len() as u16).to_be_bytes());
+    body.extend_from_slice(id.as_bytes());
+    let mut packet = vec![0x10, body.len() as u8];
+    packet.extend_from_slice(&body);
+    s.write_all(&packet).expect("CONNECT");
+    let mut head = [0u8; 2];
+    s.read_exact(&mut head).expect("CONNACK");
+    assert_eq!(head[0], 0x20, "a CONNACK");
+    let mut rest = vec![0u8; usize::from(head[1])];
+    s.read_exact(&mut rest).expect("CONNACK body");
+    assert_eq!(rest[1], 0, "CONNACK reason code");
+    (s, rest[0] & 1 == 1)
+}
+
+/// A client told its session was not there (session present 0) that has said nothing
+/// since is told so again after a SIGKILL and a restart, and not handed an empty session
+/// as if it were its old one; a client that spoke after its CONNACK finds its session.
+#[test]
+fn a_session_its_client_never_answered_stays_unheard_across_a_kill_9() {
+    use std::io::{Read, Write};
+    let dir = temp_dir("kill9-unheard");
+    let port = free_port();
+    let config = config(&dir, port);
+    let mut d = Daemon::start(&config);
+    d.expect("starling started");
+    let (_silent, present) = connect_v5(port, "kill9-silent");
+    assert!(!present);
+    let (mut heard, present) = connect_v5(port, "kill9-heard");
+    assert!(!present);
+    // A QoS 1 PUBLISH and its PUBACK: the client went on from its CONNACK.
+    heard
+        .write_all(&[0x32, 8, 0, 3, b'h', b'/', b'x', 0, 1, 0])
+        .expect("PUBLISH");
+    let mut head = [0u8; 2];
+    heard.read_exact(&mut head).expect("PUBACK");
+    assert_eq!(head[0], 0x40, "a PUBACK");
+    let mut rest = vec![0u8; usize::from(head[1])];
+    heard.read_exact(&mut rest).expect("PUBACK body");
+    // The meta's rewrite is not a barrier for the PUBACK: let it commit.
+    std::thread::sleep(Duration::from_secs(1));
+    d.child.kill().expect("SIGKILL");
+    let _ = d.child.wait();
+    drop(d);
+
+    let mut d = Daemon::start(&config);
+    d.expect("starling started");
+    let (_, present) = connect_v5(port, "kill9-silent");
+    assert!(
+        !present,
+        "a client never heard from after session present 0 was told present 1 after the restart"
+    );
+    let (_, present) = connect_v5(port, "kill9-heard");
+    assert!(present, "the session of a client that went on was lost");
+}

@@ -64,6 +64,7 @@ fn session() -> Op {
             pending_unsubscribes: Vec::new(),
             owner: None,
             connected: false,
+            unheard: false,
         },
     }
 }

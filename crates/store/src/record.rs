@@ -12,10 +12,15 @@ use starling_session::state::{
 
 use crate::error::DecodeProblem;
 
-/// The first byte of every encoded value; a reader refuses any other. Bump it when a value
-/// type changes shape (postcard is not self-describing: an added field shifts every byte
-/// after it).
-pub const VALUE_VERSION: u8 = 1;
+/// The first byte of every encoded value; a reader refuses any other it does not know.
+/// Bump it when a value type changes shape (postcard is not self-describing: an added field
+/// shifts every byte after it).
+///
+/// 2: [`SessionMeta::unheard`]. Values of layout 1 are read too: only the meta changed
+/// shape, and [`decode_meta`] reads a layout 1 meta as one without that field.
+pub const VALUE_VERSION: u8 = 2;
+/// The layout before [`SessionMeta::unheard`].
+const VALUE_VERSION_1: u8 = 1;
 
 /// A stored session without its deliveries and inbound packet identifiers, which have
 /// tables of their own so that a delivery changes one small record and never rewrites the
@@ -50,6 +55,44 @@ pub struct SessionMeta {
     /// Written while a connection was attached: a crash cut that connection, so on
     /// recovery its session expiry and will delay run from the restart.
     pub connected: bool,
+    /// [`DetachedState::unheard`]: its client was last told it had no session, and has
+    /// said nothing since. Layout 2; a layout 1 meta reads as `false`.
+    pub unheard: bool,
+}
+
+/// [`SessionMeta`] as layout 1 wrote it: the same fields, without `unheard`.
+#[derive(Deserialize)]
+struct SessionMetaV1 {
+    state_version: u32,
+    next_packet_id: PacketId,
+    expiry_interval_secs: u32,
+    expires_at: Option<SystemTime>,
+    will: Option<WillState>,
+    subscriptions: Vec<SubscriptionState>,
+    pending_subscribes: Vec<PendingSubscribeState>,
+    pending_unsubscribes: Vec<PendingUnsubscribeState>,
+    owner: Option<String>,
+    connected: bool,
+}
+
+impl From<SessionMetaV1> for SessionMeta {
+    fn from(v: SessionMetaV1) -> Self {
+        SessionMeta {
+            state_version: v.state_version,
+            next_packet_id: v.next_packet_id,
+            expiry_interval_secs: v.expiry_interval_secs,
+            expires_at: v.expires_at,
+            will: v.will,
+            subscriptions: v.subscriptions,
+            pending_subscribes: v.pending_subscribes,
+            pending_unsubscribes: v.pending_unsubscribes,
+            owner: v.owner,
+            connected: v.connected,
+            // Layout 1 did not keep it: such a session was restored as heard from, as
+            // before.
+            unheard: false,
+        }
+    }
 }
 
 /// A [`SessionState`] taken apart into the records the store keeps.
@@ -85,9 +128,7 @@ impl SessionParts {
             inbound_qos2,
             pending_subscribes,
             pending_unsubscribes,
-            // Not stored: a session restored after a restart counts as heard from
-            // (docs/persistence.md).
-            unheard: _,
+            unheard,
         } = detached?;
         let meta = SessionMeta {
             state_version: version,
@@ -100,6 +141,7 @@ impl SessionParts {
             pending_unsubscribes,
             owner: None,
             connected: false,
+            unheard,
         };
         Some(SessionParts {
             client_id,
@@ -130,6 +172,7 @@ impl SessionParts {
             pending_unsubscribes,
             owner: _,
             connected: _,
+            unheard,
         } = meta;
         SessionState {
             version: state_version,
@@ -145,7 +188,7 @@ impl SessionParts {
                 inbound_qos2,
                 pending_subscribes,
                 pending_unsubscribes,
-                unheard: false,
+                unheard,
             }),
         }
     }
@@ -186,15 +229,34 @@ pub(crate) fn encode<T: Serialize>(value: &T, buf: &mut Vec<u8>) -> Result<(), p
     Ok(())
 }
 
-/// Decodes a value [`encode`] wrote; anything else, trailing bytes included, is an error.
+/// Decodes a value [`encode`] wrote, of this layout or layout 1 (the same for every type
+/// but [`SessionMeta`], which [`decode_meta`] reads); anything else, trailing bytes
+/// included, is an error.
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeProblem> {
+    let (_, body) = versioned(bytes)?;
+    whole(body)
+}
+
+/// Decodes a [`SessionMeta`] of either layout.
+pub(crate) fn decode_meta(bytes: &[u8]) -> Result<SessionMeta, DecodeProblem> {
+    match versioned(bytes)? {
+        (VALUE_VERSION_1, body) => whole::<SessionMetaV1>(body).map(SessionMeta::from),
+        (_, body) => whole(body),
+    }
+}
+
+fn versioned(bytes: &[u8]) -> Result<(u8, &[u8]), DecodeProblem> {
     let (&version, body) = bytes.split_first().ok_or(DecodeProblem::Empty)?;
-    if version != VALUE_VERSION {
+    if version != VALUE_VERSION && version != VALUE_VERSION_1 {
         return Err(DecodeProblem::UnknownValueVersion {
             found: version,
             supported: VALUE_VERSION,
         });
     }
+    Ok((version, body))
+}
+
+fn whole<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeProblem> {
     let (value, rest) = postcard::take_from_bytes(body).map_err(DecodeProblem::Malformed)?;
     if !rest.is_empty() {
         return Err(DecodeProblem::TrailingBytes(rest.len()));
@@ -243,6 +305,41 @@ mod tests {
             decode::<String>(&[VALUE_VERSION, 5, b'a']),
             Err(DecodeProblem::Malformed(_))
         ));
+    }
+
+    fn meta(unheard: bool) -> SessionMeta {
+        SessionMeta {
+            state_version: 3,
+            next_packet_id: PacketId::new(9).unwrap(),
+            expiry_interval_secs: 60,
+            expires_at: None,
+            will: None,
+            subscriptions: Vec::new(),
+            pending_subscribes: Vec::new(),
+            pending_unsubscribes: Vec::new(),
+            owner: Some("u".into()),
+            connected: true,
+            unheard,
+        }
+    }
+
+    #[test]
+    fn a_meta_keeps_its_unheard_mark_and_a_layout_1_meta_reads_as_heard_from() {
+        let mut buf = Vec::new();
+        encode(&meta(true), &mut buf).unwrap();
+        assert_eq!(decode_meta(&buf), Ok(meta(true)));
+        // Layout 1 wrote the same fields in the same order, without the last one.
+        let mut v1 = buf[..buf.len() - 1].to_vec();
+        v1[0] = VALUE_VERSION_1;
+        assert_eq!(decode_meta(&v1), Ok(meta(false)));
+        // Other values did not change shape: layout 1's are read as they are.
+        assert_eq!(
+            decode::<(u32, bool)>(&[VALUE_VERSION_1, 7, 1]),
+            Ok((7, true))
+        );
+        // A layout 2 meta labelled 1 is caught, not misread.
+        buf[0] = VALUE_VERSION_1;
+        assert_eq!(decode_meta(&buf), Err(DecodeProblem::TrailingBytes(1)));
     }
 
     #[test]

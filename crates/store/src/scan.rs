@@ -135,7 +135,7 @@ pub(crate) fn scan(db: &Database, at: &Place) -> Result<Scan, StoreError> {
     for row in txn.open_table(SESSIONS).at(at)?.iter().at(at)? {
         let (k, v) = row.at(at)?;
         let (id, bytes) = (k.value(), v.value());
-        let meta: SessionMeta = record::decode(bytes)
+        let meta: SessionMeta = record::decode_meta(bytes)
             .map_err(|p| decode_err(names::SESSIONS, RecordKey::Session(id.to_owned()), p))?;
         usage.sessions += 1;
         usage.bytes += tables::session_size(id, bytes.len());

@@ -246,8 +246,14 @@ impl Client {
             Packet::Unsubscribe(u) => add(&r.client_unsubscribe, u.filters.len() as u64),
             _ => {}
         }
+        let unheard = self.session.is_unheard();
         let result = self.session.handle_packet(time::now(), p, &mut self.gate);
         self.gate.fed();
+        if unheard && !self.session.is_unheard() {
+            // Its stored meta says it was told it had no session: once per such session,
+            // the record learns the client went on from there.
+            self.meta_changed(false);
+        }
         // A PUBCOMP for a message not yet released is a protocol error, not an ack.
         if acked && result.is_ok() {
             *acks += 1;

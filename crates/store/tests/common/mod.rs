@@ -75,6 +75,7 @@ pub fn meta(subscriptions: &[&str]) -> SessionMeta {
         pending_unsubscribes: Vec::new(),
         owner: None,
         connected: false,
+        unheard: false,
     }
 }
 
@@ -410,6 +411,7 @@ fn session_meta() -> impl Strategy<Value = SessionMeta> {
         proptest::collection::vec(subscription(), 0..3),
         proptest::collection::vec(pending, 0..2),
         proptest::collection::vec(unsub, 0..2),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -420,6 +422,7 @@ fn session_meta() -> impl Strategy<Value = SessionMeta> {
                 subscriptions,
                 pending_subscribes,
                 pending_unsubscribes,
+                unheard,
             )| {
                 SessionMeta {
                     state_version: SESSION_STATE_VERSION,
@@ -432,6 +435,7 @@ fn session_meta() -> impl Strategy<Value = SessionMeta> {
                     pending_unsubscribes,
                     owner: None,
                     connected: false,
+                    unheard,
                 }
             },
         )
