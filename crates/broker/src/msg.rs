@@ -318,6 +318,9 @@ pub(crate) struct SubscribeResult {
     pub new: Vec<bool>,
     /// Retained messages to deliver after the SUBACK, with their options.
     pub retained: Vec<(Arc<Message>, DeliveryOptions)>,
+    /// Publishes taken in after the SUBSCRIBE that reached their shard before its new
+    /// subscriptions did (`routing::recent`): delivered after the retained ones.
+    pub caught: Vec<(Arc<Message>, DeliveryOptions)>,
     /// In a cluster: answered once the replicated routes hold this node for each new
     /// subscription's filter (the SUBACK waits for them, up to a bound), so that a publish
     /// on another node after the SUBACK reaches the subscriber.
@@ -385,6 +388,10 @@ pub(crate) struct SubscribeMsg {
     pub persistent: bool,
     pub filters: Vec<SubscribeRequest>,
     pub admission: Admission,
+    /// When its client took the SUBSCRIBE in: publishes taken in after that moment that
+    /// reached the shard before it are handed back (`SubscribeResult::caught`). `None` for
+    /// subscriptions restored, moved or made by an operator.
+    pub since: Option<starling_rt::time::Instant>,
     pub reply: Reply<SubscribeResult>,
 }
 

@@ -53,6 +53,7 @@ use admin::ShardCounts;
 mod handover;
 mod link;
 mod moving;
+mod recent;
 mod remote;
 mod slots;
 mod stored;
@@ -98,6 +99,8 @@ pub(crate) struct RouterActor {
     rng: starling_rt::rng::Rng,
     /// This shard's incarnation on the links to other nodes (see `RemoteNode::inc`).
     link_inc: u64,
+    /// The last publishes taken in on this node, for a SUBSCRIBE that raced them.
+    recent: recent::Recent,
     /// Reused per publish: the matches, then one entry per subscriber after merging.
     scratch: Vec<Routed<Slot, SubOpts>>,
     merged: Vec<Routed<Slot, SubOpts>>,
@@ -254,6 +257,7 @@ impl RouterActor {
             reported: ShardCounts::default(),
             rng,
             link_inc,
+            recent: recent::Recent::default(),
             scratch: Vec::new(),
             merged: Vec::new(),
             dirty: Vec::new(),
@@ -413,6 +417,7 @@ impl RouterActor {
             add(&self.shared.metrics.rmqtt.messages_nonsubscribed, 1);
         }
         let mut qos0 = Qos0Tally::default();
+        let holders = Arc::strong_count(&msg);
         for d in merged.drain(..) {
             let source = match forwarded_by {
                 None => Source::Local(from.as_ref(), Some(&d.kind)),
@@ -428,6 +433,11 @@ impl RouterActor {
         }
         self.routed += 1;
         self.merged = merged;
+        if local {
+            // A delivery on its way holds the message: counted, not asked of each offer.
+            let delivered = Arc::strong_count(&msg) > holders;
+            self.recent.note(&msg, delivered);
+        }
         if let (Some(from), Some(subscriber)) = (from.as_ref(), qos0.overloaded()) {
             self.hold_for(&subscriber, from);
         }
@@ -559,10 +569,19 @@ impl Actor for RouterActor {
                     persistent,
                     filters,
                     admission,
+                    since,
                     reply,
                 } = *sub;
                 let installed = self.moving_installed(&client_id);
-                let r = self.subscribe(client_id, client, may_hold, persistent, filters, admission);
+                let catch_up = since
+                    .filter(|&t| self.recent.any_after(t, &client_id))
+                    .map(|t| (t, self.catch_ups(&filters)));
+                let id = client_id.clone();
+                let mut r =
+                    self.subscribe(client_id, client, may_hold, persistent, filters, admission);
+                if let Some((since, subs)) = catch_up {
+                    self.caught_up(&mut r, since, &id, subs);
+                }
                 let _ = reply.send(r);
                 if installed {
                     // Copies relayed to it may have come before its subscriptions.

@@ -15,6 +15,7 @@ use futures::future::join_all;
 use starling_codec::ReasonCode;
 use starling_router::parse_subscription;
 use starling_router::{Reach, ShardMap, TopicLimits};
+use starling_rt::time::Instant;
 use starling_rt::{ActorId, Addr, WeakAddr};
 use starling_session::{DeliveryOptions, SubscribeRequest};
 
@@ -233,6 +234,7 @@ impl Shards {
         may_hold: bool,
         persistent: bool,
         filters: Vec<SubscribeRequest>,
+        since: Option<Instant>,
     ) -> SubscribeResult {
         let n = filters.len();
         let reach: Vec<Reach> = filters.iter().map(|f| self.reach(&f.filter)).collect();
@@ -256,6 +258,7 @@ impl Shards {
                             persistent,
                             filters: p.filters,
                             admission: Admission::Decide,
+                            since,
                             reply,
                         }))
                     })
@@ -268,6 +271,7 @@ impl Shards {
             results: vec![Err(ReasonCode::UnspecifiedError); n],
             new: vec![false; n],
             retained: Vec::new(),
+            caught: Vec::new(),
             route_waits: Vec::new(),
             routes_held: true,
             holds: Vec::new(),
@@ -290,6 +294,7 @@ impl Shards {
                 }
             }
             out.retained.extend(r.retained);
+            out.caught.extend(r.caught);
         }
         // In a cluster, `$exclusive/` and `$limit/N/` are granted by the cluster's count:
         // what it refused (or could not count) is taken back before any other shard
@@ -319,6 +324,7 @@ impl Shards {
                             persistent,
                             filters: p.filters,
                             admission: Admission::Admitted { new },
+                            since,
                             reply,
                         }))
                     })
@@ -328,6 +334,7 @@ impl Shards {
         });
         for r in join_all(asks).await {
             out.retained.extend(r.retained);
+            out.caught.extend(r.caught);
         }
         if !refused.is_empty() {
             let _ = self.unsubscribe(client_id.clone(), refused).await;

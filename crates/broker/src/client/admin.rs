@@ -138,7 +138,7 @@ impl Client {
         let routed: Vec<_> = checked.iter().filter_map(|r| r.clone().ok()).collect();
         let mut granted = Vec::new().into_iter();
         if !routed.is_empty() {
-            let r = self.route_subscribe(routed.clone(), ctx).await;
+            let r = self.route_subscribe(routed.clone(), None, ctx).await;
             self.session.operator_subscribed(routed, &r.results);
             self.meta_changed(true);
             let now = time::now();

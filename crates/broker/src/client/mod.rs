@@ -349,14 +349,17 @@ impl Client {
                 }
             }
             Wait::Subscribe(packet_id, filters) => {
-                let r = self.route_subscribe(filters, ctx).await;
+                // Taken in now: this turn fed the SUBSCRIBE.
+                let since = time::now();
+                let r = self.route_subscribe(filters, Some(since), ctx).await;
                 // SUBACK first, then the retained messages (MQTT 5 §3.8.4); the subscriptions
-                // stored before either reaches the client.
+                // stored before either reaches the client. Then what raced the SUBSCRIBE,
+                // before anything routed to it after (still in the mailbox).
                 let now = time::now();
                 self.session.subscribed(now, packet_id, r.results);
                 self.meta_changed(true);
-                for (m, o) in r.retained {
-                    self.deliver(now, &m, &o, ctx);
+                for (m, o) in r.retained.iter().chain(&r.caught) {
+                    self.deliver(now, m, o, ctx);
                 }
             }
             Wait::Unsubscribe(packet_id, filters) => {

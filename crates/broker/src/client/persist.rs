@@ -448,7 +448,14 @@ impl Client {
         let may_hold = self.may_hold();
         let r = self
             .shards
-            .subscribe(self.client_id(), ctx.weak_addr(), may_hold, true, filters)
+            .subscribe(
+                self.client_id(),
+                ctx.weak_addr(),
+                may_hold,
+                true,
+                filters,
+                None,
+            )
             .await;
         self.presence(false).await;
         if r.results.iter().any(Result::is_err) {

@@ -5,8 +5,10 @@ use std::sync::Arc;
 
 use starling_codec::ReasonCode;
 use starling_hooks::{EventKind, What};
+use starling_router::{filter_matches, parse_subscription, Extension};
+use starling_rt::time::Instant;
 use starling_rt::Ctx;
-use starling_session::SubscribeRequest;
+use starling_session::{DeliveryOptions, Message, SubscribeRequest};
 
 use super::Client;
 use crate::flow::{Reporter, StallRules};
@@ -16,9 +18,12 @@ use crate::msg::SubscribeResult;
 impl Client {
     /// Routes `filters` (checked by the session) to the shards: their answer, one result
     /// per filter, and the retained messages to deliver once the subscriptions are stored.
+    /// `since`: when the client's SUBSCRIBE was taken in, for the publishes taken in after
+    /// it that reached their shard first (`SubscribeResult::caught`).
     pub(super) async fn route_subscribe(
         &mut self,
         filters: Vec<SubscribeRequest>,
+        since: Option<Instant>,
         ctx: &mut Ctx<Self>,
     ) -> SubscribeResult {
         let client_id = self.client_id();
@@ -35,8 +40,11 @@ impl Client {
         let again = self.shards.is_clustered().then(|| filters.clone());
         let mut r = self
             .shards
-            .subscribe(client_id.clone(), me, may_hold, persistent, filters)
+            .subscribe(client_id.clone(), me, may_hold, persistent, filters, since)
             .await;
+        if !r.caught.is_empty() {
+            self.drop_delivered(&mut r.caught);
+        }
         if let Some(filters) = again {
             self.shards
                 .cluster_retained(&client_id, &filters, &mut r)
@@ -57,6 +65,24 @@ impl Client {
             }
         }
         r
+    }
+
+    /// Keeps of `caught` what no subscription the client held before this SUBSCRIBE
+    /// matches (one that did had it delivered). Shared ones do not count: a group's
+    /// publish goes to one member.
+    fn drop_delivered(&self, caught: &mut Vec<(Arc<Message>, DeliveryOptions)>) {
+        let limits = &self.shared.topic_limits;
+        let held: Vec<&str> = self
+            .session
+            .subscriptions()
+            .keys()
+            .filter_map(|raw| parse_subscription(raw, limits).ok())
+            .filter(|p| !matches!(p.extension, Extension::Shared { .. }))
+            .map(|p| p.filter)
+            .collect();
+        caught.retain(|(m, _)| !held.iter().any(|f| filter_matches(f, &m.topic)));
+        // Oldest first across shards: the order the node took them in.
+        caught.sort_by_key(|(m, _)| m.received_at);
     }
 
     /// Removes `filters` from the shards: one code per filter.

@@ -106,6 +106,12 @@ impl RouterActor {
                 return;
             }
         };
+        // MQTT 5 §3.8.3.1 No Local, decided here as well as by the session: the delivery
+        // would cost the publisher's own mailbox a message only to be thrown away, and
+        // would count as one that holds the message (`recent`).
+        if opts.no_local && msg.publisher.as_deref() == Some(&**subscriber) {
+            return;
+        }
         let me = client.addr.id();
         let mut outcome = None;
         let mut hold = false;
