@@ -42,13 +42,13 @@ impl Client {
             .shards
             .subscribe(client_id.clone(), me, may_hold, persistent, filters, since)
             .await;
-        if !r.caught.is_empty() {
-            self.drop_delivered(&mut r.caught);
-        }
         if let Some(filters) = again {
             self.shards
                 .cluster_retained(&client_id, &filters, &mut r)
                 .await;
+        }
+        if !r.caught.is_empty() {
+            self.drop_delivered(&mut r.caught, &r.retained);
         }
         let installed = r.results.iter().filter(|r| r.is_ok()).count();
         add(
@@ -68,9 +68,14 @@ impl Client {
     }
 
     /// Keeps of `caught` what no subscription the client held before this SUBSCRIBE
-    /// matches (one that did had it delivered). Shared ones do not count: a group's
+    /// matches (one that did had it delivered), and what is not among the `retained`
+    /// messages it gets. Shared ones do not count: a group's
     /// publish goes to one member.
-    fn drop_delivered(&self, caught: &mut Vec<(Arc<Message>, DeliveryOptions)>) {
+    fn drop_delivered(
+        &self,
+        caught: &mut Vec<(Arc<Message>, DeliveryOptions)>,
+        retained: &[(Arc<Message>, DeliveryOptions)],
+    ) {
         let limits = &self.shared.topic_limits;
         let held: Vec<&str> = self
             .session
@@ -81,6 +86,13 @@ impl Client {
             .map(|p| p.filter)
             .collect();
         caught.retain(|(m, _)| !held.iter().any(|f| filter_matches(f, &m.topic)));
+        // A retained publish that raced the SUBSCRIBE is read from the retained store too:
+        // the client gets it once, as the retained copy.
+        caught.retain(|(m, _)| {
+            !retained
+                .iter()
+                .any(|(k, _)| k.topic == m.topic && k.payload == m.payload)
+        });
         // Oldest first across shards: the order the node took them in.
         caught.sort_by_key(|(m, _)| m.received_at);
     }
