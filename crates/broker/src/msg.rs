@@ -271,8 +271,12 @@ pub(crate) enum RegistryMsg {
         epoch: u64,
         handoff: Option<Box<HandOff>>,
     },
-    /// A CONNECT waiting for the previous owner's session waited long enough.
-    HandoverTimeout { client_id: Arc<str>, epoch: u64 },
+    /// A CONNECT waits for the previous owner's session for this node's claim `epoch` of
+    /// `client_id`: time to see how long nothing came (`registry::handover::due`).
+    HandoverTick { client_id: Arc<str>, epoch: u64 },
+    /// A part of the session of `client_id` for this node's claim `epoch` came: it is on
+    /// its way, and its CONNECT waits on.
+    HandoverComing { client_id: Arc<str>, epoch: u64 },
     /// The answer of the session started afresh for this node's claim `epoch` of
     /// `client_id` when the previous owner's `handoff` came too late (`ClientMsg::GiveWay`):
     /// `gave`, it ended and the handed-over session takes its place; if not, it stays (its
@@ -289,13 +293,6 @@ pub(crate) enum RegistryMsg {
     /// Sessions restored at start that another node claimed since (client id, the
     /// claim's epoch and node), as the log says once this node caught up: handed over.
     StaleRestored(Vec<(Arc<str>, u64, u64)>),
-    /// The session of `client_id` for this node's claim `epoch` has not come from node
-    /// `from` yet: ask that node again (its frame may have been dropped with a link).
-    HandoverNudge {
-        client_id: Arc<str>,
-        epoch: u64,
-        from: u64,
-    },
     /// The handed-over session of `client_id` is routed here: its CONNECT (in
     /// `resuming`) goes on.
     HandoverReady { client_id: Arc<str> },

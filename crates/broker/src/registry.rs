@@ -20,7 +20,7 @@ use crate::settings::Shared;
 use crate::shards::Shards;
 
 mod handover;
-use handover::Adopting;
+use handover::{Adopting, Awaited};
 
 /// How long shutdown waits for each client to say goodbye.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
@@ -45,9 +45,8 @@ pub(crate) struct Registry {
     /// read.
     cluster: Option<Addr<ClusterMsg>>,
     claimed: HashMap<Arc<str>, u64>,
-    /// CONNECTs waiting for the session the previous owner node hands over, by client id,
-    /// with the epoch of this node's claim.
-    handovers: HashMap<Arc<str>, (u64, Box<NewConn>)>,
+    /// CONNECTs waiting for the session the previous owner node hands over, by client id.
+    handovers: HashMap<Arc<str>, Awaited>,
     /// Sessions handed over for a claim of this node whose answer has not reached this
     /// actor yet: the previous node may apply the claim, hand the session over and have it
     /// arrive here before the claim's own answer does. Kept (at most [`EARLY_MAX`], for
@@ -79,11 +78,15 @@ pub(crate) struct Registry {
 const EARLY_MAX: usize = 256;
 
 /// How long a CONNECT that resumes a session another node held waits for that node to hand
-/// it over; past it the session starts afresh here (the other node is down or cut off).
+/// it over while nothing of it comes; past it the session starts afresh here (the other
+/// node is down or cut off). A large session comes in parts, and each restarts the wait.
 const HANDOVER_WAIT: Duration = Duration::from_secs(3);
-/// Times the previous node is asked again for a session within `HANDOVER_WAIT`, evenly
-/// spaced: the frame that carried it may have been dropped with a link redialled.
-const HANDOVER_ASKS: u32 = 2;
+/// How often a waiting CONNECT looks at its wait; the previous node is asked again when
+/// nothing came for that long (the frame may have been dropped with a link redialled).
+const HANDOVER_TICK: Duration = Duration::from_secs(1);
+/// How long a CONNECT waits for its session at most, however steadily it comes (256 MiB
+/// at about 4.5 MB/s).
+const HANDOVER_WAIT_MAX: Duration = Duration::from_secs(60);
 
 /// How long a CONNECT waits for the cluster to commit its claim before it is refused
 /// (MQTT 5 CONNACK 0x88 Server unavailable, 3.x return code 3).
@@ -127,7 +130,7 @@ impl Registry {
         if let Some(waiting) = self.handovers.get_mut(&client_id) {
             // A newer CONNECT for a session still on its way: it waits in the older one's
             // place (which is closed), as a takeover would have it.
-            waiting.1 = conn;
+            waiting.conn = conn;
             return;
         }
         if let Some(waiting) = self
@@ -218,7 +221,15 @@ impl Registry {
                 if previous.is_some_and(|p| p != me) && !conn.connect.clean_start {
                     // The previous owner hands the session over once it applies this claim.
                     debug!(client_id = %client_id, epoch, from = ?previous, "waiting for the session from its previous node");
-                    self.handovers.insert(client_id.clone(), (epoch, conn));
+                    let now = time::now();
+                    let waiting = Awaited {
+                        epoch,
+                        conn,
+                        from: previous,
+                        since: now,
+                        heard: now,
+                    };
+                    self.handovers.insert(client_id.clone(), waiting);
                     if let Some((e, handoff, _)) = self.early.remove(&client_id) {
                         if e == epoch {
                             // It came before this answer did.
@@ -230,18 +241,10 @@ impl Registry {
                             return;
                         }
                     }
-                    if let Some(from) = previous {
-                        for k in 1..HANDOVER_ASKS + 1 {
-                            let msg = RegistryMsg::HandoverNudge {
-                                client_id: client_id.clone(),
-                                epoch,
-                                from,
-                            };
-                            ctx.after(HANDOVER_WAIT * k / (HANDOVER_ASKS + 1), msg);
-                        }
-                    }
-                    let msg = RegistryMsg::HandoverTimeout { client_id, epoch };
-                    ctx.after(HANDOVER_WAIT, msg);
+                    ctx.after(
+                        HANDOVER_TICK,
+                        RegistryMsg::HandoverTick { client_id, epoch },
+                    );
                     return;
                 }
                 self.connect_here(client_id, conn, ctx).await;
@@ -686,16 +689,14 @@ impl Actor for Registry {
                 self.gave_way(client_id, epoch, handoff, entry, gave, ctx)
                     .await;
             }
-            RegistryMsg::HandoverTimeout { client_id, epoch } => {
-                if self
-                    .handovers
-                    .get(&client_id)
-                    .is_some_and(|(e, _)| *e == epoch)
-                {
-                    if let Some((_, conn)) = self.handovers.remove(&client_id) {
-                        debug!(client_id = %client_id, epoch, "no session from the previous node in time; starting afresh");
-                        add(&self.shared.metrics.cluster_handover_timeouts, 1);
-                        self.connect_here(client_id, conn, ctx).await;
+            RegistryMsg::HandoverTick { client_id, epoch } => {
+                self.handover_tick(client_id, epoch, ctx).await
+            }
+            RegistryMsg::HandoverComing { client_id, epoch } => {
+                if let Some(w) = self.handovers.get_mut(&client_id) {
+                    if w.epoch == epoch {
+                        debug!(client_id = %client_id, epoch, "a part of the session came");
+                        w.heard = time::now();
                     }
                 }
             }
@@ -706,25 +707,6 @@ impl Actor for Registry {
                         add(&self.shared.metrics.cluster_sessions_discarded, 1);
                         self.taken_over(&client_id, epoch, node);
                     }
-                }
-            }
-            RegistryMsg::HandoverNudge {
-                client_id,
-                epoch,
-                from,
-            } => {
-                let waiting = self
-                    .handovers
-                    .get(&client_id)
-                    .is_some_and(|(e, _)| *e == epoch);
-                if let Some(cluster) = self.cluster.clone().filter(|_| waiting) {
-                    debug!(client_id = %client_id, epoch, from, "the session has not come yet; asking again");
-                    let msg = ClusterMsg::WantSession {
-                        from,
-                        client_id,
-                        epoch,
-                    };
-                    let _ = cluster.send(msg).await;
                 }
             }
             RegistryMsg::HandoverReady { client_id } => {

@@ -112,7 +112,7 @@ fn a_moved_session_survives_a_kill_of_the_node_it_moved_to() {
 
 /// A session larger than one frame of the data stream (16 MiB) moves whole: 200 messages
 /// of 120 KB (about 24 MB) queued for a persistent subscriber on node 2 reach it after it
-/// moves to node 3. The session's frame goes in parts of 8 MiB, put together on node 3.
+/// moves to node 3. The session's frame goes in parts of 256 KiB, put together on node 3.
 /// Before, node 2 told node 3 there was nothing to give, and the session started afresh
 /// there with none of its messages. Then, in CI (three clusters at once on two cores, a
 /// debug build), the parts took node 2 2.6 s to encode, byte by byte, and node 3 0.4 s

@@ -141,6 +141,8 @@ const SEEDS_KILLS: u64 = 100;
 const SEEDS_TAKEOVER: u64 = 20;
 /// Seeds of the late-handover scenario (no nemesis: each seed varies the timing).
 const SEEDS_LATE: u64 = 20;
+/// Seeds of the slow-link handover scenario (no nemesis: each seed varies the timing).
+const SEEDS_SLOW: u64 = 20;
 /// Seeds of the run with kills and slow commits.
 const SEEDS_SLOW_COMMIT: u64 = 50;
 /// Seeds of the run with kills and the outbox parking after 1.2 s.
@@ -320,6 +322,7 @@ mod membership;
 mod oracle;
 mod retained;
 mod shared;
+mod slow;
 mod takeover;
 mod variants;
 mod view;
@@ -940,6 +943,20 @@ fn a_session_handed_over_late_takes_the_place_of_the_fresh_one_its_client_never_
         )
         .seeds(SEEDS_LATE),
         late::scenario,
+    );
+}
+
+/// A session that takes longer than the claiming node's wait to come whole, on a slow
+/// link, is waited for while its parts keep coming (`slow.rs`), on [`SEEDS_SLOW`] seeds.
+#[test]
+fn a_large_session_on_a_slow_link_is_waited_for_while_it_keeps_coming() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "a_large_session_on_a_slow_link_is_waited_for_while_it_keeps_coming",
+        )
+        .seeds(SEEDS_SLOW),
+        slow::scenario,
     );
 }
 

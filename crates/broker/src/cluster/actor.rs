@@ -752,6 +752,13 @@ impl Actor for ClusterActor {
                     super::send_frames(links, from, vec![frame]);
                 }
             }
+            ClusterMsg::SessionComing { client_id, epoch } => {
+                if let Some(r) = &self.registry {
+                    let _ = r
+                        .send(RegistryMsg::HandoverComing { client_id, epoch })
+                        .await;
+                }
+            }
             ClusterMsg::SessionArrived {
                 client_id,
                 epoch,

@@ -338,9 +338,20 @@ async fn inbound(
                 total,
                 bytes,
             } => {
-                let Some(whole) = sessions.part(from, &client_id, (epoch, index, total), &bytes)
-                else {
-                    continue;
+                let whole = match sessions.part(from, &client_id, (epoch, index, total), &bytes) {
+                    parts::Fed::Whole(whole) => whole,
+                    parts::Fed::Coming => {
+                        // The claiming CONNECT waits on while its session keeps coming.
+                        let msg = ClusterMsg::SessionComing {
+                            client_id: Arc::from(client_id),
+                            epoch,
+                        };
+                        if actor.send(msg).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    parts::Fed::Dropped => continue,
                 };
                 drop(bytes);
                 match forward::decode(&whole, &clock) {

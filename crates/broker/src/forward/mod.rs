@@ -156,9 +156,12 @@ impl<P> Wire<P> {
     }
 }
 
-/// The largest part of a `Session` frame cut up: half of what the data stream carries in
-/// one frame, with room for the part's own fields.
-pub(crate) const SESSION_PART_BYTES: usize = 8 << 20;
+/// The largest part of a `Session` frame cut up, well under what the data stream carries
+/// in one frame. Each part that comes restarts the claiming CONNECT's wait for the
+/// session, so a link must bring one within that wait (3 s: about 85 KB/s), and forwarded
+/// batches queued behind a part wait for one part only. (The receiver takes parts of any
+/// size.)
+pub(crate) const SESSION_PART_BYTES: usize = 256 << 10;
 
 /// A `Session` frame.
 pub(crate) fn encode_session(

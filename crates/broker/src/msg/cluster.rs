@@ -107,6 +107,12 @@ pub(crate) enum ClusterMsg {
         client_id: Arc<str>,
         epoch: u64,
     },
+    /// A part of a session another node hands over arrived (see
+    /// [`RegistryMsg::HandoverComing`]).
+    SessionComing {
+        client_id: Arc<str>,
+        epoch: u64,
+    },
     /// A session another node handed over arrived (see [`RegistryMsg::HandedOver`]).
     SessionArrived {
         client_id: Arc<str>,

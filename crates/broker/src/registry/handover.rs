@@ -8,9 +8,44 @@ use std::sync::Arc;
 use starling_rt::{time, ActorId, Ctx};
 use tracing::debug;
 
-use super::{Entry, Registry, EARLY_MAX, HANDOVER_WAIT};
+use super::{Entry, Registry, EARLY_MAX, HANDOVER_TICK, HANDOVER_WAIT, HANDOVER_WAIT_MAX};
 use crate::metrics::add;
 use crate::msg::{ClientMsg, ClusterMsg, HandOff, NewConn, RegistryMsg};
+
+/// A CONNECT waiting for the session its client held on another node.
+pub(super) struct Awaited {
+    /// This node's claim of the client id.
+    pub(super) epoch: u64,
+    pub(super) conn: Box<NewConn>,
+    /// The node that held the session, asked again while nothing of it comes.
+    pub(super) from: Option<u64>,
+    /// When the claim was answered here, and when a part of the session last came.
+    pub(super) since: time::Instant,
+    pub(super) heard: time::Instant,
+}
+
+/// What a CONNECT waiting for its session does at a tick.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Due {
+    Wait,
+    /// Ask the previous node again: nothing came for a tick, or for two once a part came
+    /// (the session is on its way: a copy sent again would only slow the link).
+    Ask,
+    /// Go on afresh: nothing came for [`HANDOVER_WAIT`], or it has waited
+    /// [`HANDOVER_WAIT_MAX`] in all.
+    GiveUp,
+}
+
+pub(super) fn due(since: time::Instant, heard: time::Instant, now: time::Instant) -> Due {
+    let quiet = now.saturating_duration_since(heard);
+    if quiet >= HANDOVER_WAIT || now.saturating_duration_since(since) >= HANDOVER_WAIT_MAX {
+        Due::GiveUp
+    } else if quiet >= HANDOVER_TICK * if heard > since { 2 } else { 1 } {
+        Due::Ask
+    } else {
+        Due::Wait
+    }
+}
 
 /// A late session's adoption under way: the fresh session was asked to give way.
 #[derive(Default)]
@@ -39,7 +74,7 @@ impl Registry {
         if self
             .handovers
             .get(&client_id)
-            .is_none_or(|(e, _)| *e != epoch)
+            .is_none_or(|w| w.epoch != epoch)
         {
             let answered = self.claimed.get(&client_id).is_some_and(|&c| c >= epoch);
             match handoff {
@@ -56,12 +91,51 @@ impl Registry {
             }
             return None;
         }
-        let (_, conn) = self.handovers.remove(&client_id)?;
+        let Awaited { conn, .. } = self.handovers.remove(&client_id)?;
         let Some(h) = handoff else {
             return Some((client_id, conn));
         };
         self.install(client_id.clone(), epoch, h, Some(conn), ctx)
             .map(|conn| (client_id, conn))
+    }
+
+    /// A tick of the wait of the CONNECT for the session of `client_id` (this node's claim
+    /// `epoch`): it waits on, asks the previous node again, or goes on afresh.
+    pub(super) async fn handover_tick(
+        &mut self,
+        client_id: Arc<str>,
+        epoch: u64,
+        ctx: &mut Ctx<Self>,
+    ) {
+        let Some(w) = self.handovers.get(&client_id).filter(|w| w.epoch == epoch) else {
+            return;
+        };
+        match due(w.since, w.heard, time::now()) {
+            Due::Wait => {}
+            Due::Ask => {
+                if let (Some(cluster), Some(from)) = (self.cluster.clone(), w.from) {
+                    debug!(client_id = %client_id, epoch, from, "the session has not come yet; asking again");
+                    let msg = ClusterMsg::WantSession {
+                        from,
+                        client_id: client_id.clone(),
+                        epoch,
+                    };
+                    let _ = cluster.send(msg).await;
+                }
+            }
+            Due::GiveUp => {
+                if let Some(Awaited { conn, .. }) = self.handovers.remove(&client_id) {
+                    debug!(client_id = %client_id, epoch, "no session from the previous node in time; starting afresh");
+                    add(&self.shared.metrics.cluster_handover_timeouts, 1);
+                    self.connect_here(client_id, conn, ctx).await;
+                }
+                return;
+            }
+        }
+        ctx.after(
+            HANDOVER_TICK,
+            RegistryMsg::HandoverTick { client_id, epoch },
+        );
     }
 
     /// Installs a session handed over for the claim `epoch`: a client actor, detached,
@@ -230,5 +304,31 @@ impl Registry {
         }
         debug!(client_id = %client_id, epoch, "a handed-over session came before its claim's answer; kept");
         self.early.insert(client_id, (epoch, handoff, now));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connect_waits_while_its_session_keeps_coming() {
+        let t0 = starling_rt::time::now();
+        let s = |n: u64| std::time::Duration::from_millis(n);
+        // Nothing comes: asked again at each tick, given up after the wait.
+        assert_eq!(due(t0, t0, t0 + s(999)), Due::Wait);
+        assert_eq!(due(t0, t0, t0 + HANDOVER_TICK), Due::Ask);
+        assert_eq!(due(t0, t0, t0 + s(2000)), Due::Ask);
+        assert_eq!(due(t0, t0, t0 + HANDOVER_WAIT), Due::GiveUp);
+        // A part came at 2.5 s: waited on past 3 s, asked again after two ticks of quiet.
+        let heard = t0 + s(2500);
+        assert_eq!(due(t0, heard, t0 + s(3000)), Due::Wait);
+        assert_eq!(due(t0, heard, t0 + s(4000)), Due::Wait);
+        assert_eq!(due(t0, heard, t0 + s(4500)), Due::Ask);
+        assert_eq!(due(t0, heard, t0 + s(5500)), Due::GiveUp);
+        // However steadily parts come, not past the longest wait.
+        let heard = t0 + HANDOVER_WAIT_MAX - s(1);
+        assert_eq!(due(t0, heard, t0 + HANDOVER_WAIT_MAX - s(1)), Due::Wait);
+        assert_eq!(due(t0, heard, t0 + HANDOVER_WAIT_MAX), Due::GiveUp);
     }
 }
