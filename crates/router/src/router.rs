@@ -421,13 +421,27 @@ impl<S: Clone + Eq + Hash, T: Clone> Router<S, T> {
     /// [`crate::ShardMap`]). An `$exclusive/` slot held by someone else passes to
     /// `subscriber`: the home admitted it after the holder left, whose removal may still
     /// be on its way here. The node-wide cap still applies.
+    ///
+    /// Returns what [`Router::subscribe`] does, and the holder whose `$exclusive/`
+    /// subscription this one took the place of, if any: it no longer has it (its removal,
+    /// when it comes, finds nothing).
     pub fn subscribe_admitted(
         &mut self,
         subscriber: S,
         filter: &str,
         options: T,
-    ) -> Result<Option<T>, RouterError> {
-        self.insert_subscription(subscriber, filter, options, false)
+    ) -> Result<(Option<T>, Option<S>), RouterError> {
+        let parsed = parse_subscription(filter, &self.config.limits)?;
+        let evicted = match parsed.extension {
+            Extension::Exclusive => self
+                .entries(FilterPath::of(parsed.filter))
+                .and_then(|e| e.exclusive.as_ref())
+                .map(|(holder, _)| holder.clone())
+                .filter(|holder| *holder != subscriber),
+            _ => None,
+        };
+        let old = self.insert_subscription(subscriber, filter, options, false)?;
+        Ok((old, evicted))
     }
 
     fn insert_subscription(

@@ -478,8 +478,17 @@ fn an_admitted_exclusive_takes_the_slot_and_keeps_the_count() {
         Err(RouterError::ExclusiveHeld)
     );
     // Admitted elsewhere after 1 left; 1's removal has not arrived here yet.
-    assert_eq!(r.subscribe_admitted(2, "$exclusive/a/#", "two"), Ok(None));
+    assert_eq!(
+        r.subscribe_admitted(2, "$exclusive/a/#", "two"),
+        Ok((None, Some(1))),
+        "1's subscription went"
+    );
     assert_eq!(r.subscription_count(), 1);
+    // Admitted again for the same subscriber: it replaces its own, evicting no one.
+    assert_eq!(
+        r.subscribe_admitted(2, "$exclusive/a/#", "two"),
+        Ok((Some("two"), None))
+    );
     assert_eq!(subscribers(&mut r, "a/x"), vec![2]);
     // 1's late removal leaves 2 in place.
     assert_eq!(r.unsubscribe(&1, "$exclusive/a/#"), Ok(None));
@@ -493,6 +502,9 @@ fn an_admitted_limit_is_installed_past_its_count() {
     let mut r = router();
     r.subscribe(1, "$limit/1/a/+", "one").unwrap();
     assert!(r.subscribe(2, "$limit/1/a/+", "two").is_err());
-    assert_eq!(r.subscribe_admitted(2, "$limit/1/a/+", "two"), Ok(None));
+    assert_eq!(
+        r.subscribe_admitted(2, "$limit/1/a/+", "two"),
+        Ok((None, None))
+    );
     assert_eq!(subscribers(&mut r, "a/x"), vec![1, 2]);
 }

@@ -6,10 +6,11 @@
 //!
 //! A slot lives while its destination does or while the router holds a subscription that
 //! names it (a subscription outlives its session's end until its unsubscribe comes): so a
-//! slot the router hands out always names the key it was subscribed under. One case counts
-//! a slot one too many: an admitted `$exclusive/` subscription that evicts a holder whose
-//! removal has not arrived yet (a cluster race, `Router::subscribe_admitted`); that
-//! holder's slot, a key and an index, then stays until the process ends.
+//! slot the router hands out always names the key it was subscribed under. An admitted
+//! `$exclusive/` subscription that evicts a holder whose removal has not arrived yet (a
+//! cluster race, `Router::subscribe_admitted`) lets the holder's slot go at once: that
+//! removal finds no subscription, and would not (it left the holder's slot counted one
+//! too many, kept until the process ended).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -66,6 +66,14 @@ impl RouterActor {
                 }
                 Admission::Admitted { new } => {
                     let r = self.router.subscribe_admitted(slot, &req.filter, opts);
+                    let r = r.map(|(old, evicted)| {
+                        // The holder's subscription went here; its removal, when it
+                        // comes, finds none, so its slot is let go now.
+                        if let Some(holder) = evicted {
+                            self.destinations.unsubscribed(holder);
+                        }
+                        old
+                    });
                     (r, new.get(i).copied().unwrap_or(false))
                 }
             };
