@@ -44,6 +44,62 @@ pub(crate) async fn resume_on(node: usize, o: &mut ConnectOpts) -> Option<MqttCl
     Some(c)
 }
 
+/// A persistent session of `client_id` left on `node`: connected, subscribed to `filter` at
+/// QoS 1 (until the SUBACK), disconnected. From a client node of its own.
+pub(crate) async fn leave_subscribed(
+    clients: &mut ClientNodes,
+    node: usize,
+    client_id: &str,
+    filter: &str,
+) {
+    let (client_id, filter) = (client_id.to_owned(), filter.to_owned());
+    let forever = Instant::now() + Duration::from_secs(60);
+    let task = clients.node(&client_id).spawn(async move {
+        let (mut c, _) = connect_by(mqtt_addr(node), &opts(&client_id), forever)
+            .await
+            .expect("the subscriber connects");
+        c.subscribe(1, &filter, QoS::AtLeastOnce)
+            .await
+            .expect("the subscriber subscribes");
+        while !matches!(c.recv().await.expect("a SUBACK"), Packet::Suback(_)) {}
+        c.disconnect().await;
+    });
+    task.await.expect("the subscriber's connection");
+}
+
+/// `n` QoS 1 publishes to `topic` through `node` by `client_id`, each acknowledged before
+/// the next; the payload of number `seq` (from 1) is `payload(seq)`.
+pub(crate) async fn publish_acked(
+    clients: &mut ClientNodes,
+    node: usize,
+    (client_id, topic): (&str, &str),
+    n: u64,
+    payload: fn(u64) -> Bytes,
+) {
+    let (client_id, topic) = (client_id.to_owned(), topic.to_owned());
+    let forever = Instant::now() + Duration::from_secs(60);
+    let task = clients.node(&client_id).spawn(async move {
+        let (mut c, _) = connect_by(mqtt_addr(node), &opts(&client_id), forever)
+            .await
+            .expect("the publisher connects");
+        for seq in 1..=n {
+            let publish = Publish {
+                dup: false,
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                topic: topic.as_str().into(),
+                packet_id: Some(pid(seq as u32)),
+                properties: Properties::default(),
+                payload: payload(seq),
+            };
+            c.send(&Packet::Publish(publish)).await.expect("publish");
+            while !matches!(c.recv().await.expect("a PUBACK"), Packet::Puback(_)) {}
+        }
+        c.disconnect().await;
+    });
+    task.await.expect("the publisher");
+}
+
 pub(crate) fn ack(id: std::num::NonZeroU16) -> PubAck {
     PubAck::new(id)
 }

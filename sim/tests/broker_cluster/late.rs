@@ -31,41 +31,15 @@ pub(crate) async fn scenario() {
     let forever = Instant::now() + Duration::from_secs(60);
 
     // The roamer's session on A, with a subscription, and messages queued for it there.
-    let roamer = clients.node("roamer").spawn(async move {
-        let o = opts(ROAMER);
-        let (mut c, _) = connect_by(mqtt_addr(a), &o, forever)
-            .await
-            .expect("the roamer connects to A");
-        c.subscribe(1, "late/#", QoS::AtLeastOnce)
-            .await
-            .expect("the roamer subscribes");
-        while !matches!(
-            c.recv().await.expect("the roamer's SUBACK"),
-            Packet::Suback(_)
-        ) {}
-        c.disconnect().await;
-    });
-    roamer.await.expect("the roamer's first connection");
-    let publisher = clients.node("publisher").spawn(async move {
-        let (mut c, _) = connect_by(mqtt_addr(a), &opts("late-publisher"), forever)
-            .await
-            .expect("the publisher connects to A");
-        for seq in 1..=QUEUED {
-            let publish = Publish {
-                dup: false,
-                qos: QoS::AtLeastOnce,
-                retain: false,
-                topic: "late/x".into(),
-                packet_id: Some(pid(seq as u32)),
-                properties: Properties::default(),
-                payload: Bytes::from(format!("0:{seq}")),
-            };
-            c.send(&Packet::Publish(publish)).await.expect("publish");
-            while !matches!(c.recv().await.expect("a PUBACK"), Packet::Puback(_)) {}
-        }
-        c.disconnect().await;
-    });
-    publisher.await.expect("the publisher");
+    leave_subscribed(&mut clients, a, ROAMER, "late/#").await;
+    publish_acked(
+        &mut clients,
+        a,
+        ("late-publisher", "late/x"),
+        QUEUED,
+        |seq| Bytes::from(format!("0:{seq}")),
+    )
+    .await;
 
     // A is cut off; the roamer moves to B, which claims it without A and waits for the
     // session in vain. The CONNACK (session present 0) is lost: the roamer drops the

@@ -30,44 +30,20 @@ pub(crate) async fn scenario() {
     check!(leader.is_some(), "no leader 30 s after start");
     let (a, b) = (0, 1);
     let mut clients = ClientNodes::default();
-    let forever = Instant::now() + Duration::from_secs(60);
 
-    let roamer = clients.node("roamer").spawn(async move {
-        let (mut c, _) = connect_by(mqtt_addr(a), &opts(ROAMER), forever)
-            .await
-            .expect("the roamer connects to A");
-        c.subscribe(1, "slow/#", QoS::AtLeastOnce)
-            .await
-            .expect("the roamer subscribes");
-        while !matches!(
-            c.recv().await.expect("the roamer's SUBACK"),
-            Packet::Suback(_)
-        ) {}
-        c.disconnect().await;
-    });
-    roamer.await.expect("the roamer's first connection");
-    let publisher = clients.node("publisher").spawn(async move {
-        let (mut c, _) = connect_by(mqtt_addr(a), &opts("slow-publisher"), forever)
-            .await
-            .expect("the publisher connects to A");
-        for seq in 1..=QUEUED {
+    leave_subscribed(&mut clients, a, ROAMER, "slow/#").await;
+    publish_acked(
+        &mut clients,
+        a,
+        ("slow-publisher", "slow/x"),
+        QUEUED,
+        |seq| {
             let mut payload = format!("0:{seq}:").into_bytes();
             payload.resize(PAYLOAD, b'.');
-            let publish = Publish {
-                dup: false,
-                qos: QoS::AtLeastOnce,
-                retain: false,
-                topic: "slow/x".into(),
-                packet_id: Some(pid(seq as u32)),
-                properties: Properties::default(),
-                payload: Bytes::from(payload),
-            };
-            c.send(&Packet::Publish(publish)).await.expect("publish");
-            while !matches!(c.recv().await.expect("a PUBACK"), Packet::Puback(_)) {}
-        }
-        c.disconnect().await;
-    });
-    publisher.await.expect("the publisher");
+            Bytes::from(payload)
+        },
+    )
+    .await;
 
     madsim::net::NetSim::current()
         .update_config(|c| c.send_latency = ms(LATENCY)..ms(LATENCY) + Duration::from_nanos(1));
