@@ -27,7 +27,9 @@ const KEPT: usize = 32;
 /// to them, and the thread woken first is not always the one whose bytes came first:
 /// measured against paho's suite on two cores, the PUBLISH sent after a SUBSCRIBE was
 /// stamped 54-126 µs before it in every race seen (8 in 25 runs), and without the slack
-/// one race in thirty of a tighter reproduction was still lost (none of 300 with 200 µs).
+/// one race in thirty of a tighter reproduction was still lost (none of 300 with 200 µs,
+/// on an idle machine; a thread kept off its core longer than the slack still loses one,
+/// `tests/races.rs`).
 /// Kept small: a publish whose PUBACK reached its client before another client's SUBSCRIBE
 /// was sent must not reach that subscription, and a loopback round trip can be that fast.
 const SLACK: Duration = Duration::from_micros(200);
