@@ -411,6 +411,19 @@ pub(crate) struct LinkFrom {
     pub seq: u64,
 }
 
+/// What became of the store writes of another node's forwarded publishes (see
+/// [`RouterMsg::LinkStored`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LinkWrite {
+    Durable,
+    /// The commit failed, or the store refused a write (full).
+    NotDurable,
+    /// The store is closed or lost (this node stops, or must be restarted): nothing is
+    /// said of the batch, so that its sender sends it again to the restarted node, whose
+    /// stored cursor tells what of it is durable.
+    StoreGone,
+}
+
 /// A shard's part of a forwarded batch (see [`RouterMsg::Forwarded`]).
 pub(crate) struct ForwardedPart {
     pub from: LinkFrom,
@@ -530,14 +543,22 @@ pub(crate) enum RouterMsg {
     /// node's link back, so that the batch is acknowledged only then and the node holds its
     /// publishers instead of flooding subscribers here that cannot keep up. It also waits
     /// for the store: it says whether every delivery of the node's publishes this shard
-    /// wrote so far is durable (false: one was not; the node is not told they were taken).
+    /// wrote so far is durable (false: one was not, and the node is told so; dropped
+    /// unanswered once the store is gone, and the node is told nothing).
     /// (Boxed: one per batch and shard, and the mailbox's slots stay small.)
     Forwarded(Box<ForwardedPart>),
     /// The commit of the store writes of a publish `node` forwarded (its `seq` among them,
-    /// see `routing::link::LinkWrites`) is done: `durable` or not.
-    LinkStored { node: u64, seq: u64, durable: bool },
+    /// see `routing::link::LinkWrites`) is done.
+    LinkStored {
+        node: u64,
+        seq: u64,
+        outcome: LinkWrite,
+    },
     /// `node` took this shard's batch `seq` (of this shard's incarnation `inc`) durably.
     ForwardAcked { node: u64, inc: u64, seq: u64 },
+    /// `node` took this shard's batch `seq` (of incarnation `inc`) but could not make it
+    /// durable: it will never acknowledge it.
+    ForwardNotDurable { node: u64, inc: u64, seq: u64 },
     /// `node` is missing this shard's batches (of incarnation `inc`) from `from` on.
     ForwardResend { node: u64, inc: u64, from: u64 },
     /// The commit of a forwarded publish's writes is done (see [`WaiterTo::Shard`]).

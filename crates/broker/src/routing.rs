@@ -40,8 +40,8 @@ use crate::destination::Destination;
 use crate::flow::{Qos0Tally, StallRules};
 use crate::metrics::add;
 use crate::msg::{
-    AckTo, ClientMsg, DelayedKey, HeldDelivery, Publisher, Restore, RouterMsg, StoreMsg, StoreOp,
-    Stored, SubscribeMsg, Waiter, WaiterTo, BATCH_MAX,
+    AckTo, ClientMsg, DelayedKey, HeldDelivery, LinkWrite, Publisher, Restore, RouterMsg, StoreMsg,
+    StoreOp, Stored, SubscribeMsg, Waiter, WaiterTo, BATCH_MAX,
 };
 use crate::settings::Shared;
 
@@ -488,9 +488,12 @@ impl Actor for RouterActor {
                 self.moved_away(client_id, (to, epoch), ctx);
                 let _ = done.send(());
             }
-            RouterMsg::LinkStored { node, seq, durable } => self.link_stored(node, seq, durable),
+            RouterMsg::LinkStored { node, seq, outcome } => self.link_stored(node, seq, outcome),
             RouterMsg::ForwardAcked { node, inc, seq } => {
                 self.forward_acked(node, inc, seq, ctx.weak_addr())
+            }
+            RouterMsg::ForwardNotDurable { node, inc, seq } => {
+                self.forward_not_durable(node, inc, seq, ctx.weak_addr())
             }
             RouterMsg::Unparked { node, inc, seq } => self.unparked(node, inc, seq),
             RouterMsg::ForwardResend { node, inc, from } => self.forward_resend(node, inc, from),
@@ -701,7 +704,9 @@ impl Actor for RouterActor {
                                     self.control(&to.addr, msg);
                                 }
                                 WaiterTo::Shard(_, key) => self.forward_stored(key, Stored::Failed),
-                                WaiterTo::Link(_, node, seq) => self.link_stored(node, seq, false),
+                                WaiterTo::Link(_, node, seq) => {
+                                    self.link_stored(node, seq, LinkWrite::StoreGone)
+                                }
                                 WaiterTo::Parked(_, node, seq) => {
                                     self.parked(node, seq, Stored::Failed)
                                 }

@@ -24,8 +24,8 @@ use tracing::{debug, error, warn};
 
 use crate::metrics::add;
 use crate::msg::{
-    ClientMsg, CommitDone, Delivery, HeldDelivery, RouterMsg, StoreMsg, StoreOp, Stored, Waiter,
-    WaiterTo, OWN_WRITE,
+    ClientMsg, CommitDone, Delivery, HeldDelivery, LinkWrite, RouterMsg, StoreMsg, StoreOp, Stored,
+    Waiter, WaiterTo, OWN_WRITE,
 };
 use crate::settings::Shared;
 
@@ -369,7 +369,13 @@ impl Actor for StorageActor {
                     add(&self.shared.metrics.store_errors, 1);
                     warn!(ops = ops.len(), "store closed or lost: writes dropped");
                     for w in then {
-                        tell(w, Stored::Failed);
+                        match w.to {
+                            WaiterTo::Link(shard, node, seq) => {
+                                let outcome = LinkWrite::StoreGone;
+                                send_urgent(&shard, RouterMsg::LinkStored { node, seq, outcome });
+                            }
+                            _ => tell(w, Stored::Failed),
+                        }
                     }
                     // Routed all the same: delivered from memory.
                     if let Some(shard) = shard {
@@ -515,8 +521,12 @@ fn tell(w: Waiter, outcome: Stored) {
             send_urgent(&shard, RouterMsg::ForwardStored { key, outcome })
         }
         WaiterTo::Link(shard, node, seq) => {
-            let durable = outcome == Stored::Durable;
-            send_urgent(&shard, RouterMsg::LinkStored { node, seq, durable });
+            let outcome = if outcome == Stored::Durable {
+                LinkWrite::Durable
+            } else {
+                LinkWrite::NotDurable
+            };
+            send_urgent(&shard, RouterMsg::LinkStored { node, seq, outcome });
         }
         WaiterTo::Parked(shard, node, seq) => {
             send_urgent(&shard, RouterMsg::Parked { node, seq, outcome });

@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{
     acked_lines, configs, ctl_stats, gather, health, missing, publisher, publisher_with,
-    running_cluster, until_forwarded, wait_status,
+    running_cluster, running_cluster_each, until_forwarded, wait_status,
 };
-use common::{have, starling, temp_dir, watcher, Daemon};
+use common::{have, starling, temp_dir, watcher, watcher_with, Daemon};
 
 #[test]
 fn three_nodes_forward_fence_client_ids_and_a_killed_node_loses_no_acknowledged_message() {
@@ -643,5 +643,96 @@ fn batches_parked_for_a_stopped_node_reach_it_after_the_sender_is_killed_and_res
     assert_eq!(
         depth, 0,
         "node 1's outbox still holds messages after the replay"
+    );
+}
+
+/// A parked batch its node takes but cannot make durable: node 3's store is capped at
+/// 1 MiB and its persistent subscriber never acknowledges, so the deliveries of the
+/// batches node 1 parked while node 3 was stopped (and replays after its own kill) do not
+/// fit. Node 3 says so (`NotDurable`); node 1 drops the rows, counts them as lost, and its
+/// link to node 3 goes on: a message published afterwards reaches node 3. Before, node 3
+/// stayed silent, node 1 sent the first such batch every second for good, and the shard's
+/// later batches to node 3 waited behind it until node 3 restarted.
+#[test]
+fn a_parked_batch_its_node_cannot_store_is_counted_lost_and_the_link_goes_on() {
+    let extra = "\n[mqtt]\nbackpressure_max_secs = 1\n[cluster]\nforward_timeout_ms = 100\n";
+    let capped = format!("{extra}[storage]\nmax_bytes = 1048576\n");
+    let Some((files, ports, mut nodes)) =
+        running_cluster_each("cluster-outbox-full", [extra, extra, &capped])
+    else {
+        return;
+    };
+    let hoard = ["--expiry", "3600", "--no-ack", "--head"];
+    let (mut w, rx) = watcher_with(ports[2].mqtt, "hoarder-on-3", "of/#", &hoard);
+    common::next_line(&rx, "subscribed");
+    assert!(
+        until_forwarded(ports[0].mqtt, "of/probe", &rx),
+        "node 1 never forwarded to node 3"
+    );
+    let pid3 = nodes[2].child.id();
+    signal("STOP", pid3);
+    // 200 messages of 8 KB: over node 3's 1 MiB.
+    let mut p = publisher_with(ports[0].mqtt, "of/data", 100, &["--pad", "8000"]);
+    let acked = acked_lines(&mut p, |_| {});
+    assert_eq!(acked.len(), 200, "node 1 acknowledged every message");
+    let parked = counter(&metrics(&files[0]), "cluster.outbox.parked");
+    assert!(
+        parked >= 200,
+        "every message went through the outbox: {parked}"
+    );
+
+    signal("KILL", nodes[0].child.id());
+    let _ = nodes[0].child.wait();
+    signal("CONT", pid3);
+    nodes[0] = Daemon::start(&files[0]);
+    nodes[0].expect("cluster endpoint up");
+
+    // Every parked batch answered: acknowledged, or refused as not durable.
+    let until = Instant::now() + Duration::from_secs(60);
+    let mut depth = counter(&metrics(&files[0]), "cluster.outbox.depth");
+    while depth > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(200));
+        depth = counter(&metrics(&files[0]), "cluster.outbox.depth");
+    }
+    let m1 = metrics(&files[0]);
+    let (lost, replayed) = (
+        counter(&m1, "cluster.outbox.lost"),
+        counter(&m1, "cluster.outbox.replayed"),
+    );
+    let not_durable = counter(&metrics(&files[2]), "cluster.forward.not.durable");
+    println!(
+        "node 1's second run: {replayed} parked batches acknowledged, {lost} parked messages \
+         lost, {depth} still parked; node 3: {not_durable} writes not durable"
+    );
+    assert_eq!(depth, 0, "node 1's outbox still holds messages");
+    assert!(
+        not_durable > 0,
+        "node 3's store took every delivery: the test did not fill it"
+    );
+    assert!(
+        lost > 0 && lost <= 200,
+        "node 1 counted {lost} parked messages as lost"
+    );
+
+    // The link goes on: a message published now reaches node 3 (a subscriber that keeps
+    // nothing in the store, as node 3's store is still full).
+    let (mut w2, rx2) = watcher(ports[2].mqtt, "after-on-3", "of/data");
+    common::next_line(&rx2, "subscribed");
+    let mut p = publisher(ports[0].mqtt, "of/data", 1);
+    let _ = acked_lines(&mut p, |_| {});
+    let want: BTreeSet<(String, String)> = ["1:0", "2:0"]
+        .iter()
+        .map(|p| ("of/data".to_owned(), (*p).to_owned()))
+        .collect();
+    let mut seen = BTreeSet::new();
+    gather(&rx2, &mut seen, &want, Duration::from_secs(30));
+    for c in [&mut w, &mut w2] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    assert_eq!(
+        missing(&want, &seen),
+        0,
+        "a message published after the refused batches did not reach node 3"
     );
 }

@@ -89,9 +89,31 @@ impl InLinks {
 /// Most acknowledgements sent again at once: a sender holds no more batches than its window.
 const AGAIN_MAX: u64 = 4096;
 
-/// What this node acknowledged of one sending node's links, per sending shard: the highest
-/// batch of the shard's incarnation acknowledged, and those taken but not durable here
-/// (never acknowledged). Without it, a batch whose acknowledgement was lost with a replaced
+/// What became of a batch taken here, once its shards answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Took {
+    /// Every write it made is committed: acknowledged.
+    Durable,
+    /// A write it made failed or was refused (the store full): never acknowledged, and the
+    /// sender is told so ([`Reply::NotDurable`]), since taking it again would deliver it
+    /// twice. Without that word, a batch an earlier run of the sender parked and sends
+    /// again until it is acknowledged held the sender's link for good.
+    NotDurable,
+    /// A shard stopped before answering: this node is stopping, and says nothing. After its
+    /// restart the link's stored cursor tells what of the batch was durable.
+    Unknown,
+}
+
+/// What to tell a batch's sender.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reply {
+    Ack(u64),
+    NotDurable(u64),
+}
+
+/// What this node answered of one sending node's links, per sending shard: the highest
+/// batch of the shard's incarnation answered, and those taken but not durable here (never
+/// acknowledged). Without it, a batch whose acknowledgement was lost with a replaced
 /// connection, and that had nothing after it, was probed in vain until its sender gave up
 /// on it: its publishers heard *unconfirmed* (MQTT 5: 0x80) for a message delivered here.
 #[derive(Default)]
@@ -102,13 +124,14 @@ pub(crate) struct Acked {
 struct AckedLink {
     inc: u64,
     upto: u64,
-    /// Bounded: the oldest are forgotten (a sender holds no batch that old).
-    refused: std::collections::BTreeSet<u64>,
+    /// Bounded: the oldest are forgotten (a sender holds no batch that old). Each with
+    /// whether the sender is told ([`Took::NotDurable`]) or not ([`Took::Unknown`]).
+    refused: std::collections::BTreeMap<u64, bool>,
 }
 
 impl Acked {
-    /// Batch `seq` of `shard`'s incarnation `inc` was acknowledged (`durable`) or not.
-    pub(crate) fn done(&mut self, shard: u16, inc: u64, seq: u64, durable: bool) {
+    /// Batch `seq` of `shard`'s incarnation `inc` was answered: what to tell its sender.
+    pub(crate) fn done(&mut self, shard: u16, inc: u64, seq: u64, took: Took) -> Option<Reply> {
         let l = self.links.entry(shard).or_insert(AckedLink {
             inc,
             upto: 0,
@@ -122,21 +145,30 @@ impl Acked {
             };
         }
         l.upto = l.upto.max(seq);
-        if !durable {
-            l.refused.insert(seq);
+        if took != Took::Durable {
+            l.refused.insert(seq, took == Took::NotDurable);
             while l.refused.len() > AGAIN_MAX as usize {
                 l.refused.pop_first();
             }
         }
+        match took {
+            Took::Durable => Some(Reply::Ack(seq)),
+            Took::NotDurable => Some(Reply::NotDurable(seq)),
+            Took::Unknown => None,
+        }
     }
 
-    /// The acknowledgements to send again for batch `seq` taken before: it and every later
-    /// one acknowledged since, in order (the sender probes its oldest batch, and the ones
-    /// after it may have lost theirs too). None for a batch never acknowledged.
-    pub(crate) fn again(&self, shard: u16, inc: u64, seq: u64) -> Vec<u64> {
+    /// What to tell again for batch `seq` taken before: for it and every later one answered
+    /// since, in order (the sender probes its oldest batch, and the ones after it may have
+    /// lost their answers too). Nothing for a batch never answered.
+    pub(crate) fn again(&self, shard: u16, inc: u64, seq: u64) -> Vec<Reply> {
         match self.links.get(&shard) {
             Some(l) if l.inc == inc && seq <= l.upto => (seq..=l.upto.min(seq + AGAIN_MAX))
-                .filter(|q| !l.refused.contains(q))
+                .filter_map(|q| match l.refused.get(&q) {
+                    None => Some(Reply::Ack(q)),
+                    Some(true) => Some(Reply::NotDurable(q)),
+                    Some(false) => None,
+                })
                 .collect(),
             _ => Vec::new(),
         }
@@ -340,20 +372,37 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_taken_again_is_acknowledged_again_with_the_durable_ones_after_it() {
+    fn a_batch_taken_again_is_answered_again_with_the_ones_after_it() {
+        use Reply::{Ack, NotDurable};
         let mut a = Acked::default();
-        // Never acknowledged: nothing to say again.
+        // Never answered: nothing to say again.
         assert!(a.again(0, 7, 1).is_empty());
-        for seq in 1..=5 {
-            a.done(0, 7, seq, seq != 3);
+        for seq in 1..=6 {
+            let took = match seq {
+                3 => Took::NotDurable,
+                5 => Took::Unknown,
+                _ => Took::Durable,
+            };
+            let said = a.done(0, 7, seq, took);
+            let want = match seq {
+                3 => Some(NotDurable(3)),
+                5 => None,
+                _ => Some(Ack(seq)),
+            };
+            assert_eq!(said, want);
         }
-        assert_eq!(a.again(0, 7, 2), vec![2, 4, 5]);
-        assert_eq!(a.again(0, 7, 6), Vec::<u64>::new());
+        // The one not durable is refused again, so that its sender stops sending it; the
+        // one this node knows nothing of (it was stopping) gets no word at all.
+        assert_eq!(
+            a.again(0, 7, 2),
+            vec![Ack(2), NotDurable(3), Ack(4), Ack(6)]
+        );
+        assert_eq!(a.again(0, 7, 7), Vec::<Reply>::new());
         // Another incarnation (the sender restarted), another shard.
         assert!(a.again(0, 8, 2).is_empty());
         assert!(a.again(1, 7, 2).is_empty());
-        a.done(0, 8, 1, true);
+        a.done(0, 8, 1, Took::Durable);
         assert!(a.again(0, 7, 2).is_empty());
-        assert_eq!(a.again(0, 8, 1), vec![1]);
+        assert_eq!(a.again(0, 8, 1), vec![Ack(1)]);
     }
 }

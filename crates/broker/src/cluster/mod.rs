@@ -404,6 +404,19 @@ async fn inbound(
                     return;
                 }
             }
+            Frame::NotDurable { shard, inc, seq } => {
+                let Some(to) = shards.all().get(usize::from(shard) % shards.count()) else {
+                    continue;
+                };
+                let msg = RouterMsg::ForwardNotDurable {
+                    node: from,
+                    inc,
+                    seq,
+                };
+                if to.send(msg).await.is_err() {
+                    return;
+                }
+            }
             Frame::Resend {
                 shard,
                 inc,
@@ -425,8 +438,6 @@ async fn inbound(
     }
 }
 
-/// Acknowledges `to`'s batches in the order they were routed, each once its barriers are
-/// answered (a shard that stops answers none: it is stopping, and so is this node).
 /// Hands a session another node handed over to the cluster actor; false once the actor is
 /// gone (the node stops).
 async fn session_arrived(
@@ -451,43 +462,57 @@ fn owe(links: &DataLinks, to: u64) -> tokio::sync::mpsc::Sender<OwedAck> {
     tx
 }
 
+/// Answers `to`'s batches in the order they were routed, each once its barriers are
+/// answered (a shard that stops answers none: it is stopping, and so is this node):
+/// acknowledged if durable, refused if not.
 async fn acknowledge(mut rx: tokio::sync::mpsc::Receiver<OwedAck>, links: DataLinks, to: u64) {
     let mut acked = inlink::Acked::default();
     while let Some((shard, inc, seq, barriers)) = rx.recv().await {
         let Some(barriers) = barriers else {
-            for q in acked.again(shard, inc, seq) {
-                ack(&links, to, (shard, inc), q).await;
+            for r in acked.again(shard, inc, seq) {
+                reply(&links, to, (shard, inc), r).await;
             }
             continue;
         };
-        let mut taken = true;
+        let mut took = inlink::Took::Durable;
         for b in barriers {
-            // A shard gone (the node stopping) took nothing for sure either.
-            taken &= b.await.unwrap_or(false);
+            match b.await {
+                Ok(true) => {}
+                Ok(false) if took == inlink::Took::Durable => took = inlink::Took::NotDurable,
+                Ok(false) => {}
+                // A shard gone (the node stopping) took nothing for sure.
+                Err(_) => took = inlink::Took::Unknown,
+            }
         }
-        acked.done(shard, inc, seq, taken);
-        if taken {
-            ack(&links, to, (shard, inc), seq).await;
-        } else {
-            // Unacknowledged, the batch counts as unconfirmed at its node once a later one
-            // is acknowledged or it times out: its publishers are not told it is durable.
+        if took != inlink::Took::Durable {
+            // Unacknowledged, the batch counts as unconfirmed at its node: its publishers
+            // are not told it is durable (one parked there already was: it is counted as
+            // lost there).
             tracing::debug!(
                 node = to,
                 shard,
                 seq,
+                ?took,
                 "forwarded batch not durable here: not acknowledged"
             );
+        }
+        if let Some(r) = acked.done(shard, inc, seq, took) {
+            reply(&links, to, (shard, inc), r).await;
         }
     }
 }
 
-/// Sends an acknowledgement, waiting for room a little: it is small, and the sender's
-/// publishers wait for it. One that cannot go in time is settled by the sender's timeout.
-async fn ack(links: &DataLinks, to: u64, (shard, inc): (u16, u64), seq: u64) {
-    send_frame(links, to, forward::encode_ack(shard, inc, seq)).await;
+/// Sends an acknowledgement or a refusal, waiting for room a little: it is small, and the
+/// sender's publishers wait for it. One that cannot go in time is settled by the sender's
+/// timeout (an acknowledgement), or its next send of the batch (a refusal).
+async fn reply(links: &DataLinks, to: u64, (shard, inc): (u16, u64), r: inlink::Reply) {
+    let frame = match r {
+        inlink::Reply::Ack(seq) => forward::encode_ack(shard, inc, seq),
+        inlink::Reply::NotDurable(seq) => forward::encode_not_durable(shard, inc, seq),
+    };
+    send_frame(links, to, frame).await;
 }
 
-/// Sends `frame` to `to`, waiting up to a second for room on its stream.
 /// Sends `frames` to `to` in order, off the caller's turn (each as [`send_frame`]).
 pub(crate) fn send_frames(links: DataLinks, to: u64, frames: Vec<Vec<u8>>) {
     starling_rt::spawn(async move {
@@ -497,6 +522,7 @@ pub(crate) fn send_frames(links: DataLinks, to: u64, frames: Vec<Vec<u8>>) {
     });
 }
 
+/// Sends `frame` to `to`, waiting up to a second for room on its stream.
 pub(crate) async fn send_frame(links: &DataLinks, to: u64, mut frame: Vec<u8>) {
     for _ in 0..100 {
         match links.try_send(to, frame) {

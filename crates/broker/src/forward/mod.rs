@@ -10,6 +10,9 @@
 //! - `Ack`: the receiver took that shard's batch `seq`, durably (one per batch, in order,
 //!   so a batch before it that was not acknowledged was taken but is not durable, or its
 //!   acknowledgement was lost);
+//! - `NotDurable`: the receiver took that shard's batch `seq` but could not make it durable
+//!   (its store failed or was full): the sender stops sending it. A build without it logs
+//!   the frame as undecodable and goes on;
 //! - `Resend`: the receiver is missing the sender's batches from `from` on (lost with a
 //!   replaced connection, or with the receiver's restart) and took none after them;
 //! - `Session`: a session handed over to the receiver, which claimed its client id (or
@@ -89,6 +92,15 @@ pub(crate) enum Wire<P> {
         client_id: String,
         epoch: u64,
     },
+    /// The receiver took `shard`'s batch `seq` but its writes are not durable there: it
+    /// will never acknowledge it, and does not take it again (that would deliver its
+    /// messages twice), so sending it again is in vain. Sent once the writes failed, and
+    /// again whenever the batch comes again.
+    NotDurable {
+        shard: u16,
+        inc: u64,
+        seq: u64,
+    },
 }
 
 /// A frame as read.
@@ -152,6 +164,7 @@ impl<P> Wire<P> {
                 bytes,
             },
             Wire::SessionWanted { client_id, epoch } => Wire::SessionWanted { client_id, epoch },
+            Wire::NotDurable { shard, inc, seq } => Wire::NotDurable { shard, inc, seq },
         }
     }
 }
@@ -242,6 +255,11 @@ fn frame_bytes(f: &Wire<BatchV3>) -> Vec<u8> {
 /// An acknowledgement of `shard`'s (incarnation `inc`) batch `seq`.
 pub(crate) fn encode_ack(shard: u16, inc: u64, seq: u64) -> Vec<u8> {
     frame_bytes(&Wire::Ack { shard, inc, seq })
+}
+
+/// `shard`'s (incarnation `inc`) batch `seq` was taken here but is not durable.
+pub(crate) fn encode_not_durable(shard: u16, inc: u64, seq: u64) -> Vec<u8> {
+    frame_bytes(&Wire::NotDurable { shard, inc, seq })
 }
 
 /// A request for `shard`'s (incarnation `inc`) batches from `from` on.
@@ -446,6 +464,17 @@ mod tests {
                 from: 7
             })
         ));
+        assert!(matches!(
+            decode(&encode_not_durable(2, 99, 9), &clock),
+            Ok(Frame::NotDurable {
+                shard: 2,
+                inc: 99,
+                seq: 9
+            })
+        ));
+        // The variant after the others (postcard writes its index): a build that knows
+        // the others reads them as before.
+        assert_eq!(encode_not_durable(2, 99, 9), [FRAME_V3, 6, 2, 99, 9]);
         assert!(matches!(decode(&[], &clock), Err(FrameError::Empty)));
         assert!(matches!(
             decode(&[9, 1], &clock),

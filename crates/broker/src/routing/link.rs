@@ -33,7 +33,7 @@ use starling_store::{LinkCursor, Op};
 use super::RouterActor;
 use crate::destination::{remote_key, Destination, RemoteNode};
 use crate::metrics::add;
-use crate::msg::{ClientMsg, LinkFrom, Publisher, SharedTo, StoreOp, Waiter, WaiterTo};
+use crate::msg::{ClientMsg, LinkFrom, LinkWrite, Publisher, SharedTo, StoreOp, Waiter, WaiterTo};
 
 /// The store writes of the deliveries of one node's forwarded publishes, numbered in
 /// routing order: those not yet committed, and those whose commit failed and that no
@@ -45,6 +45,8 @@ pub(crate) struct LinkWrites {
     next: u64,
     outstanding: BTreeSet<u64>,
     failed: BTreeSet<u64>,
+    /// The store is closed or lost: barriers are dropped unanswered from then on.
+    gone: bool,
 }
 
 /// A barrier waiting: for `node`'s link to be let go and for its writes numbered below
@@ -234,14 +236,18 @@ impl RouterActor {
     }
 
     /// The commit of `node`'s write `seq` is done.
-    pub(super) fn link_stored(&mut self, node: u64, seq: u64, durable: bool) {
+    pub(super) fn link_stored(&mut self, node: u64, seq: u64, outcome: LinkWrite) {
         let Some(w) = self.link_writes.get_mut(&node) else {
             return;
         };
         w.outstanding.remove(&seq);
-        if !durable {
-            add(&self.shared.metrics.cluster_forward_not_durable, 1);
-            w.failed.insert(seq);
+        match outcome {
+            LinkWrite::Durable => {}
+            LinkWrite::NotDurable => {
+                add(&self.shared.metrics.cluster_forward_not_durable, 1);
+                w.failed.insert(seq);
+            }
+            LinkWrite::StoreGone => w.gone = true,
         }
     }
 
@@ -270,6 +276,12 @@ impl RouterActor {
                 b.answer(true);
                 return false;
             };
+            if w.gone {
+                // Dropped: the node's inbound side says nothing of the batch (see
+                // `LinkWrite::StoreGone`).
+                b.done = None;
+                return false;
+            }
             if w.outstanding.range(..b.upto).next().is_some() {
                 return true;
             }

@@ -32,7 +32,7 @@ use std::time::Duration;
 use starling_router::{parse_subscription, Extension};
 use starling_rt::{time, Ctx, WeakAddr};
 use starling_session::{DeliveryOptions, Message, WallClock};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::{RouterActor, Slot, SubOpts};
 use crate::destination::{
@@ -276,11 +276,19 @@ impl RouterActor {
         }
     }
 
-    /// A batch parked by an earlier run, acknowledged by `node`: its row goes, and once that
-    /// is committed (`unparked`) the next one (or the link's own batches) may go. Were they
-    /// to go first, a crash that lost the drop would send this batch again after a newer
-    /// incarnation's batches, which the node would take as a restart of this one.
-    fn replay_acked(&mut self, node: u64, inc: u64, seq: u64, me: WeakAddr<RouterMsg>) {
+    /// A batch parked by an earlier run, acknowledged by `node` (`durable`) or taken but not
+    /// made durable there: its row goes, and once that is committed (`unparked`) the next
+    /// one (or the link's own batches) may go. Were they to go first, a crash that lost the
+    /// drop would send this batch again after a newer incarnation's batches, which the node
+    /// would take as a restart of this one.
+    fn replay_answered(
+        &mut self,
+        node: u64,
+        inc: u64,
+        seq: u64,
+        durable: bool,
+        me: WeakAddr<RouterMsg>,
+    ) {
         let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(node)) else {
             return;
         };
@@ -291,7 +299,23 @@ impl RouterActor {
             return;
         }
         front.dropping = true;
-        add(&self.shared.metrics.cluster_outbox_replayed, 1);
+        if durable {
+            add(&self.shared.metrics.cluster_outbox_replayed, 1);
+        } else {
+            // Its publishers were told it is safe; the node delivered it from memory only,
+            // and would never take it again.
+            warn!(
+                node,
+                inc,
+                seq,
+                messages = front.batch.messages,
+                "a parked batch its node took but could not make durable: dropped from the outbox"
+            );
+            add(
+                &self.shared.metrics.cluster_outbox_lost,
+                u64::from(front.batch.messages),
+            );
+        }
         let i = self.to_store.len();
         self.to_store.push(Op::DropOutbox { node, inc, seq }.into());
         self.store_waiters.push(Waiter {
@@ -656,13 +680,41 @@ impl RouterActor {
     /// so an earlier batch still waiting was taken but is not durable there, or its
     /// acknowledgement was lost with a replaced link: unconfirmed, either way.
     pub(super) fn forward_acked(&mut self, node: u64, inc: u64, seq: u64, me: WeakAddr<RouterMsg>) {
+        self.forward_answered(node, inc, seq, true, me);
+    }
+
+    /// `node` took this shard's batch `seq` (of incarnation `inc`) but could not make it
+    /// durable there (its store failed or was full), and will never acknowledge it, nor
+    /// take it again. One of this run's is settled as an acknowledgement of a later batch
+    /// would settle it: its publishers hear it is unconfirmed, or, parked already, it is
+    /// counted as lost. One an earlier run parked: its row goes, counted as lost, and the
+    /// link goes on (sent again until acknowledged, it held the link for good).
+    pub(super) fn forward_not_durable(
+        &mut self,
+        node: u64,
+        inc: u64,
+        seq: u64,
+        me: WeakAddr<RouterMsg>,
+    ) {
+        self.forward_answered(node, inc, seq, false, me);
+    }
+
+    /// `node` answered batch `seq`: `durable` (acknowledged) or not.
+    fn forward_answered(
+        &mut self,
+        node: u64,
+        inc: u64,
+        seq: u64,
+        durable: bool,
+        me: WeakAddr<RouterMsg>,
+    ) {
         let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(node)) else {
             return;
         };
         if inc != r.inc {
             // For an earlier incarnation of this shard (this node restarted since): a
             // batch that run parked, sent again.
-            self.replay_acked(node, inc, seq, me);
+            self.replay_answered(node, inc, seq, durable, me);
             return;
         }
         r.heard = time::now();
@@ -676,13 +728,13 @@ impl RouterActor {
                 } else {
                     r.parked_messages -= n;
                     dropped.push(u.seq);
-                    if u.seq != seq && u.park == Park::Parked {
+                    if (u.seq != seq || !durable) && u.park == Park::Parked {
                         // Its publishers were told it is safe, and the node skipped it.
                         debug!(node, seq = u.seq, "a parked batch skipped by its node");
                         add(&self.shared.metrics.cluster_outbox_lost, n as u64);
                     }
                 }
-                if u.seq == seq {
+                if u.seq == seq && durable {
                     done.extend(u.keys);
                 } else {
                     lost.extend(u.keys);

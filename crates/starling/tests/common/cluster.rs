@@ -49,6 +49,11 @@ pub fn repo_file(rel: &str) -> PathBuf {
 /// The example files with this run's ports and `extra` appended, and the certificates
 /// they name.
 pub fn configs(dir: &Path, extra: &str) -> (Vec<PathBuf>, Vec<Ports>) {
+    configs_each(dir, [extra; 3])
+}
+
+/// As [`configs`], with each node's own `extra`.
+pub fn configs_each(dir: &Path, extras: [&str; 3]) -> (Vec<PathBuf>, Vec<Ports>) {
     let ports: Vec<Ports> = (0..3)
         .map(|_| Ports {
             mqtt: low_port(false),
@@ -83,7 +88,7 @@ pub fn configs(dir: &Path, extra: &str) -> (Vec<PathBuf>, Vec<Ports>) {
                 "node{i}.toml took its ports"
             );
         }
-        let text = with_extra(text, extra);
+        let text = with_extra(text, extras[i - 1]);
         let path = dir.join(format!("node{i}.toml"));
         std::fs::write(&path, text).expect("write config");
         files.push(path);
@@ -262,6 +267,14 @@ pub fn until_forwarded(port: u16, topic: &str, rx: &mpsc::Receiver<String>) -> b
 /// hears all (`None` when paho-mqtt, which the tests' clients need, is missing and CI is
 /// not set). The daemons stop when the last value is dropped.
 pub fn running_cluster(name: &str, extra: &str) -> Option<(Vec<PathBuf>, Vec<Ports>, Vec<Daemon>)> {
+    running_cluster_each(name, [extra; 3])
+}
+
+/// As [`running_cluster`], with each node's own `extra`.
+pub fn running_cluster_each(
+    name: &str,
+    extras: [&str; 3],
+) -> Option<(Vec<PathBuf>, Vec<Ports>, Vec<Daemon>)> {
     if !have(
         "python3",
         &["-c", "import paho.mqtt"],
@@ -270,7 +283,7 @@ pub fn running_cluster(name: &str, extra: &str) -> Option<(Vec<PathBuf>, Vec<Por
         return None;
     }
     let dir = temp_dir(name);
-    let (files, ports) = configs(&dir, extra);
+    let (files, ports) = configs_each(&dir, extras);
     let mut nodes: Vec<Daemon> = files.iter().map(|f| Daemon::start(f)).collect();
     for n in &mut nodes {
         n.expect("cluster endpoint up");
