@@ -21,6 +21,7 @@ use holds::HoldOp;
 use retained::{Barrier, RetainOp};
 
 mod confirm;
+mod encode;
 mod handed;
 mod holds;
 mod membership;
@@ -123,11 +124,9 @@ pub(crate) struct ClusterActor {
     leave_running: bool,
     /// Sessions handed over lately, to send again if asked.
     handed: handed::Handed,
+    /// Sessions to hand over, encoded off this actor's turn.
+    encoder: encode::Encoder,
 }
-
-/// A handed-over session's frame at most (cut in parts of `SESSION_PART_BYTES`): half of
-/// what a receiving node holds of sessions being put together, so that two fit.
-const HANDOFF_BYTES_MAX: usize = super::parts::PARTS_BYTES_MAX / 2;
 
 /// A claim (with whom to answer), a release or a move's cut (with the times it was
 /// proposed before), waiting for its commit.
@@ -204,6 +203,7 @@ impl ClusterActor {
             left,
             leave_running: false,
             handed: handed::Handed::default(),
+            encoder: encode::Encoder::new(),
         }
     }
 
@@ -716,16 +716,32 @@ impl Actor for ClusterActor {
                 epoch,
                 handoff,
             } => {
-                if let Some(links) = self.links.clone() {
-                    // Cut in parts past what one frame of the data stream carries.
-                    let mut frames =
-                        crate::forward::encode_session_parts(&client_id, epoch, handoff);
-                    let bytes: usize = frames.iter().map(Vec::len).sum();
-                    if bytes > HANDOFF_BYTES_MAX {
-                        // The new node is told there is nothing, rather than left waiting.
-                        tracing::warn!(node_id = self.node, %client_id, bytes, "session too large to hand over; the new node starts it afresh");
-                        frames = crate::forward::encode_session_parts(&client_id, epoch, None);
+                if self.links.is_some() {
+                    let s = encode::ToEncode {
+                        to,
+                        client_id,
+                        epoch,
+                        handoff,
+                    };
+                    if let Some(job) = self.encoder.submit(s, self.node) {
+                        ctx.spawn_then(job, session_encoded);
                     }
+                }
+            }
+            ClusterMsg::SessionEncoded {
+                to,
+                client_id,
+                epoch,
+                frames,
+            } => {
+                if let Some(job) = self.encoder.finished(self.node) {
+                    ctx.spawn_then(job, session_encoded);
+                }
+                let frames = frames.unwrap_or_else(|_| {
+                    tracing::error!(node_id = self.node, %client_id, "encoding a handed-over session failed; the new node starts it afresh");
+                    encode::frames(self.node, &client_id, epoch, None)
+                });
+                if let Some(links) = self.links.clone() {
                     self.handed
                         .keep((to, client_id, epoch), &frames, time::now());
                     super::send_frames(links, to, frames);
@@ -895,5 +911,15 @@ impl Actor for ClusterActor {
         if std::mem::take(&mut self.stop_due) {
             self.stop_when_out(ctx);
         }
+    }
+}
+
+/// The message an encoded session comes back as.
+fn session_encoded((to, client_id, epoch, frames): encode::Encoded) -> ClusterMsg {
+    ClusterMsg::SessionEncoded {
+        to,
+        client_id,
+        epoch,
+        frames,
     }
 }

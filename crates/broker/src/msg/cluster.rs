@@ -93,6 +93,14 @@ pub(crate) enum ClusterMsg {
         epoch: u64,
         handoff: Option<Box<HandOff>>,
     },
+    /// The frames of a session `SendSession` gave, encoded off the actor's turn for `to`'s
+    /// claim `epoch` of `client_id` (`Err`: the encoding was lost).
+    SessionEncoded {
+        to: u64,
+        client_id: Arc<str>,
+        epoch: u64,
+        frames: Result<Vec<Vec<u8>>, starling_rt::blocking::JobLost>,
+    },
     /// This node's claim `epoch` of `client_id` still waits for the session from node
     /// `from`: ask that node for it again.
     WantSession {
