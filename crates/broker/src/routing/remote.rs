@@ -302,8 +302,8 @@ impl RouterActor {
         if durable {
             add(&self.shared.metrics.cluster_outbox_replayed, 1);
         } else {
-            // Its publishers were told it is safe; the node delivered it from memory only,
-            // and would never take it again.
+            // Its publishers were told it is safe; the node kept it in memory at best (a
+            // delivery its full store refused is dropped), and would never take it again.
             warn!(
                 node,
                 inc,
