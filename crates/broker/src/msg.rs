@@ -103,7 +103,8 @@ pub(crate) enum ClientMsg {
     /// listeners open) whether the routes of its filters held this node by then (true
     /// when it has none).
     Resubscribe {
-        moved: Option<u64>,
+        /// The claim's epoch, and the node that handed it over.
+        moved: Option<(u64, u64)>,
         reply: Reply<bool>,
     },
     /// The broker is stopping.
@@ -464,9 +465,14 @@ pub(crate) enum RouterMsg {
         epoch: u64,
         done: Reply<()>,
     },
-    /// The session of `client_id`, handed over for this node's claim `epoch`, subscribes
-    /// next: until its move's cut, only copies relayed from its old node reach it.
-    MovedIn { client_id: Arc<str>, epoch: u64 },
+    /// The session of `client_id`, handed over by node `from` for this node's claim
+    /// `epoch`, subscribes next: until its move's cut, only copies relayed from its old
+    /// node reach it.
+    MovedIn {
+        client_id: Arc<str>,
+        epoch: u64,
+        from: u64,
+    },
     /// The log applied the cut of `client_id`'s move to `node` (claim `epoch`) at `index`.
     Moved {
         client_id: Arc<str>,

@@ -302,7 +302,7 @@ impl RouterActor {
     /// A publish, and its publisher's acknowledgement once what it changed in the store is
     /// durable (`ack`; at once when it changed nothing there) and, in a cluster, once every
     /// node it was forwarded to took it.
-    fn publish_acked(
+    pub(super) fn publish_acked(
         &mut self,
         msg: Arc<Message>,
         from: Option<Publisher>,
@@ -461,7 +461,7 @@ impl Actor for RouterActor {
 
     async fn handle(&mut self, msg: RouterMsg, ctx: &mut Ctx<Self>) {
         match msg {
-            RouterMsg::Publish(m, from, ack) => self.publish_acked(m, from, ack, ctx),
+            RouterMsg::Publish(m, from, ack) => self.publish_local(m, from, ack, ctx),
             RouterMsg::DelayedDue(m, key) => {
                 self.delayed = self.delayed.saturating_sub(1);
                 if let Some(DelayedKey { id, due }) = key {
@@ -477,7 +477,11 @@ impl Actor for RouterActor {
                 epoch,
                 index,
             } => self.cut((client_id, node, epoch), index, ctx),
-            RouterMsg::MovedIn { client_id, epoch } => self.moved_in(client_id, epoch, ctx),
+            RouterMsg::MovedIn {
+                client_id,
+                epoch,
+                from,
+            } => self.moved_in(client_id, (epoch, from), ctx),
             RouterMsg::MovesCheck => self.moves_check(ctx),
             RouterMsg::MovedAway {
                 client_id,
@@ -575,7 +579,7 @@ impl Actor for RouterActor {
                     since,
                     reply,
                 } = *sub;
-                let installed = self.moving_installed(&client_id);
+                let installed = self.moving_installed(&client_id, &filters);
                 let catch_up = since
                     .filter(|&t| self.recent.any_after(t, &client_id))
                     .map(|t| (t, self.catch_ups(&filters)));

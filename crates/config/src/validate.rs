@@ -656,6 +656,7 @@ fn validate_cluster(
         reconnect_reads: raw.reconnect_reads,
         forward_confirm: raw.forward_confirm,
         handover_relay: raw.handover_relay,
+        handover_order: raw.handover_order,
         raft_priority: raw.raft_priority,
         outbox_max_messages: raw.outbox_max_messages,
         forward_timeout_ms: raw.forward_timeout_ms,

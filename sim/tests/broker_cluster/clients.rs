@@ -380,7 +380,9 @@ pub(crate) async fn watch_mover(
             Ok(Packet::Disconnect(d)) => break format!("DISCONNECT {:?}", d.reason_code),
             Ok(Packet::Publish(p)) => {
                 if p.topic.starts_with("t/") {
-                    lock(&oracle).mover_got.insert(parse(&p.payload));
+                    let mut g = lock(&oracle);
+                    g.mover_got.insert(parse(&p.payload));
+                    g.mover_arrivals.push(parse(&p.payload));
                 }
                 if let Some(id) = p.packet_id {
                     let _ = c.send(&Packet::Puback(ack(id))).await;
@@ -435,7 +437,9 @@ async fn mover_subscribe_once(c: &mut MqttClient, oracle: &Shared) -> Option<boo
             // Publishes routed to it between the SUBACK's routing and its sending.
             Ok(Packet::Publish(p)) => {
                 if p.topic.starts_with("t/") {
-                    lock(oracle).mover_got.insert(parse(&p.payload));
+                    let mut g = lock(oracle);
+                    g.mover_got.insert(parse(&p.payload));
+                    g.mover_arrivals.push(parse(&p.payload));
                 }
                 if let Some(id) = p.packet_id {
                     let _ = c.send(&Packet::Puback(ack(id))).await;

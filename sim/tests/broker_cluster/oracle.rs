@@ -51,6 +51,8 @@ pub(crate) struct Oracle {
     /// 9).
     pub(crate) mover_subacked: Option<Duration>,
     pub(crate) mover_got: BTreeSet<(usize, u64)>,
+    /// The publishes the mover got over all its connections, in the order they came.
+    pub(crate) mover_arrivals: Vec<(usize, u64)>,
     /// Moves that lost the mover's session: from the move's start to the SUBACK of its
     /// subscription made again.
     pub(crate) mover_lost: Vec<(Duration, Duration)>,
@@ -127,6 +129,36 @@ pub(crate) fn mover_missing(o: &Oracle, faults: &[(Duration, Duration)]) -> Vec<
         })
         .map(|(key, _)| *key)
         .collect()
+}
+
+/// The first publish the mover got before an earlier one of its publisher on its topic
+/// (check 10), judged on first arrivals (a QoS 1 redelivery may come again later), among
+/// those sent while no partition or kill was near (`faults`, as for check 9).
+pub(crate) fn mover_reordered(o: &Oracle, faults: &[(Duration, Duration)]) -> Option<String> {
+    let near = |t: Duration| {
+        faults
+            .iter()
+            .any(|&(a, b)| t + SETTLE >= a && t <= b + SETTLE)
+    };
+    let mut seen: BTreeSet<(usize, u64)> = BTreeSet::new();
+    let mut highest: BTreeMap<(usize, u64), (u64, usize)> = BTreeMap::new();
+    for (i, key) in o.mover_arrivals.iter().enumerate() {
+        if !seen.insert(*key) {
+            continue;
+        }
+        let Some(s) = o.sent.get(key).filter(|s| !near(s.at)) else {
+            continue;
+        };
+        let top = highest.entry((key.0, s.topic)).or_insert((0, 0));
+        if key.1 < top.0 {
+            return Some(format!(
+                "publisher {} on t/{}: {} (sent at {:?}, arrival {i}) came after {} (arrival {})",
+                key.0, s.topic, key.1, s.at, top.0, top.1
+            ));
+        }
+        *top = (key.1, i);
+    }
+    None
 }
 
 /// The first problem in one subscriber's arrivals: a message never sent, a QoS 2 message

@@ -37,6 +37,9 @@ pub(crate) struct Variant {
     pub(crate) faults: bool,
     /// The mover's pause between moves, in milliseconds (a range).
     pub(crate) move_pause_ms: (u64, u64),
+    /// A third publisher runs, on the first of the mover's nodes: the node a move leaves,
+    /// or the one it comes to, has a publisher of its own.
+    pub(crate) mover_node_publisher: bool,
 }
 
 /// The broker as it should be: queues deep enough for the whole run.
@@ -54,6 +57,7 @@ pub(crate) const SOUND: Variant = Variant {
     storage: "",
     faults: true,
     move_pause_ms: (500, 2000),
+    mover_node_publisher: false,
 };
 
 /// The same with five nodes, and overloaded nodes among the faults.
@@ -150,6 +154,7 @@ pub(crate) const MOVES: Variant = Variant {
     name: "moves",
     faults: false,
     move_pause_ms: (100, 400),
+    mover_node_publisher: true,
     ..SOUND
 };
 
@@ -159,6 +164,15 @@ pub(crate) const MOVES: Variant = Variant {
 pub(crate) const NO_RELAY: Variant = Variant {
     name: "no-relay",
     cluster: "handover_relay = false\n",
+    ..MOVES
+};
+
+/// The moves with a moved session's direct copies delivered at once
+/// (`cluster.handover_order = false`): a copy relayed through the mover's old node can then
+/// come after a later one of its publisher, which check 10 must catch.
+pub(crate) const NO_ORDER: Variant = Variant {
+    name: "no-order",
+    cluster: "handover_order = false\n",
     ..MOVES
 };
 
@@ -181,4 +195,5 @@ pub(crate) const LOSSY: Variant = Variant {
     storage: "",
     faults: true,
     move_pause_ms: (500, 2000),
+    mover_node_publisher: false,
 };

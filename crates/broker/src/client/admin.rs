@@ -98,6 +98,7 @@ impl Client {
             Box::new(HandOff {
                 state,
                 owner: self.owner().map(|o| o.to_string()),
+                from: 0,
             })
         })
     }

@@ -419,7 +419,11 @@ impl Client {
 
     /// A session restored at start subscribes its filters again, as they were granted; the
     /// retained messages they match are not sent again.
-    pub(super) async fn resubscribe(&mut self, moved: Option<u64>, ctx: &mut Ctx<Self>) -> bool {
+    pub(super) async fn resubscribe(
+        &mut self,
+        moved: Option<(u64, u64)>,
+        ctx: &mut Ctx<Self>,
+    ) -> bool {
         let filters: Vec<SubscribeRequest> = self
             .session
             .subscriptions()
@@ -433,13 +437,14 @@ impl Client {
         if filters.is_empty() {
             return true;
         }
-        if let Some(epoch) = moved {
+        if let Some((epoch, from)) = moved {
             // Ahead of the subscriptions, from this actor: each shard knows the session
             // moved before it can route anything to it (`routing::moving`).
             for shard in self.shards.all() {
                 let msg = RouterMsg::MovedIn {
                     client_id: self.client_id(),
                     epoch,
+                    from,
                 };
                 let _ = shard.send(msg).await;
             }

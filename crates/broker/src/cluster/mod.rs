@@ -360,7 +360,7 @@ async fn inbound(
                         epoch,
                         handoff,
                     }) => {
-                        if !session_arrived(&actor, client_id, epoch, handoff).await {
+                        if !session_arrived(&actor, (client_id, from), epoch, handoff).await {
                             return;
                         }
                     }
@@ -375,7 +375,7 @@ async fn inbound(
                 epoch,
                 handoff,
             } => {
-                if !session_arrived(&actor, client_id, epoch, handoff).await {
+                if !session_arrived(&actor, (client_id, from), epoch, handoff).await {
                     return;
                 }
             }
@@ -442,10 +442,13 @@ async fn inbound(
 /// gone (the node stops).
 async fn session_arrived(
     actor: &Addr<ClusterMsg>,
-    client_id: String,
+    (client_id, from): (String, u64),
     epoch: u64,
-    handoff: Option<Box<crate::msg::HandOff>>,
+    mut handoff: Option<Box<crate::msg::HandOff>>,
 ) -> bool {
+    if let Some(h) = handoff.as_mut() {
+        h.from = from;
+    }
     let client_id = Arc::from(client_id);
     let msg = ClusterMsg::SessionArrived {
         client_id,

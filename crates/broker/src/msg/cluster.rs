@@ -30,6 +30,9 @@ pub(crate) struct Claim {
 pub(crate) struct HandOff {
     pub state: starling_session::SessionState,
     pub owner: Option<String>,
+    /// The node that handed it over: set where it arrives, not sent (the link says it).
+    #[serde(skip)]
+    pub from: u64,
 }
 
 /// Why a claim of a client id was not granted.

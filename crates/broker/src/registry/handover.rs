@@ -151,6 +151,7 @@ impl Registry {
         ctx: &mut Ctx<Self>,
     ) -> Option<Box<NewConn>> {
         let h = *h;
+        let from = h.from;
         let (now, wall) = (time::now(), time::wall());
         let session = match starling_session::Session::restore(
             h.state,
@@ -172,7 +173,7 @@ impl Registry {
         ctx.spawn_then(
             async move {
                 let ask = addr.ask(|reply| ClientMsg::Resubscribe {
-                    moved: Some(epoch),
+                    moved: Some((epoch, from)),
                     reply,
                 });
                 // The move's cut goes in the log after the routes that hold this node for

@@ -6,17 +6,17 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use starling_router::{DeliveryKind, PublishContext};
+use starling_router::{parse_subscription, DeliveryKind, Extension, PublishContext};
 use starling_rt::{time, Ctx, TimerId};
-use starling_session::{Instant, Message};
+use starling_session::{Instant, Message, SubscribeRequest};
 use tracing::debug;
 
-use super::moving::{Moves, Verdict};
+use super::moving::{LinkKey, Moves, Release, Verdict};
 use super::{RouterActor, Slot, Source};
 use crate::destination::SharedTo;
 use crate::flow::Qos0Tally;
 use crate::metrics::add;
-use crate::msg::{ForwardedPart, Publisher, RouterMsg};
+use crate::msg::{AckTo, ForwardedPart, LinkFrom, Publisher, RouterMsg};
 
 /// How often the judgements of moves are looked at for their end.
 const CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -28,6 +28,10 @@ pub(super) struct ShardMoves {
     routes_at: u64,
     /// While a forwarded batch is routed: the index it was routed under on its node.
     forwarded_at: Option<u64>,
+    /// While a forwarded batch is routed: the link it came on.
+    forwarded_from: Option<LinkFrom>,
+    /// A release for order came since the kept batches were last looked at.
+    released: bool,
     moves: Moves,
     /// Forwarded batches this shard cannot judge yet, and everything after them from the
     /// same node, in order, each with when it came: routed under routes this shard has not
@@ -35,8 +39,20 @@ pub(super) struct ShardMoves {
     /// copy relayed to a session that has not arrived yet. Bounded by the senders'
     /// windows: their batches are not acknowledged yet.
     kept: VecDeque<(Box<ForwardedPart>, Instant)>,
+    /// This node's own publishes kept back for order (a session that moved here waits
+    /// for its old node's release of this shard's link), in order, with their publishers'
+    /// answers; bounded by [`LOCAL_KEPT_MAX`].
+    kept_local: VecDeque<LocalPublish>,
     timer: Option<TimerId>,
 }
+
+/// A publish of this node's, as a shard takes it.
+type LocalPublish = (Arc<Message>, Option<Publisher>, Option<Box<AckTo>>);
+
+/// This node's publishes a shard keeps back for order at most: past it, a publish is
+/// routed at once (its order across a move may go; nothing is lost). The publishers'
+/// windows bound QoS 1/2; this bounds a QoS 0 flood.
+const LOCAL_KEPT_MAX: usize = 10_000;
 
 /// How long a copy relayed for a session's claim waits for that session to arrive here
 /// (the relay and the session travel apart): a little more than a claiming CONNECT waits
@@ -61,6 +77,26 @@ pub(super) fn relay_epoch(mark: &SharedTo) -> Option<u64> {
         .map(|e| e.parse().unwrap_or(0))
 }
 
+/// The mark of a release for order (`moving`'s "Order across the cut"): a shared group
+/// whose name starts with U+0001, then the claim's epoch and the released link; the client
+/// id in the filter's place. It travels as an empty QoS 0 copy on the released topic, so
+/// it reaches the new node's shard for that topic behind the relayed copies. A node
+/// without it takes it for an unknown shared group, and drops it.
+fn release_mark(client_id: &Arc<str>, epoch: u64, (node, shard, inc): LinkKey) -> SharedTo {
+    SharedTo {
+        group: Arc::from(format!("\u{1}{epoch}/{node}/{shard}/{inc}")),
+        filter: client_id.clone(),
+    }
+}
+
+/// What a release's mark says: the claim's epoch and the link. `None`: another mark.
+pub(super) fn released_link(mark: &SharedTo) -> Option<(u64, LinkKey)> {
+    let mut f = mark.group.strip_prefix('\u{1}')?.split('/');
+    let mut next = || f.next().and_then(|v| v.parse::<u64>().ok());
+    let (epoch, node, shard, inc) = (next()?, next()?, next()?, next()?);
+    Some((epoch, (node, u16::try_from(shard).ok()?, inc)))
+}
+
 impl RouterActor {
     /// The log index of the routes the publish being routed was routed under: its node's,
     /// for one forwarded.
@@ -75,29 +111,196 @@ impl RouterActor {
         let behind = self.moving.kept.iter().any(|(p, _)| p.from.node == node);
         // Just come: it has not waited for the sessions of its relayed copies (no clock read
         // on this path, one per forwarded batch and shard).
-        if behind || !self.can_judge(&part, false) {
+        if behind || !self.can_judge(&part, false, None) {
             self.moving.kept.push_back((part, time::now()));
             self.arm_moves_check(ctx);
             return;
         }
         self.route_part(*part, ctx);
+        if self.moving.released {
+            self.route_kept(ctx);
+        }
     }
 
     /// Whether a part can be routed now: the routes it was routed under are applied here
-    /// (or no cut is awaited), and the sessions its relayed copies are for have arrived (or
-    /// it `waited` long enough for them).
-    fn can_judge(&self, part: &ForwardedPart, waited: bool) -> bool {
+    /// (or no cut is awaited), the sessions its relayed copies are for have arrived (or
+    /// it `waited` long enough for them), and no session that moved here holds a copy of
+    /// it back for order (`moving`'s "Order across the cut").
+    fn can_judge(&mut self, part: &ForwardedPart, waited: bool, now: Option<Instant>) -> bool {
         let m = &self.moving;
         if m.moves.waits_for(part.routed_at, m.routes_at) {
             return false;
         }
-        waited
+        let arrived = waited
             || part.messages.iter().all(|(_, g)| {
                 match g.as_ref().and_then(|g| Some((relay_epoch(g)?, &g.filter))) {
                     Some((epoch, client_id)) => m.moves.knows(client_id, epoch),
                     None => true,
                 }
-            })
+            });
+        arrived && !(m.moves.may_hold() && self.holds_for_order(part, now))
+    }
+
+    /// Whether a session that moved here holds one of the part's direct copies back until
+    /// its old node releases the part's link and topic.
+    fn holds_for_order(&mut self, part: &ForwardedPart, now: Option<Instant>) -> bool {
+        let now = now.unwrap_or_else(time::now);
+        let link = (part.from.node, part.from.shard, part.from.inc);
+        let pctx = PublishContext {
+            random: 0,
+            publisher_hash: 0,
+        };
+        let mut merged = std::mem::take(&mut self.merged);
+        let mut held = false;
+        for (msg, _) in part.messages.iter().filter(|(_, g)| g.is_none()) {
+            self.router.route_merged(
+                &msg.topic,
+                &pctx,
+                |_| true,
+                &mut self.scratch,
+                &mut merged,
+                |a, b| a == b,
+            );
+            held = merged.drain(..).any(|d| {
+                !matches!(d.kind, DeliveryKind::Shared { .. })
+                    && self.moving.moves.holds(
+                        self.destinations.key(d.subscriber),
+                        link,
+                        part.routed_at,
+                        &msg.topic,
+                        now,
+                    )
+            });
+            if held {
+                break;
+            }
+        }
+        merged.clear();
+        self.merged = merged;
+        held
+    }
+
+    /// A release for order came for `client_id`'s move: from its old node, what it relayed
+    /// of the link `link` on `topic` came before this; from its new node, a request for
+    /// the release of that node's own link, answered behind what this node relayed of it.
+    pub(super) fn order_released(
+        &mut self,
+        client_id: &Arc<str>,
+        (epoch, link): (u64, LinkKey),
+        topic: Arc<str>,
+    ) {
+        match self
+            .moving
+            .moves
+            .release(client_id, epoch, link, topic.clone())
+        {
+            Release::Taken => self.moving.released = true,
+            Release::Asked(to, epoch) => self.send_release(client_id, (to, epoch), link, topic),
+            Release::Unknown => {}
+        }
+    }
+
+    /// Sends node `to` a release (or a request for one) of `link` on `topic` for the move
+    /// of `client_id` by claim `epoch`.
+    fn send_release(
+        &mut self,
+        client_id: &Arc<str>,
+        (to, epoch): (u64, u64),
+        link: LinkKey,
+        topic: Arc<str>,
+    ) {
+        let Some(key) = self.node_destination(to) else {
+            return;
+        };
+        let release = Arc::new(Message {
+            topic,
+            payload: bytes::Bytes::new(),
+            qos: starling_codec::QoS::AtMostOnce,
+            retain: false,
+            properties: Default::default(),
+            expires_at: None,
+            publisher: None,
+            shared_headers: Default::default(),
+            received_at: None,
+        });
+        let mark = release_mark(client_id, epoch, link);
+        // Not routed from a batch: its own index (the receiver judges none by it).
+        let prior = self.moving.forwarded_at.take();
+        self.offer_node(&key, &release, Some(mark), None);
+        self.moving.forwarded_at = prior;
+    }
+
+    /// A publish of this node's: routed now, or kept back while a session that moved here
+    /// waits for its old node's release of this shard's link on its topic (the copies of
+    /// this node's earlier publishes went there, and are relayed back).
+    pub(super) fn publish_local(
+        &mut self,
+        m: Arc<Message>,
+        from: Option<Publisher>,
+        ack: Option<Box<AckTo>>,
+        ctx: &mut Ctx<Self>,
+    ) {
+        let may = self.moving.moves.may_hold() || !self.moving.kept_local.is_empty();
+        if may && self.holds_local(&m, true, None) {
+            self.moving.kept_local.push_back((m, from, ack));
+            self.arm_moves_check(ctx);
+            return;
+        }
+        self.publish_acked(m, from, ack, ctx);
+    }
+
+    /// Whether a publish of this node's waits for order: one before it on its topic waits,
+    /// or a session that moved here holds its copy back (asking its old node for the
+    /// release, once per topic, when `ask`).
+    fn holds_local(&mut self, m: &Arc<Message>, ask: bool, now: Option<Instant>) -> bool {
+        let kept = &self.moving.kept_local;
+        if kept.len() >= LOCAL_KEPT_MAX {
+            return false;
+        }
+        if kept.iter().any(|(k, _, _)| k.topic == m.topic) {
+            return true;
+        }
+        if !self.moving.moves.may_hold() {
+            return false;
+        }
+        let Some(me) = self.cluster.as_ref().map(|c| c.node) else {
+            return false;
+        };
+        let now = now.unwrap_or_else(time::now);
+        let link = (me, self.index as u16, self.link_inc);
+        let at = self.routed_at();
+        let pctx = PublishContext {
+            random: 0,
+            publisher_hash: 0,
+        };
+        let mut merged = std::mem::take(&mut self.merged);
+        self.router.route_merged(
+            &m.topic,
+            &pctx,
+            |_| true,
+            &mut self.scratch,
+            &mut merged,
+            |a, b| a == b,
+        );
+        let mut held = false;
+        for d in merged.drain(..) {
+            if matches!(d.kind, DeliveryKind::Shared { .. }) {
+                continue;
+            }
+            let client_id = self.destinations.key(d.subscriber).clone();
+            if !self.moving.moves.holds(&client_id, link, at, &m.topic, now) {
+                continue;
+            }
+            held = true;
+            if let Some((epoch, old)) = ask
+                .then(|| self.moving.moves.ask(&client_id, &m.topic))
+                .flatten()
+            {
+                self.send_release(&client_id, (old, epoch), link, m.topic.clone());
+            }
+        }
+        self.merged = merged;
+        held
     }
 
     fn route_part(&mut self, part: ForwardedPart, ctx: &mut Ctx<Self>) {
@@ -108,46 +311,96 @@ impl RouterActor {
             done,
         } = part;
         self.moving.forwarded_at = Some(routed_at);
+        self.moving.forwarded_from = Some(from);
         for (m, group) in messages {
             self.forwarded(m, group.as_ref(), from, ctx);
         }
         self.moving.forwarded_at = None;
+        self.moving.forwarded_from = None;
         self.link_barrier(from.node, done);
     }
 
     /// Routes the batches kept back that this shard can judge now, in each node's order.
     pub(super) fn route_kept(&mut self, ctx: &mut Ctx<Self>) {
-        if self.moving.kept.is_empty() {
+        if self.moving.kept.is_empty() && self.moving.kept_local.is_empty() {
             return;
         }
         let now = time::now();
-        let mut waiting = VecDeque::new();
-        let mut blocked: Vec<u64> = Vec::new();
-        for (part, came) in std::mem::take(&mut self.moving.kept) {
-            let node = part.from.node;
-            let waited = now.saturating_duration_since(came) >= RELAY_WAIT;
-            if blocked.contains(&node) || !self.can_judge(&part, waited) {
-                if !blocked.contains(&node) {
-                    blocked.push(node);
+        self.route_kept_local(now, ctx);
+        loop {
+            // A release routed in this pass may free a batch looked at before it.
+            self.moving.released = false;
+            let mut waiting = VecDeque::new();
+            let mut blocked: Vec<u64> = Vec::new();
+            for (part, came) in std::mem::take(&mut self.moving.kept) {
+                let node = part.from.node;
+                let waited = now.saturating_duration_since(came) >= RELAY_WAIT;
+                if blocked.contains(&node) || !self.can_judge(&part, waited, Some(now)) {
+                    if !blocked.contains(&node) {
+                        blocked.push(node);
+                    }
+                    waiting.push_back((part, came));
+                } else {
+                    self.route_part(*part, ctx);
                 }
-                waiting.push_back((part, came));
-            } else {
-                self.route_part(*part, ctx);
+            }
+            // Routing may not keep anything back itself: nothing was added meanwhile.
+            debug_assert!(self.moving.kept.is_empty());
+            self.moving.kept = waiting;
+            let released = self.moving.released;
+            self.route_kept_local(now, ctx);
+            if !released || self.moving.kept.is_empty() {
+                break;
             }
         }
-        // Routing may not keep anything back itself: nothing was added meanwhile.
-        debug_assert!(self.moving.kept.is_empty());
-        self.moving.kept = waiting;
+        self.moving.released = false;
+    }
+
+    /// Routes this node's publishes kept back for order that wait no more, in order.
+    fn route_kept_local(&mut self, now: Instant, ctx: &mut Ctx<Self>) {
+        if self.moving.kept_local.is_empty() {
+            return;
+        }
+        let mut kept = std::mem::take(&mut self.moving.kept_local);
+        let mut waiting = VecDeque::new();
+        while let Some((m, from, ack)) = kept.pop_front() {
+            // `holds_local` looks at `kept_local`: the ones still waiting, before this one.
+            self.moving.kept_local = std::mem::take(&mut waiting);
+            let held = self.holds_local(&m, false, Some(now));
+            waiting = std::mem::take(&mut self.moving.kept_local);
+            if held {
+                waiting.push_back((m, from, ack));
+            } else {
+                self.publish_acked(m, from, ack, ctx);
+            }
+        }
+        self.moving.kept_local = waiting;
     }
 
     pub(super) fn moving_is_empty(&self) -> bool {
         self.moving.moves.is_empty()
     }
 
-    /// A session subscribes here: one that moved here can take the copies relayed to it
-    /// from now on (its subscriptions are installed). Whether it had moved here.
-    pub(super) fn moving_installed(&mut self, client_id: &str) -> bool {
-        !self.moving.moves.is_empty() && self.moving.moves.installed(client_id)
+    /// A session subscribes here (to `filters`): one that moved here can take the copies
+    /// relayed to it from now on (its subscriptions are installed). Whether it had moved
+    /// here.
+    pub(super) fn moving_installed(
+        &mut self,
+        client_id: &str,
+        filters: &[SubscribeRequest],
+    ) -> bool {
+        if self.moving.moves.is_empty() {
+            return false;
+        }
+        let limits = &self.shared.topic_limits;
+        self.moving.moves.installed(client_id, || {
+            filters
+                .iter()
+                .filter_map(|r| parse_subscription(&r.filter, limits).ok())
+                .filter(|p| !matches!(p.extension, Extension::Shared { .. }))
+                .map(|p| p.filter.to_string())
+                .collect()
+        })
     }
 
     /// The log applied the routes up to `index`.
@@ -172,14 +425,26 @@ impl RouterActor {
         self.routes_applied(index, ctx);
     }
 
-    /// A session handed over for this node's claim `epoch` subscribes next.
-    pub(super) fn moved_in(&mut self, client_id: Arc<str>, epoch: u64, ctx: &mut Ctx<Self>) {
-        if self.cluster.is_none() || !self.shared.config.cluster.handover_relay {
+    /// A session handed over by node `from` for this node's claim `epoch` subscribes next.
+    pub(super) fn moved_in(
+        &mut self,
+        client_id: Arc<str>,
+        (epoch, from): (u64, u64),
+        ctx: &mut Ctx<Self>,
+    ) {
+        let config = &self.shared.config.cluster;
+        if self.cluster.is_none() || !config.handover_relay {
             return;
         }
+        let order = config.handover_order;
         // Back before its relay here went: the relay's subscriptions are its own again
         // (it subscribes to the same filters).
-        self.moving.moves.came(client_id, epoch, time::now());
+        self.moving
+            .moves
+            .came(client_id.clone(), epoch, time::now());
+        if order {
+            self.moving.moves.keep_order(&client_id, from);
+        }
         self.arm_moves_check(ctx);
         // Copies relayed to it may have come before it did.
         self.route_kept(ctx);
@@ -242,7 +507,9 @@ impl RouterActor {
     }
 
     fn arm_moves_check(&mut self, ctx: &mut Ctx<Self>) {
-        let busy = !self.moving.moves.is_empty() || !self.moving.kept.is_empty();
+        let busy = !self.moving.moves.is_empty()
+            || !self.moving.kept.is_empty()
+            || !self.moving.kept_local.is_empty();
         if self.moving.timer.is_none() && busy {
             self.moving.timer = Some(ctx.after(CHECK_EVERY, RouterMsg::MovesCheck));
         }
@@ -280,13 +547,57 @@ impl RouterActor {
                 .verdict(self.destinations.key(subscriber), self.routed_at(), false);
         match v {
             None | Some(Verdict::Deliver) => true,
-            Some(Verdict::Skip) => false,
+            Some(Verdict::Skip) => {
+                self.release_for_order(msg, subscriber);
+                false
+            }
             Some(Verdict::Relay(to, epoch)) => {
                 let subscriber = self.destinations.key(subscriber).clone();
                 self.relay(msg, (&subscriber, epoch), to, from);
                 false
             }
         }
+    }
+
+    /// A forwarded copy for a session that moved away from here, routed past its move's
+    /// cut: the session's new node may hold such copies of the same link and topic back
+    /// until this node relayed what came before, so it is told (once per link and topic),
+    /// behind those relays.
+    fn release_for_order(&mut self, msg: &Arc<Message>, subscriber: Slot) {
+        let Some(from) = self.moving.forwarded_from else {
+            return;
+        };
+        let link = (from.node, from.shard, from.inc);
+        let client_id = self.destinations.key(subscriber).clone();
+        let at = self.routed_at();
+        let now = time::now();
+        let Some((to, epoch)) = self
+            .moving
+            .moves
+            .mark(&client_id, link, at, &msg.topic, now)
+        else {
+            return;
+        };
+        let Some(key) = self.node_destination(to) else {
+            return;
+        };
+        let release = Arc::new(Message {
+            topic: msg.topic.clone(),
+            payload: bytes::Bytes::new(),
+            qos: starling_codec::QoS::AtMostOnce,
+            retain: false,
+            properties: Default::default(),
+            expires_at: None,
+            publisher: None,
+            shared_headers: Default::default(),
+            received_at: None,
+        });
+        self.offer_node(
+            &key,
+            &release,
+            Some(release_mark(&client_id, epoch, link)),
+            None,
+        );
     }
 
     /// Sends a copy on to the node a session moved to, marked for it.

@@ -150,13 +150,16 @@ impl RouterActor {
             return;
         }
         let before = self.to_store.len();
-        match group {
-            None => self.publish(m, None, Some(from.node), ctx),
+        // A release for order across a session's move (`handover`).
+        let release = group.and_then(|g| Some((g, super::handover::released_link(g)?)));
+        match (group, release) {
+            (_, Some((g, link))) => self.order_released(&g.filter, link, m.topic.clone()),
+            (None, _) => self.publish(m, None, Some(from.node), ctx),
             // Relayed to a session that moved here (`handover`).
-            Some(g) if super::handover::relay_epoch(g).is_some() => {
+            (Some(g), _) if super::handover::relay_epoch(g).is_some() => {
                 self.relayed(m, &g.filter, from.node, ctx)
             }
-            Some(group) => self.publish_to_group(&m, group, from.node, ctx),
+            (Some(group), _) => self.publish_to_group(&m, group, from.node, ctx),
         }
         if self.to_store.len() > before {
             let cursor = StoreOp::from(Op::PutLinkCursor(LinkCursor {

@@ -27,12 +27,23 @@
 //! if the session is here, and relayed to where it went if not (down the chain, if it
 //! moved on again); a copy routed in another node's stretch is that node's to deliver.
 //!
-//! Order across the cut is not kept: a copy relayed through A can arrive at B after a
-//! later copy from the same publisher that took the direct way.
+//! Order across the cut: a copy relayed through A takes one hop more than a later copy of
+//! the same publisher that took the direct way to B. So for [`ORDER_HOLD`] after B learnt
+//! the cut, B holds back a direct copy for the session (routed at M or later) that came on
+//! another node's link (node, shard, incarnation) on a topic, until A says it relayed all
+//! that link sent it on that topic before the cut: A knows it once that link's first copy
+//! routed at M or later reaches it (links are ordered, and A is still in the routes of the
+//! session's filters as its relay), and answers with a *release* behind its relays
+//! ([`Moves::mark`], [`Moves::release`]). A's own link needs none: its relays and its
+//! direct copies travel on it in order. B's own publishes went to A before the cut and
+//! come back relayed: B keeps a later one on that topic back, and asks A, on the same link
+//! as those copies, for the release of its own link ([`Moves::ask`]), which A answers at
+//! once. Not covered: a session that moves on again before the relay of its last move
+//! is done (copies relayed down the chain come on another link than the release).
 //!
 //! Plain data, no clock of its own: the shard passes the time in.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,6 +58,22 @@ pub(crate) const CUT_GRACE: Duration = Duration::from_secs(30);
 /// it, or it lies in a snapshot this node installed): the move's judgement stops then,
 /// and copies go by the routes alone, as without a move.
 pub(crate) const CUT_WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// How long after the new node learnt a move's cut it holds back a direct copy for the
+/// session until the old node releases that copy's link and topic: about the relay's extra
+/// hop when the old node is up; the bound when it is not (killed, cut off), past which
+/// order may go but nothing is lost.
+pub(crate) const ORDER_HOLD: Duration = Duration::from_secs(2);
+
+/// How long after the old node learnt the cut it sends releases: longer than the new
+/// node's hold, which starts when that node learns the cut (a little earlier or later).
+const MARK_FOR: Duration = Duration::from_secs(8);
+
+/// Releases one old node remembers having sent per move (then it sends one per copy).
+const MARKED_MAX: usize = 4096;
+
+/// A sending link, as both ends of a move see it: the node, its shard and incarnation.
+pub(crate) type LinkKey = (u64, u16, u64);
 
 /// One move's cut, as this shard knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +137,35 @@ struct Moving {
     stays: Vec<Stay>,
     /// The subscriptions kept installed as the session's relay while it is away.
     filters: Vec<String>,
+    /// The new node's side of order across the last move here (`handover_order`).
+    order: Option<Order>,
+    /// The old node's side: the links and topics it released since the session left.
+    marked: HashSet<(LinkKey, Arc<str>)>,
+}
+
+/// What the session's new node holds back for order, and what its old node released.
+#[derive(Debug, Clone, Default)]
+struct Order {
+    /// The node it came from (its own link needs no release).
+    from: u64,
+    /// Its subscriptions but shared ones, as handed over: a copy matching only one made
+    /// after the move was never relayed.
+    filters: Vec<String>,
+    released: HashMap<LinkKey, HashSet<Arc<str>>>,
+    /// The topics this node asked the old node to release its own link for.
+    asked: HashSet<Arc<str>>,
+}
+
+/// What a release that came means to this shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Release {
+    /// The session here may take that link's copies on that topic now.
+    Taken,
+    /// The session's new node (`.0`, claim's epoch `.1`) asks, on its own link, for that
+    /// link's release: all it sent here before is relayed, so it is answered at once.
+    Asked(u64, u64),
+    /// For no move this shard knows of.
+    Unknown,
 }
 
 impl Moving {
@@ -133,6 +189,9 @@ pub(crate) enum Verdict {
 #[derive(Debug, Default)]
 pub(crate) struct Moves {
     by_client: HashMap<Arc<str>, Moving>,
+    /// How many sessions have an `order` (kept exact: [`Moves::may_hold`] is asked per
+    /// forwarded batch).
+    ordering: usize,
 }
 
 impl Moves {
@@ -149,6 +208,7 @@ impl Moves {
             m.stays.pop();
         }
         m.filters.clear();
+        self.ordering -= usize::from(m.order.take().is_some());
         m.stays.push(Stay {
             came: Some(Move {
                 epoch,
@@ -162,6 +222,8 @@ impl Moves {
     /// The session of `client_id` is being handed over to `to` for its claim `epoch`.
     pub(crate) fn went(&mut self, client_id: Arc<str>, to: u64, epoch: u64, now: Instant) {
         let m = self.by_client.entry(client_id).or_default();
+        self.ordering -= usize::from(m.order.take().is_some());
+        m.marked.clear();
         let left = Some((
             to,
             Move {
@@ -200,20 +262,145 @@ impl Moves {
             .is_some_and(|m| !m.stays.is_empty() && !m.here())
     }
 
-    /// The session of `client_id` that came here installs its subscriptions. Whether one
-    /// had come.
-    pub(crate) fn installed(&mut self, client_id: &str) -> bool {
-        let stay = self
-            .by_client
-            .get_mut(client_id)
-            .and_then(|m| m.stays.last_mut());
-        match stay {
+    /// The session of `client_id` that came here installs its subscriptions: the first
+    /// time, `filters` (the handed-over ones but shared, without their prefixes) are those
+    /// its order across the move is kept on. Whether one had come.
+    pub(crate) fn installed(
+        &mut self,
+        client_id: &str,
+        filters: impl FnOnce() -> Vec<String>,
+    ) -> bool {
+        let Some(m) = self.by_client.get_mut(client_id) else {
+            return false;
+        };
+        match m.stays.last_mut() {
             Some(s) if s.left.is_none() && s.came.is_some() => {
+                if !s.installed {
+                    if let Some(o) = m.order.as_mut() {
+                        o.filters = filters();
+                    }
+                }
                 s.installed = true;
                 true
             }
             _ => false,
         }
+    }
+
+    /// The session of `client_id`, which came here from node `from`, keeps its
+    /// publishers' order across the move (on the filters it installs first).
+    pub(crate) fn keep_order(&mut self, client_id: &str, from: u64) {
+        if let Some(m) = self.by_client.get_mut(client_id).filter(|m| m.here()) {
+            self.ordering += usize::from(m.order.is_none());
+            m.order = Some(Order {
+                from,
+                filters: Vec::new(),
+                released: HashMap::new(),
+                asked: HashSet::new(),
+            });
+        }
+    }
+
+    /// Whether some session here may hold a copy back for order now (cheap: no clock).
+    pub(crate) fn may_hold(&self) -> bool {
+        self.ordering > 0
+    }
+
+    /// Whether a direct copy for `client_id` that came on `link`, routed at `at`, on
+    /// `topic`, waits for its old node's release (see the module's "Order across the
+    /// cut").
+    pub(crate) fn holds(
+        &self,
+        client_id: &str,
+        link: LinkKey,
+        at: u64,
+        topic: &str,
+        now: Instant,
+    ) -> bool {
+        let Some(m) = self.by_client.get(client_id) else {
+            return false;
+        };
+        let (Some(o), Some(s)) = (&m.order, m.stays.last()) else {
+            return false;
+        };
+        let Some(Move {
+            cut: Cut::At { index, known },
+            ..
+        }) = s.came.filter(|_| s.left.is_none())
+        else {
+            return false;
+        };
+        at >= index
+            && now.saturating_duration_since(known) < ORDER_HOLD
+            && link.0 != o.from
+            && o.filters
+                .iter()
+                .any(|f| starling_router::filter_matches(f, topic))
+            && !o.released.get(&link).is_some_and(|t| t.contains(topic))
+    }
+
+    /// A release of `link` on `topic` for `client_id`'s move by claim `epoch` came: on the
+    /// new node, its old node relayed all that link sent it on the topic before the cut;
+    /// on the old node, the new node asks for its own link's release.
+    pub(crate) fn release(
+        &mut self,
+        client_id: &str,
+        epoch: u64,
+        link: LinkKey,
+        topic: Arc<str>,
+    ) -> Release {
+        let Some(m) = self.by_client.get_mut(client_id) else {
+            return Release::Unknown;
+        };
+        let Some(last) = m.stays.last() else {
+            return Release::Unknown;
+        };
+        match (last.came, last.left) {
+            (_, Some((to, l))) if to == link.0 && l.epoch == epoch => Release::Asked(to, epoch),
+            (Some(c), None) if c.epoch == epoch => match m.order.as_mut() {
+                Some(o) => {
+                    o.released.entry(link).or_default().insert(topic);
+                    Release::Taken
+                }
+                None => Release::Unknown,
+            },
+            _ => Release::Unknown,
+        }
+    }
+
+    /// On the new node: whether to ask the old node for the release of this node's own
+    /// `link` on `topic` for `client_id` (once per topic). The claim's epoch and the old
+    /// node, if so.
+    pub(crate) fn ask(&mut self, client_id: &str, topic: &Arc<str>) -> Option<(u64, u64)> {
+        let m = self.by_client.get_mut(client_id)?;
+        let epoch = m.stays.last()?.came?.epoch;
+        let o = m.order.as_mut()?;
+        o.asked.insert(topic.clone()).then_some((epoch, o.from))
+    }
+
+    /// On the old node: a copy for `client_id` that came on `link`, routed at `at`, on
+    /// `topic`, is past the cut of the session's move away from here. Where to send that
+    /// link's release for the topic (node, claim's epoch), unless sent before.
+    pub(crate) fn mark(
+        &mut self,
+        client_id: &str,
+        link: LinkKey,
+        at: u64,
+        topic: &Arc<str>,
+        now: Instant,
+    ) -> Option<(u64, u64)> {
+        let m = self.by_client.get_mut(client_id)?;
+        let (to, l) = m.stays.last()?.left?;
+        let Cut::At { index, known } = l.cut else {
+            return None;
+        };
+        if at < index || link.0 == to || now.saturating_duration_since(known) >= MARK_FOR {
+            return None;
+        }
+        if m.marked.len() < MARKED_MAX && !m.marked.insert((link, topic.clone())) {
+            return None;
+        }
+        Some((to, l.epoch))
     }
 
     /// Whether the session of `client_id` came here by the claim `epoch` (or a later one)
@@ -294,19 +481,37 @@ impl Moves {
                     only.installed = true;
                 }
             }
+            let held_until = m
+                .stays
+                .last()
+                .and_then(|s| s.came)
+                .and_then(|c| match c.cut {
+                    Cut::At { known, .. } => Some(known + ORDER_HOLD),
+                    Cut::Unknown { .. } => None,
+                });
+            if held_until.is_some_and(|t| now >= t) {
+                m.order = None;
+            }
             let plain = matches!(m.stays.as_slice(), [s] if s.came.is_none() && s.left.is_none());
             if m.stays.is_empty() {
                 out.push((client_id.clone(), std::mem::take(&mut m.filters)));
             }
             !(m.stays.is_empty() || plain)
         });
+        self.ordering = self
+            .by_client
+            .values()
+            .filter(|m| m.order.is_some())
+            .count();
         out
     }
 
     /// Forgets a session that ended here (not handed over).
     pub(crate) fn ended(&mut self, client_id: &str) {
         if self.by_client.get(client_id).is_some_and(Moving::here) {
-            self.by_client.remove(client_id);
+            if let Some(m) = self.by_client.remove(client_id) {
+                self.ordering -= usize::from(m.order.is_some());
+            }
         }
     }
 }
@@ -379,7 +584,7 @@ mod tests {
         a.went(id(), B, 7, now);
         a.relay_filters("c", vec!["t/#".into()]);
         b.came(id(), 7, now);
-        assert!(b.installed("c"));
+        assert!(b.installed("c", Vec::new));
         // Before the cut is known anywhere: a copy routed at or before both nodes' routes
         // (10) reached A (the routes before the cut hold A), maybe B too.
         once_at(&[(A, &a), (B, &b)], 10, &[A], &[B], B);
@@ -405,11 +610,11 @@ mod tests {
         let (mut a, mut b, mut c) = (Moves::default(), Moves::default(), Moves::default());
         a.went(id(), B, 7, now);
         b.came(id(), 7, now);
-        b.installed("c");
+        b.installed("c", Vec::new);
         // It leaves B for C before B's cut (12) is applied anywhere; C's cut is 15.
         b.went(id(), C, 9, now);
         c.came(id(), 9, now);
-        c.installed("c");
+        c.installed("c", Vec::new);
         for (n, m) in [(A, &mut a), (B, &mut b), (C, &mut c)] {
             cut(m, n, (B, 7), 12);
             cut(m, n, (C, 9), 15);
@@ -432,7 +637,7 @@ mod tests {
         a.went(id(), B, 7, now);
         a.relay_filters("c", vec!["t/#".into()]);
         b.came(id(), 7, now);
-        b.installed("c");
+        b.installed("c", Vec::new);
         b.went(id(), A, 9, now);
         b.relay_filters("c", vec!["t/#".into()]);
         a.came(id(), 9, now);
@@ -441,7 +646,7 @@ mod tests {
             !a.knows("c", 9),
             "not before its subscriptions are installed"
         );
-        assert!(a.installed("c"));
+        assert!(a.installed("c", Vec::new));
         assert!(a.knows("c", 9) && a.knows("c", 8) && !a.knows("c", 10));
         for (n, m) in [(A, &mut a), (B, &mut b)] {
             cut(m, n, (B, 7), 12);
@@ -454,6 +659,88 @@ mod tests {
         once_at(&all, 12, &[B], &[A], A);
         once_at(&all, 14, &[B], &[A], A);
         once_at(&all, 15, &[A], &[B], A);
+    }
+
+    /// B holds a direct copy of C's link past the cut until A releases that link and
+    /// topic; A releases each once, only past the cut, and none of B's link; B holds
+    /// nothing of A's link, of a topic its handed-over filters do not match, nor once the
+    /// hold's time is up.
+    #[test]
+    fn a_direct_copy_past_the_cut_waits_for_the_old_nodes_release_of_its_link_and_topic() {
+        let now = t0();
+        let (mut a, mut b) = (Moves::default(), Moves::default());
+        let c_link: LinkKey = (C, 0, 42);
+        let t: Arc<str> = Arc::from("t/1");
+        a.went(id(), B, 7, now);
+        a.relay_filters("c", vec!["t/#".into()]);
+        b.came(id(), 7, now);
+        b.keep_order("c", A);
+        assert!(b.may_hold());
+        assert!(b.installed("c", || vec!["t/#".into()]));
+        // A later SUBSCRIBE of the session does not change what was handed over.
+        assert!(b.installed("c", || vec!["u/#".into()]));
+        assert!(!b.holds("c", c_link, 12, "t/1", now), "no cut known yet");
+        cut(&mut a, A, (B, 7), 12);
+        b.cut("c", (B, 7), 12, B, now);
+        assert!(b.holds("c", c_link, 12, "t/1", now));
+        assert!(b.holds("c", c_link, 30, "t/1", now));
+        assert!(!b.holds("c", c_link, 11, "t/1", now), "before the cut: A's");
+        assert!(
+            !b.holds("c", (A, 0, 5), 12, "t/1", now),
+            "A's link is in order"
+        );
+        assert!(!b.holds("c", c_link, 12, "u/1", now), "not handed over");
+        assert!(
+            !b.holds("c", c_link, 12, "t/1", now + ORDER_HOLD),
+            "held for a while only"
+        );
+        // A: nothing for a copy before the cut, nor for B's own link; once per link and
+        // topic past it.
+        assert_eq!(a.mark("c", c_link, 11, &t, now), None);
+        assert_eq!(a.mark("c", (B, 1, 9), 12, &t, now), None);
+        assert_eq!(a.mark("c", c_link, 12, &t, now), Some((B, 7)));
+        assert_eq!(a.mark("c", c_link, 13, &t, now), None, "once");
+        assert_eq!(
+            a.mark("c", c_link, 13, &Arc::from("t/2"), now),
+            Some((B, 7))
+        );
+        assert_eq!(a.mark("c", (C, 1, 42), 12, &t, now), Some((B, 7)));
+        let late = now + MARK_FOR + Duration::from_secs(1);
+        assert_eq!(a.mark("c", (C, 0, 43), 12, &t, late), None, "too late");
+        // The release frees that link and topic only, and only for this claim.
+        assert_eq!(b.release("c", 6, c_link, t.clone()), Release::Unknown);
+        assert!(b.holds("c", c_link, 12, "t/1", now), "another claim's");
+        assert_eq!(b.release("c", 7, c_link, t.clone()), Release::Taken);
+        assert!(!b.holds("c", c_link, 12, "t/1", now));
+        assert!(b.holds("c", c_link, 12, "t/2", now));
+        assert!(b.holds("c", (C, 1, 42), 12, "t/1", now));
+        // B's own link: B asks A once per topic, and A answers it at once.
+        let b_link: LinkKey = (B, 0, 9);
+        assert!(b.holds("c", b_link, 12, "t/1", now));
+        assert_eq!(b.ask("c", &t), Some((7, A)));
+        assert_eq!(b.ask("c", &t), None, "once");
+        assert_eq!(a.release("c", 7, b_link, t.clone()), Release::Asked(B, 7));
+        assert_eq!(a.release("c", 7, c_link, t.clone()), Release::Unknown);
+        assert_eq!(b.release("c", 7, b_link, t.clone()), Release::Taken);
+        assert!(!b.holds("c", b_link, 12, "t/1", now));
+        // The hold ends with its time, and with it the shard's cheap check.
+        assert!(b.expire(now + ORDER_HOLD).is_empty());
+        assert!(!b.may_hold());
+    }
+
+    /// Without `keep_order` (the `handover_order = false` case, or a session that moves on
+    /// again), nothing is held.
+    #[test]
+    fn nothing_is_held_without_order_or_once_the_session_moved_on() {
+        let now = t0();
+        let mut b = Moves::default();
+        b.came(id(), 7, now);
+        b.installed("c", || vec!["t/#".into()]);
+        b.cut("c", (B, 7), 12, B, now);
+        assert!(!b.may_hold() && !b.holds("c", (C, 0, 1), 12, "t/1", now));
+        b.keep_order("c", A);
+        b.went(id(), C, 9, now);
+        assert!(!b.may_hold() && !b.holds("c", (C, 0, 1), 12, "t/1", now));
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub(crate) struct RawCluster {
     pub reconnect_reads: ClusterReads,
     pub forward_confirm: bool,
     pub handover_relay: bool,
+    pub handover_order: bool,
     pub raft_priority: bool,
     pub outbox_max_messages: u32,
     pub forward_timeout_ms: u32,
@@ -49,6 +50,7 @@ impl Default for RawCluster {
             reconnect_reads: ClusterReads::Linearizable,
             forward_confirm: true,
             handover_relay: true,
+            handover_order: true,
             raft_priority: true,
             outbox_max_messages: 100_000,
             forward_timeout_ms: 5_000,
@@ -116,6 +118,13 @@ pub struct ClusterConfig {
     /// ends them with the session: publishes routed to this node in the moment of the
     /// move are lost (only to show that the simulation's check catches it).
     pub handover_relay: bool,
+    /// A session that moved here holds a copy another node forwarded to it directly, in
+    /// the first seconds after the move's cut, until its old node says it relayed all
+    /// that node sent it before the cut (default true), so that a publisher's messages
+    /// on a topic keep their order across the move. False delivers it at once: a copy
+    /// relayed through the old node may then come after a later one (only to show that
+    /// the simulation's order check catches it).
+    pub handover_order: bool,
     /// The raft driver runs on a thread of its own and takes its peers' messages ahead of
     /// client work (default true). False puts it on a worker, behind the clients there:
     /// only to show what a follower flooded by clients then does to its leader (the
@@ -152,6 +161,7 @@ impl Default for ClusterConfig {
             reconnect_reads: raw.reconnect_reads,
             forward_confirm: raw.forward_confirm,
             handover_relay: raw.handover_relay,
+            handover_order: raw.handover_order,
             raft_priority: raw.raft_priority,
             outbox_max_messages: raw.outbox_max_messages,
             forward_timeout_ms: raw.forward_timeout_ms,
