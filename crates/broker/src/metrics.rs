@@ -65,6 +65,7 @@ pub(crate) struct Metrics {
     pub cluster_received: AtomicU64,
     pub cluster_forward_timeouts: AtomicU64,
     pub cluster_forward_not_durable: AtomicU64,
+    pub cluster_shared_passed_on: AtomicU64,
     pub cluster_forward_resent: AtomicU64,
     pub cluster_forward_out_of_order: AtomicU64,
     pub cluster_outbox_parked: AtomicU64,
@@ -331,6 +332,9 @@ pub struct MetricsSnapshot {
     /// Forwarded publishes whose deliveries to persistent sessions here could not be
     /// stored: their batches are not acknowledged (the publisher hears unconfirmed).
     pub cluster_forward_not_durable: u64,
+    /// Forwarded publishes for a shared group that had no member left here, passed on to
+    /// another node the routes name for it.
+    pub cluster_shared_passed_on: u64,
     /// Forwarded batches sent again (asked for by their node, or probing a quiet one), and
     /// batches received here out of order (past a gap, or again) and dropped.
     pub cluster_forward_resent: u64,
@@ -409,6 +413,7 @@ impl Metrics {
             cluster_received: get(&self.cluster_received),
             cluster_forward_timeouts: get(&self.cluster_forward_timeouts),
             cluster_forward_not_durable: get(&self.cluster_forward_not_durable),
+            cluster_shared_passed_on: get(&self.cluster_shared_passed_on),
             cluster_forward_resent: get(&self.cluster_forward_resent),
             cluster_forward_out_of_order: get(&self.cluster_forward_out_of_order),
             cluster_outbox_parked: get(&self.cluster_outbox_parked),
@@ -452,7 +457,7 @@ impl MetricsSnapshot {
 
     /// Every figure of Starling's own with its name (the field's), what it counts and its
     /// kind ([`MetricsSnapshot::every`] adds RMQTT's, for expositions that list them all).
-    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 53] {
+    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 54] {
         use MetricKind::{Counter as C, Gauge as G};
         [
             (
@@ -616,6 +621,12 @@ impl MetricsSnapshot {
                 "Forwarded messages whose deliveries here could not be stored (not acknowledged)",
                 C,
                 self.cluster_forward_not_durable,
+            ),
+            (
+                "cluster_shared_passed_on",
+                "Forwarded messages for a shared group with no member left here, passed on to another node",
+                C,
+                self.cluster_shared_passed_on,
             ),
             (
                 "cluster_forward_resent",

@@ -6,7 +6,8 @@
 //! status shows node 1 down, and up again once it is restarted on its raft log; a retained
 //! message set through node 3 while node 1 was down is read through node 1 after its
 //! restart; node 2's `$SYS/brokers/+/cluster/...` topics name a leader and three members;
-//! a shared group with members on nodes 2 and 3 gets each message once; a persistent
+//! a shared group with members on nodes 2 and 3 gets each message once, and loses none
+//! when its member on node 2 leaves mid-stream; a persistent
 //! session moves from node 2 to node 3 with the messages queued for
 //! it, and back (the connection on node 3 closes with 0x8E).
 
@@ -549,6 +550,68 @@ fn exclusive_and_limited_subscriptions_are_counted_across_the_nodes() {
         let _ = w.kill();
         let _ = w.wait();
     }
+}
+
+/// A shared group's last member on a node leaves mid-stream: node 1 goes on picking that
+/// node until it applies the route's removal, and that node passes what comes meanwhile
+/// on to the group's other node, once. Members on nodes 2 and 3, a QoS 1/2 publisher on
+/// node 1; node 2's member unsubscribes after its 300th message and keeps reading what its
+/// session still holds. Every acknowledged message reaches a member; node 2 drops none.
+/// Before, node 2 dropped what came after the unsubscribe (`dropped.other`), while node 1
+/// had told the publisher it arrived.
+#[test]
+fn a_shared_groups_member_leaving_its_node_mid_stream_loses_no_acknowledged_message() {
+    let Some((files, ports, _nodes)) = running_cluster("cluster-share-left", "") else {
+        return;
+    };
+    let leave = ["--unsubscribe-after", "300"];
+    let (mut g2, rx_g2) = watcher_with(ports[1].mqtt, "leaver-on-2", "$share/crew/sl/#", &leave);
+    let (mut g3, rx_g3) = watcher(ports[2].mqtt, "stayer-on-3", "$share/crew/sl/#");
+    common::next_line(&rx_g2, "subscribed");
+    common::next_line(&rx_g3, "subscribed");
+    assert!(
+        until_forwarded(ports[0].mqtt, "sl/probe", &rx_g3)
+            || until_forwarded(ports[0].mqtt, "sl/probe", &rx_g2),
+        "node 1 never forwarded to the group"
+    );
+    let before = metrics(&files[1]);
+    let mut p = publisher(ports[0].mqtt, "sl/jobs", 1500);
+    let jobs: BTreeSet<(String, String)> = acked_lines(&mut p, |_| {})
+        .into_iter()
+        .map(|p| ("sl/jobs".to_owned(), p))
+        .collect();
+    assert_eq!(jobs.len(), 3000, "node 1 acknowledged every job");
+    let (mut got2, mut got3) = (BTreeSet::new(), BTreeSet::new());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !jobs.is_subset(&got2.union(&got3).cloned().collect()) && Instant::now() < deadline {
+        gather(&rx_g2, &mut got2, &jobs, Duration::from_millis(200));
+        gather(&rx_g3, &mut got3, &jobs, Duration::from_millis(200));
+    }
+    let after = metrics(&files[1]);
+    for w in [&mut g2, &mut g3] {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    let all: BTreeSet<_> = got2.union(&got3).cloned().collect();
+    let passed = counter(&after, "cluster.shared.passed.on");
+    println!(
+        "node 2's member got {} before it left, node 3's {}; node 2 passed {passed} on",
+        got2.len(),
+        got3.len()
+    );
+    assert!(got2.len() >= 300, "node 2's member left before its 300th");
+    assert_eq!(
+        missing(&jobs, &all),
+        0,
+        "acknowledged jobs that reached no member (of {}): node 2 passed {passed} on, dropped {}",
+        jobs.len(),
+        counter(&after, "dropped.other") - counter(&before, "dropped.other")
+    );
+    assert_eq!(
+        counter(&after, "dropped.other"),
+        counter(&before, "dropped.other"),
+        "node 2 dropped jobs for the group"
+    );
 }
 
 /// The outbox with real processes: node 3, with a subscriber, is stopped (SIGSTOP) while a

@@ -149,6 +149,12 @@ fn worse(a: Stored, b: Stored) -> Stored {
     }
 }
 
+/// The prefix of a shared group's name on a copy a node passed on because the group had
+/// no member left there: the next node delivers it or drops it, never passes it on again,
+/// so stale routes cannot send it round. A node without this code takes it for an
+/// unknown group, and drops it (as before).
+const PASSED_ON: char = '\u{2}';
+
 impl RouterActor {
     /// Joins the cluster; what an earlier run parked for other nodes goes to them again.
     pub(super) fn wire_cluster(&mut self, c: ShardCluster) {
@@ -437,7 +443,9 @@ impl RouterActor {
 
     /// A publish another node picked this node for as the member of a shared group: one
     /// local member of that group gets it (by the group's strategy, online ones first),
-    /// nothing else here does. None left (the last one just went): dropped and counted.
+    /// nothing else here does. None left (the last one just went, or moved to another
+    /// node): passed on, once, to another node the routes name for the group, marked so
+    /// that it goes no further; with none, or passed on already, dropped and counted.
     pub(super) fn publish_to_group(
         &mut self,
         msg: &Arc<Message>,
@@ -452,17 +460,34 @@ impl RouterActor {
                 .as_deref()
                 .map_or(0, |p| self.router.publisher_hash(p)),
         };
+        let (group, passed) = match to.group.strip_prefix(PASSED_ON) {
+            Some(g) => (g, true),
+            None => (&*to.group, false),
+        };
         let destinations = &self.destinations;
         let local = |s: &Slot| matches!(destinations.at(*s), Some(Destination::Local(_)));
         let online =
             |s: &Slot| matches!(destinations.at(*s), Some(d @ Destination::Local(_)) if d.online());
         let picked = self
             .router
-            .pick_shared(&to.group, &to.filter, &pctx, online)
-            .or_else(|| self.router.pick_shared(&to.group, &to.filter, &pctx, local));
+            .pick_shared(group, &to.filter, &pctx, online)
+            .or_else(|| self.router.pick_shared(group, &to.filter, &pctx, local));
         let Some((subscriber, opts)) = picked else {
+            let remote = |s: &Slot| matches!(destinations.at(*s), Some(Destination::Remote(_)));
+            let other = self.router.pick_shared(group, &to.filter, &pctx, remote);
+            if let Some((slot, _)) = other.filter(|_| !passed) {
+                let key = self.destinations.key(slot).clone();
+                add(&self.shared.metrics.cluster_shared_passed_on, 1);
+                debug!(group, filter = %to.filter, node = %key, "forwarded for a shared group with no member here: passed on");
+                let mark = SharedTo {
+                    group: Arc::from(format!("{PASSED_ON}{group}")),
+                    filter: to.filter.clone(),
+                };
+                self.offer_node(&key, msg, Some(mark), None);
+                return;
+            }
             add(&self.shared.metrics.dropped_other, 1);
-            debug!(group = %to.group, filter = %to.filter, "forwarded for a shared group with no member here");
+            debug!(group, filter = %to.filter, passed, "forwarded for a shared group with no member here");
             return;
         };
         let mut qos0 = crate::flow::Qos0Tally::default();

@@ -6,7 +6,10 @@ ends the connection, after which it exits; `refused CODE` (with ` ref=ADDRESS` l
 when its CONNACK refuses it.
 
     python3 watch_v5.py --port 1883 --id watcher --topic 'api/#' [--expiry 3600]
-        [--delay-ms 1 --receive-max 4 --no-ack]
+        [--delay-ms 1 --receive-max 4 --no-ack] [--unsubscribe-after 200]
+
+With `--unsubscribe-after N` it unsubscribes after its Nth message, says `unsubscribed`
+at the UNSUBACK, and goes on printing what still comes.
 """
 
 import argparse
@@ -61,6 +64,12 @@ def main():
         action="store_true",
         help="print the SUBACK's reason code on its line: `subscribed 1`, `subscribed 151`",
     )
+    ap.add_argument(
+        "--unsubscribe-after",
+        type=int,
+        default=0,
+        help="unsubscribe after this many messages, and go on reading",
+    )
     args = ap.parse_args()
 
     if not hasattr(mqtt, "CallbackAPIVersion"):
@@ -90,11 +99,16 @@ def main():
         else:
             say("subscribed")
 
+    got = [0]
+
     def on_message(c, userdata, msg):
         payload = msg.payload.decode("utf-8", "replace")
         if args.head:
             payload = payload.split("|", 1)[0]
         say(f"msg {msg.topic} {payload}")
+        got[0] += 1
+        if got[0] == args.unsubscribe_after:
+            c.unsubscribe(args.topic)
         if args.delay_ms > 0:
             time.sleep(args.delay_ms / 1000)
 
@@ -103,7 +117,11 @@ def main():
         say(f"disconnected {reason_code.value}" + (f" ref={ref}" if ref else ""))
         over.set()
 
+    def on_unsubscribe(c, userdata, mid, reason_codes, properties):
+        say("unsubscribed")
+
     client.on_connect = on_connect
+    client.on_unsubscribe = on_unsubscribe
     client.on_subscribe = on_subscribe
     client.on_message = on_message
     client.on_disconnect = on_disconnect
