@@ -72,6 +72,11 @@ const MARK_FOR: Duration = Duration::from_secs(8);
 /// Releases one old node remembers having sent per move (then it sends one per copy).
 const MARKED_MAX: usize = 4096;
 
+/// Releases one new node keeps per move at most (links times topics, within the hold's
+/// 2 s): past it, the session holds nothing back any more (its order may go, nothing is
+/// lost), so a flood of distinct topics cannot grow the set without bound.
+const RELEASED_MAX: usize = 65_536;
+
 /// A sending link, as both ends of a move see it: the node, its shard and incarnation.
 pub(crate) type LinkKey = (u64, u16, u64);
 
@@ -152,6 +157,8 @@ struct Order {
     /// after the move was never relayed.
     filters: Vec<String>,
     released: HashMap<LinkKey, HashSet<Arc<str>>>,
+    /// How many (link, topic) pairs `released` holds.
+    count: usize,
     /// The topics this node asked the old node to release its own link for.
     asked: HashSet<Arc<str>>,
 }
@@ -296,6 +303,7 @@ impl Moves {
                 from,
                 filters: Vec::new(),
                 released: HashMap::new(),
+                count: 0,
                 asked: HashSet::new(),
             });
         }
@@ -357,13 +365,18 @@ impl Moves {
         };
         match (last.came, last.left) {
             (_, Some((to, l))) if to == link.0 && l.epoch == epoch => Release::Asked(to, epoch),
-            (Some(c), None) if c.epoch == epoch => match m.order.as_mut() {
-                Some(o) => {
-                    o.released.entry(link).or_default().insert(topic);
-                    Release::Taken
+            (Some(c), None) if c.epoch == epoch => {
+                let Some(o) = m.order.as_mut() else {
+                    return Release::Unknown;
+                };
+                if o.count >= RELEASED_MAX {
+                    m.order = None;
+                    self.ordering -= 1;
+                } else {
+                    o.count += usize::from(o.released.entry(link).or_default().insert(topic));
                 }
-                None => Release::Unknown,
-            },
+                Release::Taken
+            }
             _ => Release::Unknown,
         }
     }
@@ -723,6 +736,18 @@ mod tests {
         assert_eq!(a.release("c", 7, c_link, t.clone()), Release::Unknown);
         assert_eq!(b.release("c", 7, b_link, t.clone()), Release::Taken);
         assert!(!b.holds("c", b_link, 12, "t/1", now));
+        // Past its bound, the set of releases gives way: nothing is held any more.
+        let mut d = Moves::default();
+        d.came(id(), 7, now);
+        d.keep_order("c", A);
+        d.installed("c", || vec!["#".into()]);
+        d.cut("c", (B, 7), 12, B, now);
+        for i in 0..RELEASED_MAX {
+            d.release("c", 7, c_link, Arc::from(format!("x/{i}")));
+        }
+        assert!(d.holds("c", c_link, 12, "y", now) && d.may_hold());
+        d.release("c", 7, c_link, Arc::from("x/last"));
+        assert!(!d.holds("c", c_link, 12, "y", now) && !d.may_hold());
         // The hold ends with its time, and with it the shard's cheap check.
         assert!(b.expire(now + ORDER_HOLD).is_empty());
         assert!(!b.may_hold());
