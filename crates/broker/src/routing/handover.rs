@@ -224,10 +224,7 @@ impl RouterActor {
             received_at: None,
         });
         let mark = release_mark(client_id, epoch, link);
-        // Not routed from a batch: its own index (the receiver judges none by it).
-        let prior = self.moving.forwarded_at.take();
         self.offer_node(&key, &release, Some(mark), None);
-        self.moving.forwarded_at = prior;
     }
 
     /// A publish of this node's: routed now, or kept back while a session that moved here
@@ -571,33 +568,13 @@ impl RouterActor {
         let client_id = self.destinations.key(subscriber).clone();
         let at = self.routed_at();
         let now = time::now();
-        let Some((to, epoch)) = self
+        let marked = self
             .moving
             .moves
-            .mark(&client_id, link, at, &msg.topic, now)
-        else {
-            return;
-        };
-        let Some(key) = self.node_destination(to) else {
-            return;
-        };
-        let release = Arc::new(Message {
-            topic: msg.topic.clone(),
-            payload: bytes::Bytes::new(),
-            qos: starling_codec::QoS::AtMostOnce,
-            retain: false,
-            properties: Default::default(),
-            expires_at: None,
-            publisher: None,
-            shared_headers: Default::default(),
-            received_at: None,
-        });
-        self.offer_node(
-            &key,
-            &release,
-            Some(release_mark(&client_id, epoch, link)),
-            None,
-        );
+            .mark(&client_id, link, at, &msg.topic, now);
+        if let Some(to) = marked {
+            self.send_release(&client_id, to, link, msg.topic.clone());
+        }
     }
 
     /// Sends a copy on to the node a session moved to, marked for it.
