@@ -12,7 +12,7 @@ use starling_session::{Instant, Message, SubscribeRequest};
 use tracing::debug;
 
 use super::moving::{LinkKey, Moves, Release, Verdict};
-use super::{RouterActor, Slot, Source};
+use super::{RouterActor, Slot, Source, SubOpts};
 use crate::destination::SharedTo;
 use crate::flow::Qos0Tally;
 use crate::metrics::add;
@@ -146,38 +146,48 @@ impl RouterActor {
     fn holds_for_order(&mut self, part: &ForwardedPart, now: Option<Instant>) -> bool {
         let now = now.unwrap_or_else(time::now);
         let link = (part.from.node, part.from.shard, part.from.inc);
+        part.messages
+            .iter()
+            .filter(|(_, g)| g.is_none())
+            .any(|(msg, _)| {
+                let mut held = false;
+                self.for_each_plain(&msg.topic, |me, slot, _| {
+                    held = held
+                        || me.moving.moves.holds(
+                            me.destinations.key(slot),
+                            link,
+                            part.routed_at,
+                            &msg.topic,
+                            now,
+                        );
+                });
+                held
+            })
+    }
+
+    /// Routes `topic` to every subscription here (online or not, no shared member picked)
+    /// and hands `f` each plain (not shared) delivery: which sessions here a copy on that
+    /// topic is for, as the moves judge them.
+    fn for_each_plain(&mut self, topic: &str, mut f: impl FnMut(&mut Self, Slot, SubOpts)) {
         let pctx = PublishContext {
             random: 0,
             publisher_hash: 0,
         };
         let mut merged = std::mem::take(&mut self.merged);
-        let mut held = false;
-        for (msg, _) in part.messages.iter().filter(|(_, g)| g.is_none()) {
-            self.router.route_merged(
-                &msg.topic,
-                &pctx,
-                |_| true,
-                &mut self.scratch,
-                &mut merged,
-                |a, b| a == b,
-            );
-            held = merged.drain(..).any(|d| {
-                !matches!(d.kind, DeliveryKind::Shared { .. })
-                    && self.moving.moves.holds(
-                        self.destinations.key(d.subscriber),
-                        link,
-                        part.routed_at,
-                        &msg.topic,
-                        now,
-                    )
-            });
-            if held {
-                break;
+        self.router.route_merged(
+            topic,
+            &pctx,
+            |_| true,
+            &mut self.scratch,
+            &mut merged,
+            |a, b| a == b,
+        );
+        for d in merged.drain(..) {
+            if !matches!(d.kind, DeliveryKind::Shared { .. }) {
+                f(self, d.subscriber, d.options);
             }
         }
-        merged.clear();
         self.merged = merged;
-        held
     }
 
     /// A release for order came for `client_id`'s move: from its old node, what it relayed
@@ -266,37 +276,20 @@ impl RouterActor {
         let now = now.unwrap_or_else(time::now);
         let link = (me, self.index as u16, self.link_inc);
         let at = self.routed_at();
-        let pctx = PublishContext {
-            random: 0,
-            publisher_hash: 0,
-        };
-        let mut merged = std::mem::take(&mut self.merged);
-        self.router.route_merged(
-            &m.topic,
-            &pctx,
-            |_| true,
-            &mut self.scratch,
-            &mut merged,
-            |a, b| a == b,
-        );
         let mut held = false;
-        for d in merged.drain(..) {
-            if matches!(d.kind, DeliveryKind::Shared { .. }) {
-                continue;
-            }
-            let client_id = self.destinations.key(d.subscriber).clone();
-            if !self.moving.moves.holds(&client_id, link, at, &m.topic, now) {
-                continue;
+        self.for_each_plain(&m.topic, |me, slot, _| {
+            let client_id = me.destinations.key(slot).clone();
+            if !me.moving.moves.holds(&client_id, link, at, &m.topic, now) {
+                return;
             }
             held = true;
             if let Some((epoch, old)) = ask
-                .then(|| self.moving.moves.ask(&client_id, &m.topic))
+                .then(|| me.moving.moves.ask(&client_id, &m.topic))
                 .flatten()
             {
-                self.send_release(&client_id, (old, epoch), link, m.topic.clone());
+                me.send_release(&client_id, (old, epoch), link, m.topic.clone());
             }
-        }
-        self.merged = merged;
+        });
         held
     }
 
@@ -601,25 +594,14 @@ impl RouterActor {
         node: u64,
         ctx: &mut Ctx<Self>,
     ) {
-        let pctx = PublishContext {
-            random: 0,
-            publisher_hash: 0,
-        };
-        let mut merged = std::mem::take(&mut self.merged);
-        self.router.route_merged(
-            &msg.topic,
-            &pctx,
-            |_| true,
-            &mut self.scratch,
-            &mut merged,
-            |a, b| a == b,
-        );
         let slot = self.destinations.slot(client_id);
-        let mine = merged
-            .drain(..)
-            .find(|d| Some(d.subscriber) == slot && !matches!(d.kind, DeliveryKind::Shared { .. }));
-        self.merged = merged;
-        let Some(d) = mine else {
+        let mut mine = None;
+        self.for_each_plain(&msg.topic, |_, s, opts| {
+            if mine.is_none() && Some(s) == slot {
+                mine = Some((s, opts));
+            }
+        });
+        let Some((subscriber, opts)) = mine else {
             // Its session here ended, or took the matching subscription back meanwhile.
             add(&self.shared.metrics.dropped_other, 1);
             debug!(client_id = %client_id, topic = %msg.topic, "a relayed copy found no subscription of its session");
@@ -629,7 +611,7 @@ impl RouterActor {
             None | Some(Verdict::Deliver) => {
                 let mut qos0 = Qos0Tally::default();
                 let source = Source::Forwarded(node);
-                self.offer(&msg, d.subscriber, d.options.0, source, &mut qos0, ctx);
+                self.offer(&msg, subscriber, opts.0, source, &mut qos0, ctx);
             }
             Some(Verdict::Relay(to, epoch)) => self.relay(&msg, (client_id, epoch), to, None),
             Some(Verdict::Skip) => {}
