@@ -6,7 +6,7 @@ use std::future::Future;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::BytesMut;
 use futures::FutureExt;
@@ -18,8 +18,19 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
 
 /// A byte stream a client connection can run on: TCP, TLS, WebSocket, QUIC or a test pipe.
-pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// When the bytes of the last read reached this host, if the transport knows (the
+    /// kernel's receive timestamp; see [`starling_net::AnyStream::received_at`]).
+    fn received_at(&self) -> Option<SystemTime> {
+        None
+    }
+}
+
+impl Io for starling_net::AnyStream {
+    fn received_at(&self) -> Option<SystemTime> {
+        starling_net::AnyStream::received_at(self)
+    }
+}
 
 /// Smallest read buffer. An idle connection holds none: a read that finds the buffer
 /// released goes through a stack scratch of [`READ_SCRATCH`] bytes first.
@@ -79,6 +90,31 @@ pub(crate) struct Conn {
     pub(crate) urgent: bool,
     /// Small writes of deliveries put off in a row at the end of a burst.
     pub(crate) deferred: u8,
+}
+
+/// How old a receive stamp may be and still be believed: bytes wait in the socket while the
+/// client is held back, but not this long; an older stamp means the wall clock stepped.
+const STAMP_AGE_MAX: Duration = Duration::from_secs(60);
+
+/// The moment, on the runtime's clock, at which a read's bytes reached the host, from the
+/// transport's wall-clock `stamp`: `now` less the stamp's age, never after `now`; `None`
+/// past [`STAMP_AGE_MAX`]. Worked out per packet rather than kept per read: a field on
+/// every connection costs more than a read of the wall clock.
+///
+/// Two clients' packets are read on different threads, and a thread may get to its bytes
+/// later than another thread gets to bytes that came after them: the receive time orders
+/// them as they came (a PUBLISH read just after another client's SUBSCRIBE, the race of
+/// `routing/recent.rs`), where the moment of the read may not.
+pub(crate) fn arrival(
+    stamp: SystemTime,
+    now: time::Instant,
+    wall: SystemTime,
+) -> Option<time::Instant> {
+    let age = wall.duration_since(stamp).unwrap_or(Duration::ZERO);
+    if age > STAMP_AGE_MAX {
+        return None;
+    }
+    Some(now.checked_sub(age).unwrap_or(now))
 }
 
 /// Writes in the output buffer whose latency ends when they reach the socket: a CONNACK
@@ -253,4 +289,26 @@ pub(crate) async fn linger(mut io: Box<dyn Io>) {
         while matches!(io.read(&mut scratch).await, Ok(n) if n > 0) {}
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::{arrival, STAMP_AGE_MAX};
+
+    #[test]
+    fn a_receive_stamp_is_moved_onto_the_runtime_clock_by_its_age() {
+        let now = starling_rt::time::now();
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let ms = Duration::from_millis;
+        // 3 ms old on the wall clock: 3 ms before now.
+        let at = arrival(wall - ms(3), now, wall).unwrap();
+        assert_eq!(now - at, ms(3));
+        // Never after now (the wall clock stepped back since).
+        assert_eq!(arrival(wall + ms(5), now, wall), Some(now));
+        // A stamp older than any wait in the socket: the wall clock stepped forward.
+        let old = wall - STAMP_AGE_MAX - ms(1);
+        assert_eq!(arrival(old, now, wall), None);
+    }
 }

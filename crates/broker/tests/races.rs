@@ -64,6 +64,11 @@ async fn raced_with(
 fn a_publish_sent_right_after_another_clients_subscribe_reaches_it() {
     on_actix(async {
         let (_b, addr) = broker("").await;
+        // The kernel turns its receive stamps on from a work queue once the first socket
+        // asks (this listener's first accepted connection): wait for it, so that every
+        // round is judged by them.
+        let _first = Client::connect(addr, Protocol::V5, "warm", true).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
         let mut missed = 0;
         for i in 0..ROUNDS {
             let topic = format!("race/{i}");
@@ -76,13 +81,19 @@ fn a_publish_sent_right_after_another_clients_subscribe_reaches_it() {
             missed += usize::from(!raced(&mut a, &mut b, &topic, &topic).await);
             a.expect_no_publish(Duration::from_millis(10)).await;
         }
-        // Without the shard's recent publishes about half the rounds miss (9 of 20). A
-        // thread kept off its core for longer than the slack by a loaded machine still
-        // costs some: 2 of 20 once in a full run (1 was allowed then); 0-1 in 10 of 12
-        // runs under two busy loops and the simulation suite, 3 and 4 in the other two.
-        // (The ring's rules are unit-tested in `routing/recent.rs`.)
+        // Without the shard's recent publishes about half the rounds miss (9 of 20).
+        // With them, but each packet timed when its client's thread took it in, a thread
+        // kept off its core for longer than the slack by a loaded machine still cost some
+        // (2 of 20 once in a full run, 3 and 4 in 2 of 12 runs under two busy loops).
+        // Timed by the kernel's receive stamp, which thread gets to its bytes first no
+        // longer matters: none is missed. (The ring's rules are unit-tested in
+        // `routing/recent.rs`; elsewhere than Linux the packets are timed as before.)
         println!("{missed} of {ROUNDS} raced publishes missed");
-        assert!(missed <= 3, "{missed} of {ROUNDS} raced publishes missed");
+        let allowed = if cfg!(target_os = "linux") { 0 } else { 3 };
+        assert!(
+            missed <= allowed,
+            "{missed} of {ROUNDS} raced publishes missed"
+        );
     });
 }
 

@@ -74,6 +74,10 @@ impl<S> Capped<S> {
         }
     }
 
+    pub(crate) fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
     pub(crate) fn release_handle(&self) -> CapRelease {
         CapRelease(Release::Stream(self.state.clone()))
     }

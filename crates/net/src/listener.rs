@@ -39,6 +39,7 @@ use std::{
     },
     task::{Context, Poll},
     time::Duration,
+    time::SystemTime,
 };
 
 use tokio::{
@@ -234,6 +235,20 @@ impl AnyStream {
             AnyInner::Wss(ws) => Some(ws.get_ref().release_handle()),
             AnyInner::Quic(bi) => Some(CapRelease::quic(bi.connection().quinn().clone())),
             _ => None,
+        }
+    }
+
+    /// When the bytes of the last read reached this host, by the kernel's receive
+    /// timestamp of the TCP connection underneath (for TLS and WebSocket, of what that
+    /// layer last read from it, which may run ahead of what it has handed on). `None` over
+    /// QUIC, off Linux, in the simulator, and where the kernel did not stamp.
+    pub fn received_at(&self) -> Option<SystemTime> {
+        match &self.0 {
+            AnyInner::Tcp(s) => s.received_at(),
+            AnyInner::Tls(s) => s.get_ref().0.received_at(),
+            AnyInner::Ws(ws) => ws.get_ref().get_ref().received_at(),
+            AnyInner::Wss(ws) => ws.get_ref().get_ref().get_ref().0.received_at(),
+            AnyInner::Quic(_) => None,
         }
     }
 

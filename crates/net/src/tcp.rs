@@ -5,6 +5,7 @@ use std::{
     net::SocketAddr,
     pin::Pin,
     task::{Context, Poll},
+    time::SystemTime,
 };
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -30,7 +31,20 @@ pub struct Listener {
 pub struct Stream {
     inner: tokio::net::TcpStream,
     peer_addr: SocketAddr,
+    /// The kernel's receive time of the last byte the last read returned, in nanoseconds
+    /// since the Unix epoch; [`UNSTAMPED`] while reads are plain (a connection this side
+    /// opened, or the kernel refused), [`NOT_YET`] while no read has been stamped. One
+    /// word, as every connection holds it.
+    #[cfg(all(target_os = "linux", not(madsim)))]
+    stamp: u64,
 }
+
+/// [`Stream::stamp`]: reads do not go through `recvmsg`.
+#[cfg(all(target_os = "linux", not(madsim)))]
+const UNSTAMPED: u64 = 0;
+/// [`Stream::stamp`]: reads go through `recvmsg`, none stamped yet.
+#[cfg(all(target_os = "linux", not(madsim)))]
+const NOT_YET: u64 = 1;
 
 /// Binds a TCP listener on `addr` (port 0 picks a free port; see [`Listener::local_addr`]).
 ///
@@ -96,8 +110,9 @@ impl Listener {
             .accept()
             .await
             .map_err(|source| NetError::Accept { addr, source })?;
-        let stream =
+        let mut stream =
             Stream::new(inner, peer).map_err(|source| NetError::Accept { addr, source })?;
+        stream.stamp_reads();
         Ok((stream, peer))
     }
 
@@ -112,7 +127,37 @@ impl Stream {
         // MQTT and raft traffic is many small request/response frames: Nagle's algorithm would
         // add up to one round trip of delay to each. (A no-op in the simulator.)
         inner.set_nodelay(true)?;
-        Ok(Self { inner, peer_addr })
+        Ok(Self {
+            inner,
+            peer_addr,
+            #[cfg(all(target_os = "linux", not(madsim)))]
+            stamp: UNSTAMPED,
+        })
+    }
+
+    /// Asks the kernel to stamp what this connection receives, where it can: two clients'
+    /// packets are read on different threads, and the moment a thread gets to its bytes
+    /// says less about which came first than the moment they reached the host (see
+    /// [`Stream::received_at`]).
+    fn stamp_reads(&mut self) {
+        #[cfg(all(target_os = "linux", not(madsim)))]
+        {
+            use std::os::fd::AsRawFd;
+            if stamped::enable(self.inner.as_raw_fd()) {
+                self.stamp = NOT_YET;
+            }
+        }
+    }
+
+    /// When the last byte of the last read reached this host, by the kernel's receive
+    /// timestamp (wall clock). `None` where the kernel does not stamp (a connection this
+    /// side opened, another OS, the simulator) or before the first read.
+    pub fn received_at(&self) -> Option<SystemTime> {
+        #[cfg(all(target_os = "linux", not(madsim)))]
+        if self.stamp > NOT_YET {
+            return SystemTime::UNIX_EPOCH.checked_add(std::time::Duration::from_nanos(self.stamp));
+        }
+        None
     }
 
     /// The remote address.
@@ -135,7 +180,113 @@ impl AsyncRead for Stream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        #[cfg(all(target_os = "linux", not(madsim)))]
+        if self.stamp != UNSTAMPED {
+            use std::os::fd::AsRawFd;
+            let this = self.get_mut();
+            loop {
+                match this.inner.poll_read_ready(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                }
+                let fd = this.inner.as_raw_fd();
+                // `try_io` clears the readiness on WouldBlock, so the loop then waits.
+                match this
+                    .inner
+                    .try_io(tokio::io::Interest::READABLE, || stamped::recv(fd, buf))
+                {
+                    Ok(at) => {
+                        // An unstamped read (the kernel's stamping still off) must not
+                        // leave its bytes the time of earlier ones.
+                        this.stamp = at.filter(|&ns| ns > NOT_YET).unwrap_or(NOT_YET);
+                        return Poll::Ready(Ok(()));
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+            }
+        }
         Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+/// Reads that carry the kernel's receive timestamp (`SO_TIMESTAMPNS`): TCP reports, with
+/// each `recvmsg`, the time the last segment it read from was received (since Linux 4.13).
+/// `libc` directly, hence the one `unsafe` of this crate: the read goes into the
+/// uninitialised part of the caller's buffer (zeroing it first cost more than the read,
+/// see the broker's `conn::poll_fill`), and the timestamp comes back as a control message.
+#[cfg(all(target_os = "linux", not(madsim)))]
+#[allow(unsafe_code)]
+mod stamped {
+    use std::{io, mem::size_of, os::fd::RawFd};
+
+    use tokio::io::ReadBuf;
+
+    /// Room for one `SCM_TIMESTAMPNS` control message (and alignment for its header).
+    #[repr(C, align(8))]
+    struct Control([u8; 64]);
+
+    /// Turns the timestamps on; `false` if the kernel refused.
+    pub(super) fn enable(fd: RawFd) -> bool {
+        let on: libc::c_int = 1;
+        // SAFETY: `fd` is an open socket owned by the caller; the option's value is the
+        // `c_int` that SO_TIMESTAMPNS takes, and its length is given.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_TIMESTAMPNS,
+                std::ptr::from_ref(&on).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        r == 0
+    }
+
+    /// One non-blocking read into `buf`'s unfilled part; the receive time if the kernel
+    /// gave one, in nanoseconds since the Unix epoch.
+    pub(super) fn recv(fd: RawFd, buf: &mut ReadBuf<'_>) -> io::Result<Option<u64>> {
+        // SAFETY: the kernel only writes into this memory, and `assume_init` below covers
+        // exactly the bytes it reports written; nothing is de-initialised.
+        let unfilled = unsafe { buf.unfilled_mut() };
+        let mut iov = libc::iovec {
+            iov_base: unfilled.as_mut_ptr().cast(),
+            iov_len: unfilled.len(),
+        };
+        let mut control = Control([0; 64]);
+        // SAFETY: an all-zero msghdr is a valid empty one.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.0.as_mut_ptr().cast();
+        msg.msg_controllen = control.0.len() as _;
+        // SAFETY: `msg` points at live buffers of the lengths it states, for this call.
+        let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        // SAFETY: the kernel wrote `n` bytes at the start of the unfilled part.
+        unsafe { buf.assume_init(n) };
+        buf.advance(n);
+        let mut at = None;
+        // SAFETY: the CMSG_* walk stays within `msg_controllen` as the kernel set it, over
+        // `control`, which outlives the walk; the data is read unaligned.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                    let ts: libc::timespec =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::timespec>());
+                    if let (Ok(s), Ok(ns)) = (u64::try_from(ts.tv_sec), u64::try_from(ts.tv_nsec)) {
+                        at = s.checked_mul(1_000_000_000).and_then(|s| s.checked_add(ns));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        Ok(at)
     }
 }
 

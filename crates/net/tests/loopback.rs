@@ -55,6 +55,50 @@ async fn tcp_echo_round_trips_bytes_over_loopback() {
     server.await.unwrap();
 }
 
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn an_accepted_connection_knows_when_its_bytes_reached_the_host_not_when_they_were_read() {
+    let listener = starling_net::listen(any_port()).await.unwrap();
+    let addr = listener.local_addr();
+    let mut client = starling_net::connect(addr).await.unwrap();
+    let (mut stream, _) = listener.accept().await.unwrap();
+    assert_eq!(stream.received_at(), None, "nothing read yet");
+    // The kernel turns its receive stamping on from a work queue when the first socket
+    // asks for it: until then segments come unstamped (and the broker uses its own clock).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let sent = std::time::SystemTime::now();
+    client.write_all(b"first").await.unwrap();
+    client.flush().await.unwrap();
+    // The bytes wait in the kernel while the reader is busy elsewhere.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut buf = [0u8; 16];
+    let n = within("read", stream.read(&mut buf)).await.unwrap();
+    assert_eq!(&buf[..n], b"first");
+    let read = std::time::SystemTime::now();
+    let at = stream
+        .received_at()
+        .expect("the kernel stamps an accepted connection");
+    let after_send = at
+        .duration_since(sent)
+        .expect("stamped after the write began");
+    assert!(
+        read.duration_since(at).unwrap() >= Duration::from_millis(90),
+        "stamped {after_send:?} after the write, not when read"
+    );
+    // A later read carries its own bytes' time.
+    client.write_all(b"second").await.unwrap();
+    client.flush().await.unwrap();
+    let n = within("read", stream.read(&mut buf)).await.unwrap();
+    assert_eq!(&buf[..n], b"second");
+    assert!(stream.received_at().unwrap() > at);
+    // The dialling side is not stamped: its reads cost what they did.
+    stream.write_all(b"back").await.unwrap();
+    stream.flush().await.unwrap();
+    let n = within("read", client.read(&mut buf)).await.unwrap();
+    assert_eq!(&buf[..n], b"back");
+    assert_eq!(client.received_at(), None);
+}
+
 #[tokio::test]
 async fn tcp_connect_to_a_closed_port_names_the_address() {
     // Bind then drop to find a port that nobody listens on.

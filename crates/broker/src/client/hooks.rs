@@ -247,7 +247,11 @@ impl Client {
             _ => {}
         }
         let unheard = self.session.is_unheard();
-        let result = self.session.handle_packet(time::now(), p, &mut self.gate);
+        // The packet's moment is when its bytes reached the host, where the transport
+        // knows: a PUBLISH's `received_at`, and the SUBSCRIBE's `since` (below), order two
+        // clients' packets as they came, whichever thread got to its bytes first.
+        let at = self.packet_time();
+        let result = self.session.handle_packet(at, p, &mut self.gate);
         self.gate.fed();
         if unheard && !self.session.is_unheard() {
             // Its stored meta says it was told it had no session: once per such session,

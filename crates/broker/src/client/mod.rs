@@ -147,6 +147,17 @@ impl Client {
         may_hold(&self.shared.config.mqtt, self.gate.username().map(|u| &**u))
     }
 
+    /// The moment of a packet fed now: when the bytes of the connection's last read
+    /// reached the host, if the transport said ([`crate::conn::arrival`]), else now.
+    fn packet_time(&self) -> time::Instant {
+        let now = time::now();
+        self.conn
+            .as_ref()
+            .and_then(|c| c.io.received_at())
+            .and_then(|stamp| crate::conn::arrival(stamp, now, time::wall()))
+            .unwrap_or(now)
+    }
+
     /// Whether its publishes are held back now: by a subscriber (see [`crate::flow`]) or
     /// while it waits for a verdict (see `hooks`).
     fn is_held(&self) -> bool {
@@ -349,8 +360,8 @@ impl Client {
                 }
             }
             Wait::Subscribe(packet_id, filters) => {
-                // Taken in now: this turn fed the SUBSCRIBE.
-                let since = time::now();
+                // This turn fed the SUBSCRIBE: it came with the last read.
+                let since = self.packet_time();
                 let r = self.route_subscribe(filters, Some(since), ctx).await;
                 // SUBACK first, then the retained messages (MQTT 5 §3.8.4); the subscriptions
                 // stored before either reaches the client. Then what raced the SUBSCRIBE,

@@ -23,8 +23,11 @@ use crate::msg::SubscribeResult;
 /// cover about as long, at light load much longer.
 const KEPT: usize = 32;
 /// How much earlier than the SUBSCRIBE a publish may have been taken in and still count
-/// as after it. Each client's packets are stamped by its own thread when that thread gets
-/// to them, and the thread woken first is not always the one whose bytes came first:
+/// as after it. A packet's moment is the kernel's receive stamp of its bytes where the
+/// transport has one (`conn::arrival`), which orders two clients' packets as they came.
+/// Where it has none (QUIC, the first segments before the kernel turned stamping on), each
+/// client's packets are stamped by its own thread when that thread gets to them, and the
+/// thread woken first is not always the one whose bytes came first:
 /// measured against paho's suite on two cores, the PUBLISH sent after a SUBSCRIBE was
 /// stamped 54-126 µs before it in every race seen (8 in 25 runs), and without the slack
 /// one race in thirty of a tighter reproduction was still lost (none of 300 with 200 µs,
