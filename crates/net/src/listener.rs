@@ -38,8 +38,7 @@ use std::{
         Arc,
     },
     task::{Context, Poll},
-    time::Duration,
-    time::SystemTime,
+    time::{Duration, SystemTime},
 };
 
 use tokio::{
