@@ -301,6 +301,19 @@ impl RemoteNode {
         parked + replayed
     }
 
+    /// The oldest routes' index of a copy held for the node: not yet sent, sent and not
+    /// acknowledged (parked or not), or parked by an earlier run. `None`: none.
+    pub(crate) fn oldest_routed_at(&self) -> Option<u64> {
+        let pending = self.pending.iter().map(|p| p.3);
+        let unacked = self.unacked.iter().map(|u| u.routed_at);
+        let replay = self
+            .replay
+            .iter()
+            .filter(|r| !r.dropping)
+            .map(|r| crate::forward::frame_routed_at(&r.batch.frame));
+        pending.chain(unacked).chain(replay).min()
+    }
+
     /// Where the link stands, as a batch sent now tells the node.
     fn pos(&self) -> forward::LinkPos {
         forward::LinkPos {

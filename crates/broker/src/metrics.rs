@@ -76,6 +76,7 @@ pub(crate) struct Metrics {
     pub cluster_sessions_received: AtomicU64,
     pub cluster_sessions_stored: AtomicU64,
     pub cluster_handover_timeouts: AtomicU64,
+    pub cluster_handover_cut_short: AtomicU64,
     pub cluster_sessions_late: AtomicU64,
     pub cluster_sessions_discarded: AtomicU64,
     pub cluster_forward_batches: AtomicU64,
@@ -355,6 +356,11 @@ pub struct MetricsSnapshot {
     pub cluster_sessions_received: u64,
     pub cluster_sessions_stored: u64,
     pub cluster_handover_timeouts: u64,
+    /// Moves whose relay (on the node the session left) or judgement (on the node it came
+    /// to) ended before every other member was through with their cut: more waited past
+    /// their grace than a shard keeps. A copy routed before such a cut that comes later is
+    /// lost.
+    pub cluster_handover_cut_short: u64,
     /// Sessions handed over after their CONNECT went on afresh that took the fresh
     /// session's place (it had never held more than its name).
     pub cluster_sessions_late: u64,
@@ -424,6 +430,7 @@ impl Metrics {
             cluster_sessions_received: get(&self.cluster_sessions_received),
             cluster_sessions_stored: get(&self.cluster_sessions_stored),
             cluster_handover_timeouts: get(&self.cluster_handover_timeouts),
+            cluster_handover_cut_short: get(&self.cluster_handover_cut_short),
             cluster_sessions_late: get(&self.cluster_sessions_late),
             cluster_sessions_discarded: get(&self.cluster_sessions_discarded),
             cluster_forward_batches: get(&self.cluster_forward_batches),
@@ -457,7 +464,7 @@ impl MetricsSnapshot {
 
     /// Every figure of Starling's own with its name (the field's), what it counts and its
     /// kind ([`MetricsSnapshot::every`] adds RMQTT's, for expositions that list them all).
-    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 54] {
+    pub fn named(&self) -> [(&'static str, &'static str, MetricKind, u64); 55] {
         use MetricKind::{Counter as C, Gauge as G};
         [
             (
@@ -687,6 +694,12 @@ impl MetricsSnapshot {
                 "CONNECTs that waited in vain for the previous node's session",
                 C,
                 self.cluster_handover_timeouts,
+            ),
+            (
+                "cluster_handover_cut_short",
+                "Moves whose relay or judgement ended before every other member was through with their cut",
+                C,
+                self.cluster_handover_cut_short,
             ),
             (
                 "cluster_sessions_late",

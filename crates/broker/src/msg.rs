@@ -485,6 +485,13 @@ pub(crate) enum RouterMsg {
     RoutesAt(u64),
     /// Ends the judgements of moves whose time is up (`routing::moving`).
     MovesCheck,
+    /// Every other member has nothing it routed here before this log index on its way any
+    /// more: the moves whose cut is no later end once their grace is over
+    /// (`routing::moving`).
+    Through(u64),
+    /// What this shard still holds for other nodes, for round `.0`: answered with
+    /// `ClusterMsg::ShardThrough`.
+    AskThrough(u64),
     /// A client attached or detached: shared groups prefer online members, and an
     /// offline one holds no publisher back. `persistent`: whether its session now outlives
     /// its connection (a resume may change it), so that its deliveries are stored.

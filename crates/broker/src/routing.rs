@@ -483,6 +483,8 @@ impl Actor for RouterActor {
                 from,
             } => self.moved_in(client_id, (epoch, from), ctx),
             RouterMsg::MovesCheck => self.moves_check(ctx),
+            RouterMsg::Through(at) => self.through(at),
+            RouterMsg::AskThrough(round) => self.ask_through(round),
             RouterMsg::MovedAway {
                 client_id,
                 to,

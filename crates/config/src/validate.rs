@@ -657,6 +657,7 @@ fn validate_cluster(
         forward_confirm: raw.forward_confirm,
         handover_relay: raw.handover_relay,
         handover_order: raw.handover_order,
+        handover_relay_wait: raw.handover_relay_wait,
         raft_priority: raw.raft_priority,
         outbox_max_messages: raw.outbox_max_messages,
         forward_timeout_ms: raw.forward_timeout_ms,

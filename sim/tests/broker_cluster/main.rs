@@ -146,6 +146,10 @@ const SEEDS_KILLS: u64 = 100;
 const SEEDS_TAKEOVER: u64 = 20;
 /// Seeds of the late-handover scenario (no nemesis: each seed varies the timing).
 const SEEDS_LATE: u64 = 20;
+/// Seeds of the late-relay scenario (no nemesis: each seed varies the timing).
+const SEEDS_LATE_RELAY: u64 = 10;
+/// Seeds the late-relay companion without the wait may take to be caught.
+const LATE_RELAY_SEEDS: u64 = 3;
 /// Seeds of the slow-link handover scenario (no nemesis: each seed varies the timing).
 const SEEDS_SLOW: u64 = 20;
 /// Seeds of the run with kills and slow commits.
@@ -323,6 +327,7 @@ fn start(variant: Variant, shards: u32, store: bool) -> (Arc<Setup>, Cluster, Pa
 
 mod clients;
 mod late;
+mod late_relay;
 mod membership;
 mod oracle;
 mod retained;
@@ -844,6 +849,14 @@ async fn without_handover_order() {
     scenario(NO_ORDER).await
 }
 
+async fn with_late_relay() {
+    late_relay::scenario(late_relay::LATE_RELAY).await
+}
+
+async fn with_late_relay_unwaited() {
+    late_relay::scenario(late_relay::LATE_RELAY_NO_WAIT).await
+}
+
 /// Checks 1 to 4 of the module's list on the default seeds and the corpus (sim/seeds.txt):
 /// the seeds of the five broker bugs this suite found (docs/simulation.md, "The broker
 /// cluster suite") replay first.
@@ -963,6 +976,38 @@ fn a_session_handed_over_late_takes_the_place_of_the_fresh_one_its_client_never_
         )
         .seeds(SEEDS_LATE),
         late::scenario,
+    );
+}
+
+/// A copy parked for a moving session's old node, and sent there only well past the 30 s
+/// the relay used to last, is still relayed to the session, once (`late_relay.rs`), on
+/// [`SEEDS_LATE_RELAY`] seeds.
+#[test]
+fn a_copy_parked_for_a_moved_sessions_old_node_is_relayed_once_however_late_it_comes() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "a_copy_parked_for_a_moved_sessions_old_node_is_relayed_once_however_late_it_comes",
+        )
+        .seeds(SEEDS_LATE_RELAY),
+        with_late_relay,
+    );
+}
+
+/// The late-relay check can fail: with `cluster.handover_relay_wait = false` (the relay
+/// ends 30 s after the cut, as before) the parked copies are dropped at the old node, and
+/// the check reports them within the first [`LATE_RELAY_SEEDS`] seeds.
+#[test]
+fn a_relay_that_ends_with_its_grace_is_caught_losing_a_late_copy() {
+    caught(
+        RunConfig::new(
+            "broker_cluster",
+            "a_relay_that_ends_with_its_grace_is_caught_losing_a_late_copy",
+        ),
+        LATE_RELAY_SEEDS,
+        with_late_relay_unwaited,
+        "messages parked for its session on A",
+        "the late-relay check",
     );
 }
 

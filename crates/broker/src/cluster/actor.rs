@@ -27,6 +27,7 @@ mod holds;
 mod membership;
 mod retained;
 mod status;
+mod through;
 use crate::metrics::add;
 use crate::msg::{Claim, ClaimError, ClusterMsg, Proposal, RegistryMsg, RouterMsg};
 use crate::settings::Shared;
@@ -126,6 +127,8 @@ pub(crate) struct ClusterActor {
     handed: handed::Handed,
     /// Sessions to hand over, encoded off this actor's turn.
     encoder: encode::Encoder,
+    /// How far this node and the others are through with what they routed (`through`).
+    through: through::Through,
 }
 
 /// A claim (with whom to answer), a release or a move's cut (with the times it was
@@ -204,6 +207,7 @@ impl ClusterActor {
             leave_running: false,
             handed: handed::Handed::default(),
             encoder: encode::Encoder::new(),
+            through: through::Through::default(),
         }
     }
 
@@ -881,7 +885,16 @@ impl Actor for ClusterActor {
             ClusterMsg::Tick => {
                 self.propose_due(ctx);
                 self.ask_status(ctx);
+                self.through_tick();
+                self.tell_through().await;
             }
+            ClusterMsg::Through { node, at } => self.through_heard(node, at).await,
+            ClusterMsg::ShardThrough {
+                shard,
+                round,
+                routes_at,
+                oldest,
+            } => self.shard_through(shard, round, routes_at, oldest),
             ClusterMsg::Status(reply) => self.status(reply),
             ClusterMsg::Routes(reply) => {
                 let routes = self

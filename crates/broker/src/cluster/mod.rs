@@ -389,6 +389,15 @@ async fn inbound(
                     return;
                 }
             }
+            Frame::Through { at } => {
+                if actor
+                    .send(ClusterMsg::Through { node: from, at })
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
             Frame::Ack { shard, inc, seq } => {
                 // A batch parked by a shard this run does not have went from another one
                 // under its name (`recover::start_shards`).

@@ -219,6 +219,17 @@ pub(super) fn reposition(frame: &[u8], pos: LinkPos) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// The routes' index a `Publish` frame's messages were routed under: 0 (before any)
+/// for a frame of another layout, or of an earlier version.
+pub(super) fn routed_at(frame: &[u8]) -> u64 {
+    match frame.first() {
+        Some(&PUBLISH_V5) if frame.len() >= HEADER => {
+            u64::from_le_bytes(frame[36..44].try_into().unwrap_or_default())
+        }
+        _ => 0,
+    }
+}
+
 fn header(out: &mut [u8], shard: u16, pos: LinkPos, seq: u64, probe: bool, routed_at: u64) {
     out[0] = PUBLISH_V5;
     out[1..3].copy_from_slice(&shard.to_le_bytes());
@@ -379,6 +390,7 @@ mod tests {
             let there = WallClock { now: c.now + later, wall: c.wall + later };
             let (s, p, q, pr, at, back) = decode(&frame, &there).unwrap();
             prop_assert_eq!((s, p, q, pr, at), (shard, pos, seq, probe, routed_at));
+            prop_assert_eq!(super::routed_at(&frame), routed_at);
             prop_assert_eq!(back.len(), batch.len());
             for ((m, g), (orig, og, ns)) in back.iter().zip(&batch) {
                 prop_assert_eq!(&m.topic, &orig.topic);

@@ -15,6 +15,10 @@
 //!   the frame as undecodable and goes on;
 //! - `Resend`: the receiver is missing the sender's batches from `from` on (lost with a
 //!   replaced connection, or with the receiver's restart) and took none after them;
+//! - `Through`: nothing the sender routed before that log index is still on its way to the
+//!   receiver (sent, or to be sent, and not acknowledged, parked or not): a moved
+//!   session's relay and judgement end by it (`routing::moving`). A build without it logs
+//!   the frame as undecodable and goes on;
 //! - `Session`: a session handed over to the receiver, which claimed its client id (or
 //!   `SessionPart`s of one too large for a frame); `SessionWanted`: the receiver still
 //!   waits for one, sent again.
@@ -101,6 +105,11 @@ pub(crate) enum Wire<P> {
         inc: u64,
         seq: u64,
     },
+    /// Every copy the sender routed to the receiver under routes older than log index `at`
+    /// was taken there (or given up on): none is still on its way.
+    Through {
+        at: u64,
+    },
 }
 
 /// A frame as read.
@@ -165,6 +174,7 @@ impl<P> Wire<P> {
             },
             Wire::SessionWanted { client_id, epoch } => Wire::SessionWanted { client_id, epoch },
             Wire::NotDurable { shard, inc, seq } => Wire::NotDurable { shard, inc, seq },
+            Wire::Through { at } => Wire::Through { at },
         }
     }
 }
@@ -262,6 +272,11 @@ pub(crate) fn encode_not_durable(shard: u16, inc: u64, seq: u64) -> Vec<u8> {
     frame_bytes(&Wire::NotDurable { shard, inc, seq })
 }
 
+/// Nothing this node routed to the receiver before log index `at` is on its way any more.
+pub(crate) fn encode_through(at: u64) -> Vec<u8> {
+    frame_bytes(&Wire::Through { at })
+}
+
 /// A request for `shard`'s (incarnation `inc`) batches from `from` on.
 pub(crate) fn encode_resend(shard: u16, inc: u64, from: u64) -> Vec<u8> {
     frame_bytes(&Wire::Resend { shard, inc, from })
@@ -289,6 +304,11 @@ pub(crate) fn encode_publish<'a>(
     clock: &WallClock,
 ) -> Vec<u8> {
     batch::encode(shard, pos, seq_probe, routed_at, messages, clock)
+}
+
+/// The routes' index a parked `Publish` frame was routed under (0: unknown, as old as any).
+pub(crate) fn frame_routed_at(frame: &[u8]) -> u64 {
+    batch::routed_at(frame)
 }
 
 /// A `Publish` frame sent again at another place in its link (`pos`), as a first send, in
@@ -475,6 +495,11 @@ mod tests {
         // The variant after the others (postcard writes its index): a build that knows
         // the others reads them as before.
         assert_eq!(encode_not_durable(2, 99, 9), [FRAME_V3, 6, 2, 99, 9]);
+        assert_eq!(encode_through(100), [FRAME_V3, 7, 100]);
+        assert!(matches!(
+            decode(&encode_through(1 << 40), &clock),
+            Ok(Frame::Through { at }) if at == 1 << 40
+        ));
         assert!(matches!(decode(&[], &clock), Err(FrameError::Empty)));
         assert!(matches!(
             decode(&[9, 1], &clock),

@@ -195,6 +195,22 @@ pub(crate) enum ClusterMsg {
         result: Result<starling_cluster::Output, String>,
     },
     Tick,
+    /// Node `node` has nothing it routed here before log index `at` on its way any more
+    /// (`cluster::actor::through`).
+    Through {
+        node: u64,
+        at: u64,
+    },
+    /// Shard `shard`'s answer to `RouterMsg::AskThrough` of round `round`: the log index of
+    /// the routes it routes under now, and, per other node, the oldest routes' index of a
+    /// copy it still holds for that node (sent and not acknowledged, parked, or not yet
+    /// sent), for the nodes it holds any for.
+    ShardThrough {
+        shard: usize,
+        round: u64,
+        routes_at: u64,
+        oldest: Vec<(u64, u64)>,
+    },
     Status(Reply<ClusterStatus>),
     /// The replicated routes as this node applied them (filter → nodes), in filter order.
     Routes(Reply<Vec<(String, Vec<u64>)>>),

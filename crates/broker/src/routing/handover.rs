@@ -9,7 +9,7 @@ use std::sync::Arc;
 use starling_router::{parse_subscription, DeliveryKind, Extension, PublishContext};
 use starling_rt::{time, Ctx, TimerId};
 use starling_session::{Instant, Message, SubscribeRequest};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::moving::{LinkKey, Moves, Release, Verdict};
 use super::{RouterActor, Slot, Source, SubOpts};
@@ -496,6 +496,54 @@ impl RouterActor {
         }
     }
 
+    /// Every other member has nothing it routed here before `at` on its way any more
+    /// (the cluster actor's `through`): the moves whose cut is no later end after their
+    /// grace. Without `cluster.handover_relay_wait`, they end with it whatever may come.
+    pub(super) fn through(&mut self, at: u64) {
+        let wait = self.shared.config.cluster.handover_relay_wait;
+        self.moving_through(if wait { at } else { u64::MAX });
+    }
+
+    pub(super) fn moving_through(&mut self, at: u64) {
+        self.moving.moves.through(at);
+    }
+
+    /// What this shard still holds for other nodes, for the cluster actor's round
+    /// `round`: the routes' index it routes under, and per node the oldest routes' index
+    /// of a copy it holds for it (to be sent, sent and not acknowledged, parked). A batch
+    /// kept back here may yet be relayed or passed on under its own older index: it
+    /// counts for every node.
+    pub(super) fn ask_through(&mut self, round: u64) {
+        let Some(c) = self.cluster.as_ref() else {
+            return;
+        };
+        let floor = self
+            .moving
+            .kept
+            .iter()
+            .map(|(p, _)| p.routed_at)
+            .fold(self.moving.routes_at, u64::min);
+        let oldest = self
+            .remote_nodes
+            .iter()
+            .filter_map(|&node| {
+                let at = match self.destinations.get(&crate::destination::remote_key(node)) {
+                    Some(crate::destination::Destination::Remote(r)) => r.oldest_routed_at()?,
+                    _ => return None,
+                };
+                (at < floor).then_some((node, at))
+            })
+            .collect();
+        let msg = crate::msg::ClusterMsg::ShardThrough {
+            shard: self.index,
+            round,
+            routes_at: floor,
+            oldest,
+        };
+        // A round that misses an answer is asked again at the cluster actor's next tick.
+        let _ = c.actor.try_send(msg);
+    }
+
     fn arm_moves_check(&mut self, ctx: &mut Ctx<Self>) {
         let busy = !self.moving.moves.is_empty()
             || !self.moving.kept.is_empty()
@@ -509,7 +557,18 @@ impl RouterActor {
     /// down (and with them, this node's routes for them).
     pub(super) fn moves_check(&mut self, ctx: &mut Ctx<Self>) {
         self.moving.timer = None;
-        for (client_id, filters) in self.moving.moves.expire(time::now()) {
+        let (gone, cut_short) = self.moving.moves.expire(time::now());
+        if cut_short > 0 {
+            add(
+                &self.shared.metrics.cluster_handover_cut_short,
+                cut_short as u64,
+            );
+            warn!(
+                cut_short,
+                "moves waiting for a member to be through with their cut ended at the bound"
+            );
+        }
+        for (client_id, filters) in gone {
             debug!(client_id = %client_id, "a moved session's relay ends here");
             for f in filters {
                 let _ = self.unsubscribe(&client_id, &f);

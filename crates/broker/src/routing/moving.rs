@@ -49,10 +49,17 @@ use std::time::Duration;
 
 use starling_session::Instant;
 
-/// How long a known cut is kept after it was learnt: a copy routed before it may still be
-/// on its way (a batch sent again, or parked in the outbox and replayed). Past it, the old
-/// node's relay goes, and with it the old node's routes for the session's filters.
+/// How long a known cut is kept after it was learnt at least: the order across the move
+/// is kept within it. Past it, the judgement goes once every other member said that
+/// nothing it routed to this node before the cut is still on its way ([`Moves::through`]):
+/// the old node's relay with it, and with that the old node's routes for the session's
+/// filters.
 pub(crate) const CUT_GRACE: Duration = Duration::from_secs(30);
+
+/// Judgements one shard keeps past their grace at most, waiting for a member that says
+/// nothing (down, or cut off from this node, with copies for it parked): past it, the
+/// oldest go, and a copy routed before their cut that still comes is lost.
+pub(crate) const HELD_MAX: usize = 10_000;
 
 /// How long a cut that never becomes known is waited for (the new node could not commit
 /// it, or it lies in a snapshot this node installed): the move's judgement stops then,
@@ -77,6 +84,10 @@ const MARKED_MAX: usize = 4096;
 /// lost), so a flood of distinct topics cannot grow the set without bound.
 const RELEASED_MAX: usize = 65_536;
 
+/// A relay whose session left this node for good: its client id, and the filters to take
+/// down.
+pub(crate) type RelayGone = (Arc<str>, Vec<String>);
+
 /// A sending link, as both ends of a move see it: the node, its shard and incarnation.
 pub(crate) type LinkKey = (u64, u16, u64);
 
@@ -90,10 +101,26 @@ enum Cut {
 }
 
 impl Cut {
-    fn done(&self, now: Instant) -> bool {
+    /// Whether no copy routed before it can still come: `through` is the routes' index
+    /// before which the other members have nothing on its way here.
+    fn done(&self, now: Instant, through: u64) -> bool {
         match *self {
             Cut::Unknown { since } => now.saturating_duration_since(since) >= CUT_WAIT_MAX,
-            Cut::At { known, .. } => now.saturating_duration_since(known) >= CUT_GRACE,
+            Cut::At { index, known } => {
+                now.saturating_duration_since(known) >= CUT_GRACE && index <= through
+            }
+        }
+    }
+
+    /// Past its grace, it waits for the other members alone: since when it was learnt.
+    fn held(&self, now: Instant, through: u64) -> Option<Instant> {
+        match *self {
+            Cut::At { index, known }
+                if index > through && now.saturating_duration_since(known) >= CUT_GRACE =>
+            {
+                Some(known)
+            }
+            _ => None,
         }
     }
 
@@ -199,11 +226,21 @@ pub(crate) struct Moves {
     /// How many sessions have an `order` (kept exact: [`Moves::may_hold`] is asked per
     /// forwarded batch).
     ordering: usize,
+    /// The routes' index before which every other member has nothing on its way to this
+    /// node any more (`RouterMsg::Through`): a cut no later than it is done with, once its
+    /// grace is over.
+    through: u64,
 }
 
 impl Moves {
     pub(crate) fn is_empty(&self) -> bool {
         self.by_client.is_empty()
+    }
+
+    /// Every other member has nothing it routed here before `at` on its way any more
+    /// (`u64::MAX`: judgements end with their grace, whatever comes after).
+    pub(crate) fn through(&mut self, at: u64) {
+        self.through = at;
     }
 
     /// The session of `client_id` arrives here, taken over by this node's claim `epoch`.
@@ -481,15 +518,45 @@ impl Moves {
     }
 
     /// Ends the judgements whose time is up; returns, per client id, the relay's filters to
-    /// take down (its session left this node for good).
-    pub(crate) fn expire(&mut self, now: Instant) -> Vec<(Arc<str>, Vec<String>)> {
+    /// take down (its session left this node for good), and how many judgements ended
+    /// before the other members said they were through with their cuts ([`HELD_MAX`]).
+    pub(crate) fn expire(&mut self, now: Instant) -> (Vec<RelayGone>, usize) {
+        let through = self.through;
+        // Past the bound, the oldest of those held past their grace go as if through.
+        let mut held: Vec<(Instant, Arc<str>)> = self
+            .by_client
+            .iter()
+            .filter_map(|(client_id, m)| {
+                let cuts = m.stays.iter().flat_map(|s| {
+                    s.came
+                        .map(|c| c.cut)
+                        .into_iter()
+                        .chain(s.left.map(|(_, l)| l.cut))
+                });
+                cuts.filter_map(|c| c.held(now, through))
+                    .min()
+                    .map(|known| (known, client_id.clone()))
+            })
+            .collect();
+        let mut forced = HashSet::new();
+        if held.len() > HELD_MAX {
+            held.sort();
+            let over = held.len() - HELD_MAX;
+            forced.extend(held.into_iter().take(over).map(|(_, c)| c));
+        }
+        let cut_short = forced.len();
         let mut out = Vec::new();
         self.by_client.retain(|client_id, m| {
+            let through = if forced.contains(client_id) {
+                u64::MAX
+            } else {
+                through
+            };
             // No copy of a stretch that ended long enough ago is on its way any more.
             m.stays
-                .retain(|s| s.left.is_none_or(|(_, l)| !l.cut.done(now)));
+                .retain(|s| s.left.is_none_or(|(_, l)| !l.cut.done(now, through)));
             if let [only] = m.stays.as_mut_slice() {
-                if only.came.is_some_and(|c| c.cut.done(now)) {
+                if only.came.is_some_and(|c| c.cut.done(now, through)) {
                     only.came = None;
                     only.installed = true;
                 }
@@ -516,7 +583,7 @@ impl Moves {
             .values()
             .filter(|m| m.order.is_some())
             .count();
-        out
+        (out, cut_short)
     }
 
     /// Forgets a session that ended here (not handed over).
@@ -749,7 +816,7 @@ mod tests {
         d.release("c", 7, c_link, Arc::from("x/last"));
         assert!(!d.holds("c", c_link, 12, "y", now) && !d.may_hold());
         // The hold ends with its time, and with it the shard's cheap check.
-        assert!(b.expire(now + ORDER_HOLD).is_empty());
+        assert!(b.expire(now + ORDER_HOLD).0.is_empty());
         assert!(!b.may_hold());
     }
 
@@ -772,33 +839,99 @@ mod tests {
     fn judgements_end_after_their_grace_and_give_back_the_relays_filters() {
         let now = t0();
         let mut a = Moves::default();
+        a.through(u64::MAX);
         a.went(id(), B, 7, now);
         a.relay_filters("c", vec!["t/#".into(), "u".into()]);
         assert!(
-            a.expire(now + CUT_GRACE).is_empty(),
+            a.expire(now + CUT_GRACE).0.is_empty(),
             "unknown cuts wait longer"
         );
         a.cut("c", (B, 7), 12, A, now + Duration::from_secs(1));
-        assert!(a.expire(now + CUT_GRACE).is_empty());
+        assert!(a.expire(now + CUT_GRACE).0.is_empty());
         let gone = a.expire(now + CUT_GRACE + Duration::from_secs(1));
-        assert_eq!(gone, vec![(id(), vec!["t/#".to_string(), "u".to_string()])]);
+        assert_eq!(
+            gone.0,
+            vec![(id(), vec!["t/#".to_string(), "u".to_string()])]
+        );
         assert!(a.is_empty());
         // A cut never learnt stops being waited for.
         let mut b = Moves::default();
         b.came(id(), 7, now);
         assert_eq!(b.verdict("c", 1, false), Some(Verdict::Skip));
-        assert!(b.expire(now + CUT_WAIT_MAX).is_empty());
+        assert!(b.expire(now + CUT_WAIT_MAX).0.is_empty());
         assert!(b.is_empty());
         assert_eq!(b.verdict("c", 1, false), None);
         // A session that came back keeps its relay's filters as its own: nothing to take
         // down when the judgement ends.
         let mut c = Moves::default();
+        c.through(u64::MAX);
         c.went(id(), B, 7, now);
         c.relay_filters("c", vec!["t/#".into()]);
         c.came(id(), 9, now);
         c.cut("c", (B, 7), 12, A, now);
         c.cut("c", (A, 9), 15, A, now);
-        assert!(c.expire(now + CUT_GRACE).is_empty());
+        assert!(c.expire(now + CUT_GRACE).0.is_empty());
         assert!(c.is_empty());
+    }
+
+    /// Past its grace, a move's judgement waits until the other members have nothing
+    /// routed before its cut on its way: on the old node, a copy that comes that late is
+    /// still relayed; on the new node, a direct copy routed before the cut is still
+    /// skipped, so the session gets it once either way.
+    #[test]
+    fn judgements_past_their_grace_wait_until_the_other_members_are_through_with_the_cut() {
+        let now = t0();
+        let (mut a, mut b) = (Moves::default(), Moves::default());
+        a.went(id(), B, 7, now);
+        a.relay_filters("c", vec!["t/#".into()]);
+        b.came(id(), 7, now);
+        assert!(b.installed("c", Vec::new));
+        cut(&mut a, A, (B, 7), 12);
+        cut(&mut b, B, (B, 7), 12);
+        // Long past the grace, one member still has copies routed before 12 on their way.
+        let late = now + CUT_GRACE * 10;
+        for m in [&mut a, &mut b] {
+            m.through(12 - 1);
+            assert_eq!(m.expire(late), (Vec::new(), 0));
+        }
+        let nodes = [(A, &a), (B, &b)];
+        once_at(&nodes, 11, &[A], &[B], B);
+        once_at(&nodes, 12, &[B], &[A], B);
+        // Through with the cut: the relay goes, and its filters with it.
+        a.through(12);
+        b.through(12);
+        assert_eq!(a.expire(late).0, vec![(id(), vec!["t/#".to_string()])]);
+        assert_eq!(b.expire(late), (Vec::new(), 0));
+        assert!(a.is_empty() && b.is_empty());
+        // Within the grace, being through ends nothing.
+        let mut c = Moves::default();
+        c.through(u64::MAX);
+        c.went(id(), B, 7, now);
+        cut(&mut c, A, (B, 7), 12);
+        assert!(c.expire(now + CUT_GRACE / 2).0.is_empty());
+        assert!(!c.is_empty());
+    }
+
+    /// A shard keeps at most `HELD_MAX` judgements waiting past their grace: the oldest
+    /// go first, counted.
+    #[test]
+    fn judgements_held_past_their_grace_are_bounded_oldest_first() {
+        let now = t0();
+        let mut a = Moves::default();
+        let n = HELD_MAX + 3;
+        for i in 0..n {
+            let c: Arc<str> = Arc::from(format!("c{i}"));
+            a.went(c.clone(), B, 7, now);
+            a.relay_filters(&c, vec![format!("t/{i}")]);
+            a.cut(&c, (B, 7), 12, A, now + Duration::from_millis(i as u64));
+        }
+        a.through(11);
+        let (gone, cut_short) = a.expire(now + CUT_GRACE * 2);
+        assert_eq!(cut_short, 3);
+        let mut gone: Vec<String> = gone.into_iter().map(|(c, _)| c.to_string()).collect();
+        gone.sort();
+        assert_eq!(gone, vec!["c0", "c1", "c2"]);
+        assert!(a.relays("c3") && !a.relays("c2"));
+        assert_eq!(a.expire(now + CUT_GRACE * 2), (Vec::new(), 0));
     }
 }

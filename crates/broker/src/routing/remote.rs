@@ -160,6 +160,9 @@ impl RouterActor {
     pub(super) fn wire_cluster(&mut self, c: ShardCluster) {
         let me = c.node;
         self.cluster = Some(c);
+        if !self.shared.config.cluster.handover_relay_wait {
+            self.moving_through(u64::MAX);
+        }
         for batch in std::mem::take(&mut self.replays) {
             if batch.node == me {
                 continue;

@@ -29,6 +29,7 @@ pub(crate) struct RawCluster {
     pub forward_confirm: bool,
     pub handover_relay: bool,
     pub handover_order: bool,
+    pub handover_relay_wait: bool,
     pub raft_priority: bool,
     pub outbox_max_messages: u32,
     pub forward_timeout_ms: u32,
@@ -51,6 +52,7 @@ impl Default for RawCluster {
             forward_confirm: true,
             handover_relay: true,
             handover_order: true,
+            handover_relay_wait: true,
             raft_priority: true,
             outbox_max_messages: 100_000,
             forward_timeout_ms: 5_000,
@@ -125,6 +127,14 @@ pub struct ClusterConfig {
     /// relayed through the old node may then come after a later one (only to show that
     /// the simulation's order check catches it).
     pub handover_order: bool,
+    /// A moved session's relay on its old node, and its new node's judgement of the
+    /// move's cut, last (30 s at least) until every other member said that nothing it
+    /// routed before the cut is still on its way here (default true), so that a copy
+    /// routed before the cut that comes late (a link cut off for long, a batch parked in
+    /// the outbox and replayed) is still relayed, and delivered once. False ends them 30 s
+    /// after the cut: such a copy is then lost (only to show that the simulation's check
+    /// catches it).
+    pub handover_relay_wait: bool,
     /// The raft driver runs on a thread of its own and takes its peers' messages ahead of
     /// client work (default true). False puts it on a worker, behind the clients there:
     /// only to show what a follower flooded by clients then does to its leader (the
@@ -162,6 +172,7 @@ impl Default for ClusterConfig {
             forward_confirm: raw.forward_confirm,
             handover_relay: raw.handover_relay,
             handover_order: raw.handover_order,
+            handover_relay_wait: raw.handover_relay_wait,
             raft_priority: raw.raft_priority,
             outbox_max_messages: raw.outbox_max_messages,
             forward_timeout_ms: raw.forward_timeout_ms,

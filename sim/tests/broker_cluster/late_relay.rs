@@ -1,0 +1,130 @@
+//! A copy routed to a moving session's old node before the move's cut that reaches it long
+//! after: node C cannot reach node A, so the QoS 1 publishes C routes to a session on A are
+//! parked in C's outbox (and acknowledged to their publisher). The session's client then
+//! moves to node B, and only 45 s later, well past the 30 s the relay used to last, does
+//! the cut between C and A heal. C sends the parked batches again; A must still relay them
+//! to the session, now on B, which gets each once. (Before, A's relay had ended, and the
+//! parked messages were dropped there.)
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Three nodes with stores (C parks what A does not take), no nemesis: the scenario cuts
+/// C off from A itself. Batches are parked after 1.2 s without an acknowledgement.
+pub(crate) const LATE_RELAY: Variant = Variant {
+    name: "late-relay",
+    faults: false,
+    mqtt: "max_mqueue_len = 100000\nbackpressure_max_secs = 1\n",
+    cluster: "forward_timeout_ms = 200\n",
+    ..SOUND
+};
+
+/// The same with the relay ending 30 s after the cut whatever may still come
+/// (`cluster.handover_relay_wait = false`): the parked messages are lost at A.
+pub(crate) const LATE_RELAY_NO_WAIT: Variant = Variant {
+    name: "late-relay-no-wait",
+    cluster: "forward_timeout_ms = 200\nhandover_relay_wait = false\n",
+    ..LATE_RELAY
+};
+
+const ROAMER: &str = "relay-roamer";
+const FILTER: &str = "relay/#";
+/// Publishes parked at C for the roamer's session on A.
+const PARKED: u64 = 5;
+/// How long after the move C stays cut off from A.
+const CUT_OFF: Duration = Duration::from_secs(45);
+
+pub(crate) async fn scenario(variant: Variant) {
+    let (setup, cluster, base) = start(variant, 1, true);
+    let leader = wait_leader(&setup, Duration::from_secs(30)).await;
+    check!(leader.is_some(), "no leader 30 s after start");
+    // Raft runs between the leader and each follower: the cut is between the followers,
+    // so that every node goes on applying the log (the move's cut included).
+    let b = leader.map_or(0, |l| l as usize - 1);
+    let (a, c) = ((b + 1) % 3, (b + 2) % 3);
+    let mut clients = ClientNodes::default();
+    let forever = Instant::now() + Duration::from_secs(600);
+
+    // The roamer's session on A, its filter routed to A by C.
+    leave_subscribed(&mut clients, a, ROAMER, FILTER).await;
+    let c_admin = setup.admin(c).expect("C runs");
+    let routed = Instant::now() + Duration::from_secs(20);
+    let a_id = a as u64 + 1;
+    while !c_admin
+        .cluster_routes()
+        .await
+        .iter()
+        .any(|(f, nodes)| f == FILTER && nodes.contains(&a_id))
+    {
+        check!(
+            Instant::now() < routed,
+            "C did not route {FILTER} to A within 20 s"
+        );
+        sleep(ms(10)).await;
+    }
+
+    // C cannot reach A: its publishes for the session are parked, and acknowledged.
+    cluster.clog_one_way(c, a);
+    publish_acked(
+        &mut clients,
+        c,
+        ("relay-publisher", "relay/x"),
+        PARKED,
+        |seq| Bytes::from(format!("0:{seq}")),
+    )
+    .await;
+    let parked = c_admin.metrics().cluster_outbox_parked;
+    check!(
+        parked >= PARKED,
+        "C parked {parked} messages for A, not the {PARKED} it could not deliver"
+    );
+
+    // The roamer moves to B, and waits there for what was routed to its session on A.
+    let roamer = clients.node("relay-roamer").spawn(async move {
+        let mut o = opts(ROAMER);
+        o.clean_start = false;
+        let (mut c, connack) = connect_by(mqtt_addr(b), &o, forever)
+            .await
+            .expect("the roamer connects to B");
+        let mut got = Vec::new();
+        let by = Instant::now() + CUT_OFF + Duration::from_secs(60);
+        while connack.session_present && got.len() < PARKED as usize + 1 {
+            let left = by.saturating_duration_since(Instant::now());
+            match timeout(left, c.recv()).await {
+                Ok(Ok(Packet::Publish(p))) => {
+                    if let Some(id) = p.packet_id {
+                        let _ = c.send(&Packet::Puback(ack(id))).await;
+                    }
+                    got.push(parse(&p.payload).1);
+                    // One more than expected is waited for only briefly: a copy twice.
+                    if got.len() == PARKED as usize {
+                        let extra = timeout(Duration::from_secs(10), c.recv()).await;
+                        if let Ok(Ok(Packet::Publish(p))) = extra {
+                            got.push(parse(&p.payload).1);
+                        }
+                        break;
+                    }
+                }
+                Ok(Ok(_)) => {}
+                _ => break,
+            }
+        }
+        c.disconnect().await;
+        (connack.session_present, got)
+    });
+    sleep(CUT_OFF).await;
+    cluster.heal_network();
+
+    let (present, mut got) = roamer.await.expect("the roamer's connection");
+    check!(
+        present,
+        "the roamer's session was not there after its move to B (session present 0)"
+    );
+    got.sort_unstable();
+    check!(
+        got == (1..=PARKED).collect::<Vec<_>>(),
+        "the roamer got {got:?} of the {PARKED} messages parked for its session on A \
+         (wanted each once)"
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}
