@@ -111,6 +111,11 @@ impl Cluster {
         NetSim::current().clog_link(self.nodes[a].handle.id(), self.nodes[b].handle.id());
     }
 
+    /// Lets traffic from `a` to `b` through again.
+    pub fn unclog_one_way(&self, a: usize, b: usize) {
+        NetSim::current().unclog_link(self.nodes[a].handle.id(), self.nodes[b].handle.id());
+    }
+
     /// Drops traffic between `a` and `b`, both ways.
     pub fn clog_link(&self, a: usize, b: usize) {
         self.clog_one_way(a, b);

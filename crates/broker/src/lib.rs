@@ -191,6 +191,7 @@ impl Broker {
             seq_base,
             &recovered.links,
             &recovered.outbox,
+            &recovered.moves,
         );
         // Before the sessions are routed again: their subscriptions are the node's routes.
         let cluster = cluster::ClusterNode::start(&shared, &router).await?;

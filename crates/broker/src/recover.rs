@@ -36,6 +36,7 @@ pub(crate) fn start_shards(
     seq_base: u64,
     cursors: &[starling_store::LinkCursor],
     outbox: &[starling_store::OutboxBatch],
+    moves: &[(u16, String, Vec<u8>)],
 ) -> Shards {
     let count = match shared.config.router.shards {
         starling_config::ShardCount::Auto => starling_rt::workers(),
@@ -62,6 +63,7 @@ pub(crate) fn start_shards(
                             .filter(|b| usize::from(b.shard) % count == i)
                             .cloned()
                             .collect(),
+                        moves,
                     },
                 ),
                 Options {

@@ -204,6 +204,8 @@ pub(crate) struct ShardStart<'a> {
     pub seq_base: u64,
     pub cursors: &'a [starling_store::LinkCursor],
     pub outbox: Vec<starling_store::OutboxBatch>,
+    /// Every shard's stored judgements of moving sessions (shard, client id, record).
+    pub moves: &'a [(u16, String, Vec<u8>)],
 }
 
 impl RouterActor {
@@ -219,6 +221,7 @@ impl RouterActor {
             seq_base,
             cursors,
             outbox,
+            moves,
         } = start;
         assert!(index < map.count());
         let mut rng = rng::rng();
@@ -240,7 +243,7 @@ impl RouterActor {
             0
         };
         let link_inc = rng.next_u64();
-        Self {
+        let mut shard = Self {
             rules,
             outbox: Vec::new(),
             sent_holds: HashMap::with_hasher(FixedState::with_seed(rng.next_u64())),
@@ -296,7 +299,11 @@ impl RouterActor {
                 .filter(|c| usize::from(c.to_shard) == index)
                 .map(|c| ((c.node, c.shard), link::Taken::from(c)))
                 .collect(),
+        };
+        if !moves.is_empty() {
+            shard.restore_moves(moves);
         }
+        shard
     }
 
     /// A publish, and its publisher's acknowledgement once what it changed in the store is
@@ -483,7 +490,7 @@ impl Actor for RouterActor {
                 from,
             } => self.moved_in(client_id, (epoch, from), ctx),
             RouterMsg::MovesCheck => self.moves_check(ctx),
-            RouterMsg::Through(at) => self.through(at),
+            RouterMsg::Through(at) => self.through(at, ctx),
             RouterMsg::AskThrough(round) => self.ask_through(round),
             RouterMsg::MovedAway {
                 client_id,
@@ -581,6 +588,7 @@ impl Actor for RouterActor {
                     since,
                     reply,
                 } = *sub;
+                self.moving_superseded(&client_id, &filters);
                 let installed = self.moving_installed(&client_id, &filters);
                 let catch_up = since
                     .filter(|&t| self.recent.any_after(t, &client_id))

@@ -5,7 +5,9 @@ use redb::{Key, ReadableTable, StorageError, Table, WriteTransaction};
 use crate::error::{At, Place, StoreError};
 use crate::op::{Limits, LinkCursor, Op, Refusal, Usage};
 use crate::record::{self, DelayedRecord};
-use crate::tables::{self, DELAYED, DELIVERIES, INBOUND, LINKS, META, OUTBOX, RETAINED, SESSIONS};
+use crate::tables::{
+    self, DELAYED, DELIVERIES, INBOUND, LINKS, META, MOVES, OUTBOX, RETAINED, SESSIONS,
+};
 
 /// How a put treats a key that is already there.
 #[derive(Clone, Copy)]
@@ -39,6 +41,7 @@ pub(crate) struct Batch<'t> {
     delayed: Table<'t, (u64, u64), &'static [u8]>,
     links: Table<'t, tables::LinkKey, tables::LinkValue>,
     outbox: Table<'t, tables::OutboxKey, &'static [u8]>,
+    moves: Table<'t, (u16, &'static str), &'static [u8]>,
     meta: Table<'t, &'static str, u64>,
 }
 
@@ -64,6 +67,7 @@ impl<'t> Batch<'t> {
             delayed: txn.open_table(DELAYED).at(at)?,
             links: txn.open_table(LINKS).at(at)?,
             outbox: txn.open_table(OUTBOX).at(at)?,
+            moves: txn.open_table(MOVES).at(at)?,
             meta: txn.open_table(META).at(at)?,
         })
     }
@@ -291,6 +295,19 @@ impl<'t> Batch<'t> {
                     max,
                 )?;
                 Ok(self.count(put, |u| &mut u.outbox))
+            }
+            Op::PutMove {
+                shard,
+                client_id,
+                record,
+            } => {
+                self.moves
+                    .insert((*shard, client_id.as_str()), record.as_slice())?;
+                Ok(None)
+            }
+            Op::DropMove { shard, client_id } => {
+                self.moves.remove((*shard, client_id.as_str()))?;
+                Ok(None)
             }
             Op::DropOutbox { node, inc, seq } => {
                 let removed = self.outbox.remove((*node, *inc, *seq))?;

@@ -75,6 +75,16 @@ pub enum Op {
     PutOutbox(OutboxBatch),
     /// Drops a parked batch (its node acknowledged it, or left the cluster).
     DropOutbox { node: u64, inc: u64, seq: u64 },
+    /// Stores or replaces receiving shard `shard`'s record of the moves of `client_id`'s
+    /// session between nodes (the broker's own encoding): never refused, and not counted
+    /// against the cap, as the broker bounds them (a few per moving session and shard).
+    PutMove {
+        shard: u16,
+        client_id: String,
+        record: Vec<u8>,
+    },
+    /// Drops shard `shard`'s record of `client_id`'s moves.
+    DropMove { shard: u16, client_id: String },
 }
 
 /// A batch of forwarded publishes parked for another node: batch `seq` of the sending

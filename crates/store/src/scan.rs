@@ -15,7 +15,7 @@ use crate::record::{
     self, DelayedRecord, DeliveryStage, SessionMeta, SessionParts, StoredDelivery,
 };
 use crate::tables::{
-    self, names, DELAYED, DELIVERIES, INBOUND, LINKS, META, OUTBOX, RETAINED, SESSIONS,
+    self, names, DELAYED, DELIVERIES, INBOUND, LINKS, META, MOVES, OUTBOX, RETAINED, SESSIONS,
 };
 
 /// What a store held when it was opened.
@@ -34,6 +34,9 @@ pub struct Recovered {
     pub links: Vec<crate::op::LinkCursor>,
     /// Batches parked for other nodes, in the order they were parked.
     pub outbox: Vec<crate::op::OutboxBatch>,
+    /// The shards' records of moving sessions (`Op::PutMove`): (shard, client id,
+    /// record), in key order.
+    pub moves: Vec<(u16, String, Vec<u8>)>,
 }
 
 /// A stored session, reassembled, with the seqs its deliveries are stored under.
@@ -92,7 +95,10 @@ pub(crate) fn format_version(txn: &ReadTransaction, at: &Place) -> Result<Option
     let found = meta.get(tables::FORMAT_VERSION_KEY).at(at)?;
     match found.map(|v| v.value()) {
         Some(
-            v @ (tables::FORMAT_VERSION | tables::FORMAT_VERSION_1 | tables::FORMAT_VERSION_2),
+            v @ (tables::FORMAT_VERSION
+            | tables::FORMAT_VERSION_1
+            | tables::FORMAT_VERSION_2
+            | tables::FORMAT_VERSION_3),
         ) => Ok(Some(v)),
         Some(found) => Err(StoreError::UnknownFormat {
             at: at.clone(),
@@ -249,7 +255,7 @@ pub(crate) fn scan(db: &Database, at: &Place) -> Result<Scan, StoreError> {
 
     // Versions 1 and 2 have none.
     let mut outbox = Vec::new();
-    if format_version == tables::FORMAT_VERSION {
+    if format_version >= tables::FORMAT_VERSION_3 {
         for row in txn.open_table(OUTBOX).at(at)?.iter().at(at)? {
             let (k, v) = row.at(at)?;
             let (key, v) = (k.value(), v.value());
@@ -269,6 +275,16 @@ pub(crate) fn scan(db: &Database, at: &Place) -> Result<Scan, StoreError> {
             outbox.push(b);
         }
         outbox.sort_by_key(|b| (b.parked_ms, b.seq, b.node, b.inc));
+    }
+
+    // Versions 1 to 3 have none.
+    let mut moves = Vec::new();
+    if format_version == tables::FORMAT_VERSION {
+        for row in txn.open_table(MOVES).at(at)?.iter().at(at)? {
+            let (k, v) = row.at(at)?;
+            let (shard, client_id) = k.value();
+            moves.push((shard, client_id.to_owned(), v.value().to_vec()));
+        }
     }
 
     let meta = txn.open_table(META).at(at)?;
@@ -312,6 +328,7 @@ pub(crate) fn scan(db: &Database, at: &Place) -> Result<Scan, StoreError> {
             next_delayed_id,
             links,
             outbox,
+            moves,
         },
         usage,
         format_version,

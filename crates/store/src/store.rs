@@ -9,7 +9,9 @@ use crate::apply::Batch;
 use crate::error::{At, Place, StoreError};
 use crate::op::{Committed, Fsync, Limits, Op, Refused, Usage};
 use crate::scan::{self, Recovered};
-use crate::tables::{self, DELAYED, DELIVERIES, INBOUND, LINKS, META, OUTBOX, RETAINED, SESSIONS};
+use crate::tables::{
+    self, DELAYED, DELIVERIES, INBOUND, LINKS, META, MOVES, OUTBOX, RETAINED, SESSIONS,
+};
 
 /// Where a store lives.
 #[derive(Debug)]
@@ -143,12 +145,13 @@ fn init(db: &Database, at: &Place) -> Result<(), StoreError> {
     drop(txn);
     match found {
         Some(tables::FORMAT_VERSION) => return Ok(()),
-        // Versions 2 and 3 only added a table each.
+        // Versions 2, 3 and 4 only added a table each.
         Some(_) => {
             let txn = db.begin_write().at(at)?;
             {
                 txn.open_table(LINKS).at(at)?;
                 txn.open_table(OUTBOX).at(at)?;
+                txn.open_table(MOVES).at(at)?;
                 let mut meta = txn.open_table(META).at(at)?;
                 meta.insert(tables::FORMAT_VERSION_KEY, tables::FORMAT_VERSION)
                     .at(at)?;
@@ -162,6 +165,7 @@ fn init(db: &Database, at: &Place) -> Result<(), StoreError> {
         txn.open_table(SESSIONS).at(at)?;
         txn.open_table(LINKS).at(at)?;
         txn.open_table(OUTBOX).at(at)?;
+        txn.open_table(MOVES).at(at)?;
         txn.open_table(DELIVERIES).at(at)?;
         txn.open_table(INBOUND).at(at)?;
         txn.open_table(RETAINED).at(at)?;

@@ -32,6 +32,11 @@ pub(crate) const LINKS: TableDefinition<LinkKey, LinkValue> = TableDefinition::n
 /// restart (`OutboxBatch`).
 pub(crate) const OUTBOX: TableDefinition<OutboxKey, &[u8]> = TableDefinition::new(names::OUTBOX);
 
+/// (receiving shard, client id) → the broker's record of one session's moves as that
+/// shard judges them (`Op::PutMove`): the relay of a session that left this node, the cut
+/// of one that came, kept across a restart.
+pub(crate) const MOVES: TableDefinition<(u16, &str), &[u8]> = TableDefinition::new(names::MOVES);
+
 pub(crate) type OutboxKey = (u64, u64, u64);
 pub(crate) type LinkKey = (u64, u16, u16);
 pub(crate) type LinkValue = (u64, u64, u32, u64, u16);
@@ -46,19 +51,22 @@ pub(crate) mod names {
     pub const DELAYED: &str = "delayed";
     pub const LINKS: &str = "forward_links";
     pub const OUTBOX: &str = "outbox";
+    pub const MOVES: &str = "moves";
 }
 
 pub(crate) const FORMAT_VERSION_KEY: &str = "format_version";
 pub(crate) const NEXT_DELAYED_ID_KEY: &str = "next_delayed_id";
 
 /// The layout of the tables above; a store of any other version is refused at open, but
-/// for [`FORMAT_VERSION_1`] and [`FORMAT_VERSION_2`], which are brought up to it (their
-/// tables are a subset).
-pub const FORMAT_VERSION: u64 = 3;
+/// for [`FORMAT_VERSION_1`], [`FORMAT_VERSION_2`] and [`FORMAT_VERSION_3`], which are
+/// brought up to it (their tables are a subset).
+pub const FORMAT_VERSION: u64 = 4;
 /// Version 1 had no `forward_links` table.
 pub(crate) const FORMAT_VERSION_1: u64 = 1;
 /// Version 2 had no `outbox` table.
 pub(crate) const FORMAT_VERSION_2: u64 = 2;
+/// Version 3 had no `moves` table.
+pub(crate) const FORMAT_VERSION_3: u64 = 3;
 
 // Logical sizes: the key's own bytes plus the encoded value, without redb's overhead.
 // They are what the broker can reason about; the file is larger (pages, copy-on-write).

@@ -121,6 +121,44 @@ fn a_store_of_another_format_version_is_refused_naming_it() {
     }
 }
 
+/// Not a bad file: a store written before the `moves` table (format version 3) is read
+/// by `check` as it is, and brought up to the current version by `open`, records kept.
+#[test]
+fn a_version_3_store_is_brought_up_to_the_current_version_with_its_records() {
+    const MOVES: TableDefinition<(u16, &str), &[u8]> = TableDefinition::new("moves");
+    let dir = tempfile::tempdir().unwrap();
+    let path = good_store(dir.path());
+    with_raw(&path, |txn| {
+        assert!(
+            txn.delete_table(MOVES).unwrap(),
+            "a new store has the table"
+        );
+        txn.open_table(META)
+            .unwrap()
+            .insert("format_version", 3)
+            .unwrap();
+    });
+    let report = check(&path).unwrap();
+    assert_eq!((report.format_version, report.usage.deliveries), (3, 200));
+    let limits = Limits {
+        max_bytes: u64::MAX,
+    };
+    let (mut store, recovered) = Store::open(Location::File(path.clone()), limits).unwrap();
+    assert_eq!(recovered.sessions.len(), 1);
+    assert!(recovered.moves.is_empty());
+    let put = Op::PutMove {
+        shard: 1,
+        client_id: "c".to_owned(),
+        record: vec![1, 2, 3],
+    };
+    store.commit(&[put], Fsync::Always).unwrap();
+    drop(store);
+    let report = check(&path).unwrap();
+    assert_eq!(report.format_version, starling_store::FORMAT_VERSION);
+    let (_, recovered) = Store::open(Location::File(path), limits).unwrap();
+    assert_eq!(recovered.moves, vec![(1, "c".to_owned(), vec![1, 2, 3])]);
+}
+
 /// Not a bad file: a store written before the `forward_links` table (format version 1)
 /// is read by `check` as it is, and brought up to version 2 by `open`, records kept.
 #[test]

@@ -510,3 +510,59 @@ fn a_parked_batch_comes_back_in_parking_order_until_dropped() {
     assert_eq!(seqs, [5, 6]);
     assert_eq!(check(&path).unwrap().usage.outbox, 2);
 }
+
+#[test]
+fn a_shards_record_of_a_moving_session_is_replaced_and_dropped_by_shard_and_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let (mut store, recovered) = open(&path);
+    assert!(recovered.moves.is_empty());
+    let put = |shard: u16, client: &str, record: &[u8]| Op::PutMove {
+        shard,
+        client_id: client.to_owned(),
+        record: record.to_vec(),
+    };
+    commit(
+        &mut store,
+        &[
+            put(1, "b", b"one"),
+            put(0, "b", b"two"),
+            put(0, "a", b"three"),
+            put(0, "b", b"four"),
+        ],
+    );
+    // Not counted against the cap: the broker bounds them.
+    assert_eq!(store.usage().bytes, 0);
+    let (mut store, recovered) = reopen(store, &path);
+    let back = |r: &Recovered| -> Vec<(u16, String, Vec<u8>)> { r.moves.clone() };
+    assert_eq!(
+        back(&recovered),
+        vec![
+            (0, "a".to_owned(), b"three".to_vec()),
+            (0, "b".to_owned(), b"four".to_vec()),
+            (1, "b".to_owned(), b"one".to_vec()),
+        ]
+    );
+    commit(
+        &mut store,
+        &[
+            Op::DropMove {
+                shard: 0,
+                client_id: "b".to_owned(),
+            },
+            // Not there: nothing.
+            Op::DropMove {
+                shard: 5,
+                client_id: "b".to_owned(),
+            },
+        ],
+    );
+    let (_, recovered) = reopen(store, &path);
+    assert_eq!(
+        back(&recovered),
+        vec![
+            (0, "a".to_owned(), b"three".to_vec()),
+            (1, "b".to_owned(), b"one".to_vec()),
+        ]
+    );
+}

@@ -5,6 +5,12 @@
 //! the cut between C and A heal. C sends the parked batches again; A must still relay them
 //! to the session, now on B, which gets each once. (Before, A's relay had ended, and the
 //! parked messages were dropped there.)
+//!
+//! [`OldNode::Restarted`]: A is also killed and restarted after the move, before the
+//! parked copies come: its relay comes back from its store. [`OldNode::KilledRelaying`]:
+//! A cannot reach B when the parked copies come, and is killed 0.5 s later, before its
+//! relay is parked: it must not have acknowledged them to C, which sends them again
+//! after A's restart.
 
 #[allow(unused_imports)]
 use super::*;
@@ -17,6 +23,18 @@ pub(crate) const LATE_RELAY: Variant = Variant {
     mqtt: "max_mqueue_len = 100000\nbackpressure_max_secs = 1\n",
     cluster: "forward_timeout_ms = 200\n",
     ..SOUND
+};
+
+/// The same, its run in a directory of its own (the old node is restarted).
+pub(crate) const LATE_RELAY_RESTART: Variant = Variant {
+    name: "late-relay-restart",
+    ..LATE_RELAY
+};
+
+/// The same, the old node killed as it relays.
+pub(crate) const LATE_RELAY_KILLED: Variant = Variant {
+    name: "late-relay-killed",
+    ..LATE_RELAY
 };
 
 /// The same with the relay ending 30 s after the cut whatever may still come
@@ -34,7 +52,24 @@ const PARKED: u64 = 5;
 /// How long after the move C stays cut off from A.
 const CUT_OFF: Duration = Duration::from_secs(45);
 
-pub(crate) async fn scenario(variant: Variant) {
+/// What becomes of the session's old node meanwhile.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OldNode {
+    Up,
+    Restarted,
+    KilledRelaying,
+}
+
+/// Kills node `n` (its store losing what it had not synced) and starts it again 2 s later.
+async fn restart(setup: &Setup, cluster: &Cluster, n: usize) {
+    cluster.kill(n);
+    setup.crash_disk(n);
+    lock(&setup.admins).remove(&n);
+    sleep(Duration::from_secs(2)).await;
+    cluster.restart(n);
+}
+
+pub(crate) async fn scenario(variant: Variant, old: OldNode) {
     let (setup, cluster, base) = start(variant, 1, true);
     let leader = wait_leader(&setup, Duration::from_secs(30)).await;
     check!(leader.is_some(), "no leader 30 s after start");
@@ -112,7 +147,24 @@ pub(crate) async fn scenario(variant: Variant) {
         c.disconnect().await;
         (connack.session_present, got)
     });
-    sleep(CUT_OFF).await;
+    match old {
+        OldNode::Up => sleep(CUT_OFF).await,
+        OldNode::Restarted => {
+            // Once the move is done and stored on A (its session dropped there, its relay
+            // kept), A is killed, loses what it had not synced, and starts again.
+            sleep(Duration::from_secs(5)).await;
+            restart(&setup, &cluster, a).await;
+            sleep(CUT_OFF - Duration::from_secs(7)).await;
+        }
+        OldNode::KilledRelaying => {
+            sleep(CUT_OFF).await;
+            // A takes C's parked batches but cannot relay them to B (parked after 1.2 s).
+            cluster.clog_one_way(a, b);
+            cluster.unclog_one_way(c, a);
+            sleep(ms(500)).await;
+            restart(&setup, &cluster, a).await;
+        }
+    }
     cluster.heal_network();
 
     let (present, mut got) = roamer.await.expect("the roamer's connection");

@@ -850,11 +850,27 @@ async fn without_handover_order() {
 }
 
 async fn with_late_relay() {
-    late_relay::scenario(late_relay::LATE_RELAY).await
+    late_relay::scenario(late_relay::LATE_RELAY, late_relay::OldNode::Up).await
 }
 
 async fn with_late_relay_unwaited() {
-    late_relay::scenario(late_relay::LATE_RELAY_NO_WAIT).await
+    late_relay::scenario(late_relay::LATE_RELAY_NO_WAIT, late_relay::OldNode::Up).await
+}
+
+async fn with_late_relay_killed() {
+    late_relay::scenario(
+        late_relay::LATE_RELAY_KILLED,
+        late_relay::OldNode::KilledRelaying,
+    )
+    .await
+}
+
+async fn with_late_relay_restarted() {
+    late_relay::scenario(
+        late_relay::LATE_RELAY_RESTART,
+        late_relay::OldNode::Restarted,
+    )
+    .await
 }
 
 /// Checks 1 to 4 of the module's list on the default seeds and the corpus (sim/seeds.txt):
@@ -991,6 +1007,37 @@ fn a_copy_parked_for_a_moved_sessions_old_node_is_relayed_once_however_late_it_c
         )
         .seeds(SEEDS_LATE_RELAY),
         with_late_relay,
+    );
+}
+
+/// The same with the session's old node killed and restarted after the move, before the
+/// parked copies reach it: its relay comes back from its store (`late_relay.rs`), on
+/// [`SEEDS_LATE_RELAY`] seeds.
+#[test]
+fn a_copy_parked_for_a_moved_sessions_old_node_is_relayed_after_that_node_restarts() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "a_copy_parked_for_a_moved_sessions_old_node_is_relayed_after_that_node_restarts",
+        )
+        .seeds(SEEDS_LATE_RELAY),
+        with_late_relay_restarted,
+    );
+}
+
+/// The same with the old node killed 0.5 s after it took the parked copies, its relay to
+/// the session's new node cut off: it acknowledges a copy it relays only once the new node
+/// took it (or it parked it), so the copies come again after its restart
+/// (`late_relay.rs`), on [`SEEDS_LATE_RELAY`] seeds.
+#[test]
+fn a_copy_its_old_node_took_and_had_not_relayed_when_killed_is_relayed_after_its_restart() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "a_copy_its_old_node_took_and_had_not_relayed_when_killed_is_relayed_after_its_restart",
+        )
+        .seeds(SEEDS_LATE_RELAY),
+        with_late_relay_killed,
     );
 }
 

@@ -158,6 +158,7 @@ mod tests {
             seq_base: 0,
             cursors: &[],
             outbox: Vec::new(),
+            moves: &[],
         };
         let shard = RouterActor::new(shared.clone(), 0, ShardMap::new(1, 0), None, start);
         (shared, shard)

@@ -393,6 +393,26 @@ impl RouterActor {
         })
     }
 
+    /// A session subscribes here that did not come by a hand-over, after one of its client
+    /// id left and ended here (`Moves::superseded`): the old one's relay goes, but for the
+    /// filters the new one subscribes to now.
+    pub(super) fn moving_superseded(&mut self, client_id: &Arc<str>, filters: &[SubscribeRequest]) {
+        if self.moving.moves.is_empty() {
+            return;
+        }
+        let Some(relay) = self.moving.moves.superseded(client_id) else {
+            return;
+        };
+        debug!(client_id = %client_id, "a new session here ends the relay of the one that left");
+        for f in relay
+            .iter()
+            .filter(|f| !filters.iter().any(|r| &r.filter == *f))
+        {
+            let _ = self.unsubscribe(client_id, f);
+        }
+        self.persist_moves();
+    }
+
     /// The log applied the routes up to `index`.
     pub(super) fn routes_applied(&mut self, index: u64, ctx: &mut Ctx<Self>) {
         self.moving.routes_at = self.moving.routes_at.max(index);
@@ -411,6 +431,7 @@ impl RouterActor {
             self.moving
                 .moves
                 .cut(&client_id, (node, epoch), index, me, now);
+            self.persist_moves();
         }
         self.routes_applied(index, ctx);
     }
@@ -432,6 +453,7 @@ impl RouterActor {
         self.moving
             .moves
             .came(client_id.clone(), epoch, time::now());
+        self.persist_moves();
         if order {
             self.moving.moves.keep_order(&client_id, from);
         }
@@ -448,6 +470,7 @@ impl RouterActor {
         }
         let now = time::now();
         self.moving.moves.went(client_id, to.0, to.1, now);
+        self.persist_moves();
         self.arm_moves_check(ctx);
     }
 
@@ -463,11 +486,13 @@ impl RouterActor {
     ) -> Vec<String> {
         if !self.moving.moves.relays(client_id) {
             self.moving.moves.ended(client_id);
+            self.persist_moves();
             return filters;
         }
         let (shared, relay): (Vec<String>, Vec<String>) =
             filters.into_iter().partition(|f| self.is_shared(f));
         self.moving.moves.relay_filters(client_id, relay);
+        self.persist_moves();
         let waiting = match self.destinations.get_mut(client_id) {
             Some(crate::destination::Destination::Local(l)) if l.addr.id() == actor => {
                 l.pending.drain_messages()
@@ -499,9 +524,82 @@ impl RouterActor {
     /// Every other member has nothing it routed here before `at` on its way any more
     /// (the cluster actor's `through`): the moves whose cut is no later end after their
     /// grace. Without `cluster.handover_relay_wait`, they end with it whatever may come.
-    pub(super) fn through(&mut self, at: u64) {
+    pub(super) fn through(&mut self, at: u64, ctx: &mut Ctx<Self>) {
         let wait = self.shared.config.cluster.handover_relay_wait;
         self.moving_through(if wait { at } else { u64::MAX });
+        // Judgements restored at the start wait for their end from here.
+        self.arm_moves_check(ctx);
+    }
+
+    /// Stores what changed in the judgements of moves (`moving::record`): a node that
+    /// restarts goes on relaying for the sessions that left it, and judging the cuts of
+    /// those that came.
+    fn persist_moves(&mut self) {
+        let dirty = self.moving.moves.take_dirty();
+        if self.store.is_none() {
+            return;
+        }
+        let shard = self.index as u16;
+        for (client_id, record) in dirty {
+            let client_id = client_id.to_string();
+            let op = match record {
+                Some(record) => starling_store::Op::PutMove {
+                    shard,
+                    client_id,
+                    record,
+                },
+                None => starling_store::Op::DropMove { shard, client_id },
+            };
+            self.to_store.push(op.into());
+        }
+    }
+
+    /// Takes back the judgements of moves the store kept, every shard's row of a session
+    /// together (`moving::record`), and drops the rows of shards this run does not have.
+    pub(super) fn restore_moves(&mut self, kept: &[(u16, String, Vec<u8>)]) {
+        let now = time::now();
+        let mut by_client: std::collections::BTreeMap<&str, Vec<Vec<u8>>> = Default::default();
+        for (_, client_id, record) in kept {
+            by_client
+                .entry(client_id.as_str())
+                .or_default()
+                .push(record.clone());
+        }
+        for (client_id, records) in by_client {
+            if !self
+                .moving
+                .moves
+                .restore(Arc::from(client_id), &records, now)
+            {
+                warn!(
+                    client_id,
+                    "a stored judgement of a move this build cannot read: dropped"
+                );
+            }
+        }
+        let count = self.map.count();
+        if self.index == 0 {
+            for (shard, client_id, _) in kept.iter().filter(|(s, ..)| usize::from(*s) >= count) {
+                let client_id = client_id.clone();
+                let op = starling_store::Op::DropMove {
+                    shard: *shard,
+                    client_id,
+                };
+                self.to_store.push(op.into());
+            }
+        }
+        self.persist_moves();
+    }
+
+    /// A copy another node forwarded, routed before the cut of a session that left this
+    /// node before it restarted: relayed to where that session went, if its relay's
+    /// filters match (they are not in the router: `moving::record`).
+    pub(super) fn relay_restored(&mut self, msg: &Arc<Message>) {
+        let at = self.routed_at();
+        let limits = &self.shared.topic_limits;
+        for (client_id, to, epoch) in self.moving.moves.restored_relays(&msg.topic, at, limits) {
+            self.relay(msg, (&client_id, epoch), to, None);
+        }
     }
 
     pub(super) fn moving_through(&mut self, at: u64) {
@@ -574,6 +672,7 @@ impl RouterActor {
                 let _ = self.unsubscribe(&client_id, &f);
             }
         }
+        self.persist_moves();
         self.route_kept(ctx);
         self.arm_moves_check(ctx);
     }

@@ -49,6 +49,16 @@ pub(crate) struct LinkWrites {
     gone: bool,
 }
 
+impl LinkWrites {
+    /// The number of a new write, outstanding until `link_stored` settles it.
+    pub(crate) fn take_seq(&mut self) -> u64 {
+        let seq = self.next;
+        self.next += 1;
+        self.outstanding.insert(seq);
+        seq
+    }
+}
+
 /// A barrier waiting: for `node`'s link to be let go and for its writes numbered below
 /// `upto` to be settled.
 pub(crate) struct LinkWaiter {
@@ -152,14 +162,24 @@ impl RouterActor {
         let before = self.to_store.len();
         // A release for order across a session's move (`handover`).
         let release = group.and_then(|g| Some((g, super::handover::released_link(g)?)));
+        // What goes on from here to another node counts towards the batch's answer.
+        if self.may_forward_on(&m, group.is_some()) {
+            self.fwd_current = Some(super::remote::FwdRoute::new(self.fwd_next));
+        }
         match (group, release) {
             (_, Some((g, link))) => self.order_released(&g.filter, link, m.topic.clone()),
-            (None, _) => self.publish(m, None, Some(from.node), ctx),
+            (None, _) => {
+                self.relay_restored(&m);
+                self.publish(m, None, Some(from.node), ctx)
+            }
             // Relayed to a session that moved here (`handover`).
             (Some(g), _) if super::handover::relay_epoch(g).is_some() => {
                 self.relayed(m, &g.filter, from.node, ctx)
             }
             (Some(group), _) => self.publish_to_group(&m, group, from.node, ctx),
+        }
+        if let Some(f) = self.fwd_current.take().filter(super::remote::FwdRoute::any) {
+            self.forwarded_on(f, from.node, ctx);
         }
         if self.to_store.len() > before {
             let cursor = StoreOp::from(Op::PutLinkCursor(LinkCursor {
@@ -228,10 +248,7 @@ impl RouterActor {
         if self.to_store.len() == before {
             return;
         }
-        let w = self.link_writes.entry(node).or_default();
-        let seq = w.next;
-        w.next += 1;
-        w.outstanding.insert(seq);
+        let seq = self.link_writes.entry(node).or_default().take_seq();
         self.store_waiters.push(Waiter {
             to: WaiterTo::Link(ctx.weak_addr(), node, seq),
             ops: before..self.to_store.len(),

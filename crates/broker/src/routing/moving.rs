@@ -49,6 +49,8 @@ use std::time::Duration;
 
 use starling_session::Instant;
 
+mod record;
+
 /// How long a known cut is kept after it was learnt at least: the order across the move
 /// is kept within it. Past it, the judgement goes once every other member said that
 /// nothing it routed to this node before the cut is still on its way ([`Moves::through`]):
@@ -173,6 +175,11 @@ struct Moving {
     order: Option<Order>,
     /// The old node's side: the links and topics it released since the session left.
     marked: HashSet<(LinkKey, Arc<str>)>,
+    /// Taken back from the store at this node's start (`record`): a relay's filters are
+    /// not in the shard's router, but matched by [`Moves::restored_relays`].
+    restored: bool,
+    /// The session that left ended here: what is left is its relay.
+    ended_here: bool,
 }
 
 /// What the session's new node holds back for order, and what its old node released.
@@ -230,6 +237,10 @@ pub(crate) struct Moves {
     /// node any more (`RouterMsg::Through`): a cut no later than it is done with, once its
     /// grace is over.
     through: u64,
+    /// Sessions whose judgement changed since it was last stored (`record`).
+    dirty: HashSet<Arc<str>>,
+    /// Restored relays (sessions not here) among `by_client`.
+    restored: usize,
 }
 
 impl Moves {
@@ -246,7 +257,13 @@ impl Moves {
     /// The session of `client_id` arrives here, taken over by this node's claim `epoch`.
     /// A relay kept from an earlier stay becomes its subscriptions again.
     pub(crate) fn came(&mut self, client_id: Arc<str>, epoch: u64, now: Instant) {
+        self.dirty.insert(client_id.clone());
         let m = self.by_client.entry(client_id).or_default();
+        if m.restored && !m.here() {
+            self.restored -= 1;
+        }
+        // Its subscriptions come back to the router with it.
+        m.restored = false;
         if m.here() {
             // Claimed again before it left (a hand-over tried anew): the newer claim.
             m.stays.pop();
@@ -265,7 +282,12 @@ impl Moves {
 
     /// The session of `client_id` is being handed over to `to` for its claim `epoch`.
     pub(crate) fn went(&mut self, client_id: Arc<str>, to: u64, epoch: u64, now: Instant) {
+        self.dirty.insert(client_id.clone());
         let m = self.by_client.entry(client_id).or_default();
+        if m.here() {
+            // Here in this run: its relay is its subscriptions in the router.
+            m.restored = false;
+        }
         self.ordering -= usize::from(m.order.take().is_some());
         m.marked.clear();
         let left = Some((
@@ -296,6 +318,8 @@ impl Moves {
     pub(crate) fn relay_filters(&mut self, client_id: &str, filters: Vec<String>) {
         if let Some(m) = self.by_client.get_mut(client_id).filter(|m| !m.here()) {
             m.filters.extend(filters);
+            m.ended_here = true;
+            self.dirty.insert(Arc::from(client_id));
         }
     }
 
@@ -477,6 +501,7 @@ impl Moves {
         let Some(m) = self.by_client.get_mut(client_id) else {
             return;
         };
+        self.dirty.insert(Arc::from(client_id));
         let at = Cut::At { index, known: now };
         for s in &mut m.stays {
             if let Some(c) = s.came.as_mut().filter(|c| node == me && c.epoch == epoch) {
@@ -546,7 +571,10 @@ impl Moves {
         }
         let cut_short = forced.len();
         let mut out = Vec::new();
+        let dirty = &mut self.dirty;
         self.by_client.retain(|client_id, m| {
+            let shape = |m: &Moving| (m.stays.len(), m.stays.first().map(|s| s.came.is_some()));
+            let before = shape(m);
             let through = if forced.contains(client_id) {
                 u64::MAX
             } else {
@@ -573,17 +601,44 @@ impl Moves {
                 m.order = None;
             }
             let plain = matches!(m.stays.as_slice(), [s] if s.came.is_none() && s.left.is_none());
-            if m.stays.is_empty() {
+            // A restored relay has nothing in the router to take down.
+            if m.stays.is_empty() && !m.restored {
                 out.push((client_id.clone(), std::mem::take(&mut m.filters)));
             }
-            !(m.stays.is_empty() || plain)
+            let keep = !(m.stays.is_empty() || plain);
+            if !keep || shape(m) != before {
+                dirty.insert(client_id.clone());
+            }
+            keep
         });
         self.ordering = self
             .by_client
             .values()
             .filter(|m| m.order.is_some())
             .count();
+        self.restored = self
+            .by_client
+            .values()
+            .filter(|m| m.restored && !m.here())
+            .count();
         (out, cut_short)
+    }
+
+    /// A session of `client_id` that did not come here by a hand-over subscribes, after
+    /// the one that left ended here: a new one (the old one's hand-over failed, or its
+    /// client started afresh). What this shard kept of the old one's moves goes: the new
+    /// session takes every copy routed here for its client id. Returns the relay's
+    /// filters still in the router, to take down; `None`: nothing kept.
+    pub(crate) fn superseded(&mut self, client_id: &str) -> Option<Vec<String>> {
+        let m = self.by_client.get(client_id)?;
+        if m.here() || !m.ended_here {
+            return None;
+        }
+        let m = self.by_client.remove(client_id)?;
+        self.ordering -= usize::from(m.order.is_some());
+        self.restored -= usize::from(m.restored);
+        self.dirty.insert(Arc::from(client_id));
+        Some(if m.restored { Vec::new() } else { m.filters })
     }
 
     /// Forgets a session that ended here (not handed over).
@@ -591,6 +646,7 @@ impl Moves {
         if self.by_client.get(client_id).is_some_and(Moving::here) {
             if let Some(m) = self.by_client.remove(client_id) {
                 self.ordering -= usize::from(m.order.is_some());
+                self.dirty.insert(Arc::from(client_id));
             }
         }
     }
@@ -910,6 +966,36 @@ mod tests {
         cut(&mut c, A, (B, 7), 12);
         assert!(c.expire(now + CUT_GRACE / 2).0.is_empty());
         assert!(!c.is_empty());
+    }
+
+    /// A new session of the client id subscribes where the old one left and ended (its
+    /// hand-over failed, or it started afresh): the old one's relay goes, and the new one
+    /// takes every copy routed here. A session that came back by a hand-over, or one that
+    /// has not ended here yet, keeps its judgement.
+    #[test]
+    fn a_new_session_where_one_left_ends_its_relay() {
+        let now = t0();
+        let mut a = Moves::default();
+        a.went(id(), B, 7, now);
+        assert_eq!(
+            a.superseded("c"),
+            None,
+            "the one that left has not ended here yet"
+        );
+        a.relay_filters("c", vec!["t/#".into()]);
+        cut(&mut a, A, (B, 7), 12);
+        let _ = a.take_dirty();
+        assert_eq!(a.superseded("c"), Some(vec!["t/#".to_string()]));
+        assert!(a.is_empty());
+        assert_eq!(a.verdict("c", 11, false), None);
+        assert_eq!(a.take_dirty(), vec![(id(), None)]);
+        // Back by a hand-over: its judgement stays.
+        let mut b = Moves::default();
+        b.went(id(), B, 7, now);
+        b.relay_filters("c", vec!["t/#".into()]);
+        b.came(id(), 9, now);
+        assert_eq!(b.superseded("c"), None);
+        assert!(!b.is_empty());
     }
 
     /// A shard keeps at most `HELD_MAX` judgements waiting past their grace: the oldest

@@ -41,7 +41,9 @@ use crate::destination::{
 use crate::forward::LinkPos;
 use crate::forward::RESEND_DAMP;
 use crate::metrics::add;
-use crate::msg::{AckTo, ClientMsg, ClusterMsg, RouterMsg, ShardCluster, Stored, Waiter, WaiterTo};
+use crate::msg::{
+    AckTo, ClientMsg, ClusterMsg, LinkWrite, RouterMsg, ShardCluster, Stored, Waiter, WaiterTo,
+};
 use starling_store::{Op, OutboxBatch};
 
 /// How often waiting batches are checked.
@@ -131,9 +133,20 @@ impl FwdGate {
 /// A publisher's publishes settled in one turn: (tag, outcome).
 pub(crate) type Settled = Vec<(u32, Stored)>;
 
+/// Whom a settled [`FwdAck`] answers.
+pub(crate) enum FwdTo {
+    /// The publisher.
+    Client(AckTo),
+    /// The barrier of a batch node `.0` forwarded here, through its write `.1`: a copy
+    /// this shard relayed to a moving session's new node, or passed on for a shared
+    /// group, from that batch (`forwarded_on`). The batch is acknowledged to its node
+    /// only once the node it went on to took it too, or it was parked here.
+    Link(u64, u64),
+}
+
 /// A publisher's answer waiting for other nodes (and maybe the store).
 pub(crate) struct FwdAck {
-    to: AckTo,
+    to: FwdTo,
     nodes_left: u16,
     store_pending: bool,
     /// The worst outcome so far.
@@ -625,7 +638,7 @@ impl RouterActor {
             Stored::Durable
         };
         let wait = FwdAck {
-            to,
+            to: FwdTo::Client(to),
             nodes_left: f.queued,
             store_pending: stores,
             outcome,
@@ -644,11 +657,61 @@ impl RouterActor {
     /// acknowledgement of a node settles a whole batch, often many publishes of each
     /// publisher, and a message per publish cost each publisher a turn per publish.
     fn answer(&mut self, w: FwdAck) {
-        let id = w.to.addr.id();
-        let entry = (w.to.tag, w.outcome);
+        let to = match w.to {
+            FwdTo::Client(to) => to,
+            FwdTo::Link(node, seq) => {
+                let written = match w.outcome {
+                    Stored::Durable => LinkWrite::Durable,
+                    _ => LinkWrite::NotDurable,
+                };
+                self.link_stored(node, seq, written);
+                self.check_links();
+                return;
+            }
+        };
+        let id = to.addr.id();
+        let entry = (to.tag, w.outcome);
         match self.settled_acks.iter_mut().find(|(a, _)| a.id() == id) {
             Some((_, settled)) => settled.push(entry),
-            None => self.settled_acks.push((w.to.addr, vec![entry])),
+            None => self.settled_acks.push((to.addr, vec![entry])),
+        }
+    }
+
+    /// Whether a copy node `from` forwarded may go on from here to another node (relayed
+    /// to a moving session, passed on for a shared group): such copies of a QoS 1/2
+    /// message count towards the answer of its batch (`forwarded_on`).
+    pub(super) fn may_forward_on(&self, m: &Message, group: bool) -> bool {
+        m.qos != starling_codec::QoS::AtMostOnce
+            && self.shared.config.cluster.forward_confirm
+            && (group || !self.moving_is_empty())
+    }
+
+    /// A copy node `node` forwarded went on from here to the nodes `f` counts: the
+    /// batch's answer waits for them, as a write of its own, so that a copy this node
+    /// acknowledged is never only in its memory (a kill here would lose it, after its
+    /// publisher was told it is safe).
+    pub(super) fn forwarded_on(&mut self, f: FwdRoute, node: u64, ctx: &mut Ctx<Self>) {
+        self.fwd_next += 1;
+        let w = self.link_writes.entry(node).or_default();
+        let seq = w.take_seq();
+        let outcome = if f.refused > 0 {
+            Stored::Refused
+        } else {
+            Stored::Durable
+        };
+        let wait = FwdAck {
+            to: FwdTo::Link(node, seq),
+            nodes_left: f.queued,
+            store_pending: false,
+            outcome,
+        };
+        if wait.nodes_left == 0 {
+            self.answer(wait);
+            return;
+        }
+        self.fwd_acks.insert(f.key, wait);
+        if self.fwd_timer.is_none() {
+            self.fwd_timer = Some(ctx.after(FORWARD_CHECK, RouterMsg::ForwardCheck));
         }
     }
 

@@ -88,6 +88,7 @@ pub struct Model {
     next_delayed_id: u64,
     links: BTreeMap<(u64, u16, u16), LinkCursor>,
     outbox: BTreeMap<(u64, u64, u64), OutboxBatch>,
+    moves: BTreeMap<(u16, String), Vec<u8>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,6 +196,17 @@ impl Model {
             Op::DropOutbox { node, inc, seq } => {
                 self.outbox.remove(&(*node, *inc, *seq));
             }
+            Op::PutMove {
+                shard,
+                client_id,
+                record,
+            } => {
+                self.moves
+                    .insert((*shard, client_id.clone()), record.clone());
+            }
+            Op::DropMove { shard, client_id } => {
+                self.moves.remove(&(*shard, client_id.clone()));
+            }
         }
         true
     }
@@ -264,6 +276,11 @@ impl Model {
                 o.sort_by_key(|b| (b.parked_ms, b.seq, b.node, b.inc));
                 o
             },
+            moves: self
+                .moves
+                .iter()
+                .map(|((shard, c), r)| (*shard, c.clone(), r.clone()))
+                .collect(),
         }
     }
 }
@@ -468,6 +485,9 @@ pub fn op() -> impl Strategy<Value = Op> {
             Op::PutOutbox(OutboxBatch { node, shard: 1, inc, seq, parked_ms, messages: 1, map_seed: 3, shards: 2, frame })
         }),
         1 => (1u64..3, 1u64..3, 0u64..4).prop_map(|(node, inc, seq)| Op::DropOutbox { node, inc, seq }),
+        1 => (0u16..2, client(), proptest::collection::vec(any::<u8>(), 0..20))
+            .prop_map(|(shard, client_id, record)| Op::PutMove { shard, client_id, record }),
+        1 => (0u16..2, client()).prop_map(|(shard, client_id)| Op::DropMove { shard, client_id }),
     ]
 }
 
