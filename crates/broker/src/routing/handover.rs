@@ -127,10 +127,11 @@ impl RouterActor {
     /// it `waited` long enough for them), and no session that moved here holds a copy of
     /// it back for order (`moving`'s "Order across the cut").
     fn can_judge(&mut self, part: &ForwardedPart, waited: bool, now: Option<Instant>) -> bool {
-        let m = &self.moving;
-        if m.moves.waits_for(part.routed_at, m.routes_at) {
+        let routes_at = self.moving.routes_at;
+        if self.moving.moves.waits_for(part.routed_at, routes_at) {
             return false;
         }
+        let m = &self.moving;
         let arrived = waited
             || part.messages.iter().all(|(_, g)| {
                 match g.as_ref().and_then(|g| Some((relay_epoch(g)?, &g.filter))) {

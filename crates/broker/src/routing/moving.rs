@@ -241,6 +241,20 @@ pub(crate) struct Moves {
     dirty: HashSet<Arc<str>>,
     /// Restored relays (sessions not here) among `by_client`.
     restored: usize,
+    /// What [`Moves::waits_for`] and [`Moves::restored_relays`] ask per forwarded batch or
+    /// copy, counted again after a change (`stale`): a shard may keep thousands of moves
+    /// while a member lags, and they are asked far more often than moves change.
+    counts: Counts,
+    stale: bool,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    /// Cuts not learnt yet.
+    unknown: usize,
+    /// One past the highest cut of a restored relay: a copy routed at or after it is none
+    /// of theirs (`u64::MAX` while one's cut is unknown; 0: none).
+    restored_below: u64,
 }
 
 impl Moves {
@@ -257,6 +271,7 @@ impl Moves {
     /// The session of `client_id` arrives here, taken over by this node's claim `epoch`.
     /// A relay kept from an earlier stay becomes its subscriptions again.
     pub(crate) fn came(&mut self, client_id: Arc<str>, epoch: u64, now: Instant) {
+        self.stale = true;
         self.dirty.insert(client_id.clone());
         let m = self.by_client.entry(client_id).or_default();
         if m.restored && !m.here() {
@@ -282,6 +297,7 @@ impl Moves {
 
     /// The session of `client_id` is being handed over to `to` for its claim `epoch`.
     pub(crate) fn went(&mut self, client_id: Arc<str>, to: u64, epoch: u64, now: Instant) {
+        self.stale = true;
         self.dirty.insert(client_id.clone());
         let m = self.by_client.entry(client_id).or_default();
         if m.here() {
@@ -319,6 +335,7 @@ impl Moves {
         if let Some(m) = self.by_client.get_mut(client_id).filter(|m| !m.here()) {
             m.filters.extend(filters);
             m.ended_here = true;
+            self.stale = true;
             self.dirty.insert(Arc::from(client_id));
         }
     }
@@ -501,6 +518,7 @@ impl Moves {
         let Some(m) = self.by_client.get_mut(client_id) else {
             return;
         };
+        self.stale = true;
         self.dirty.insert(Arc::from(client_id));
         let at = Cut::At { index, known: now };
         for s in &mut m.stays {
@@ -534,12 +552,33 @@ impl Moves {
     /// Whether a batch routed at `at` must wait until this shard applied the routes up to
     /// it (`routes_at` is where it stands): some move's cut is unknown here, and the batch
     /// may have been routed after it.
-    pub(crate) fn waits_for(&self, at: u64, routes_at: u64) -> bool {
-        at > routes_at
-            && self.by_client.values().flat_map(|m| &m.stays).any(|s| {
-                s.came.is_some_and(|c| !c.cut.known())
-                    || s.left.is_some_and(|(_, l)| !l.cut.known())
-            })
+    pub(crate) fn waits_for(&mut self, at: u64, routes_at: u64) -> bool {
+        at > routes_at && self.counts().unknown > 0
+    }
+
+    fn counts(&mut self) -> Counts {
+        if self.stale {
+            self.stale = false;
+            let mut c = Counts::default();
+            for m in self.by_client.values() {
+                for s in &m.stays {
+                    let cuts = s.came.map(|c| c.cut).into_iter();
+                    let cuts = cuts.chain(s.left.map(|(_, l)| l.cut));
+                    c.unknown += cuts.filter(|cut| !cut.known()).count();
+                }
+                if m.restored && !m.here() {
+                    for (_, l) in m.stays.iter().filter_map(|s| s.left) {
+                        let below = match l.cut {
+                            Cut::At { index, .. } => index,
+                            Cut::Unknown { .. } => u64::MAX,
+                        };
+                        c.restored_below = c.restored_below.max(below);
+                    }
+                }
+            }
+            self.counts = c;
+        }
+        self.counts
     }
 
     /// Ends the judgements whose time is up; returns, per client id, the relay's filters to
@@ -621,6 +660,7 @@ impl Moves {
             .values()
             .filter(|m| m.restored && !m.here())
             .count();
+        self.stale = true;
         (out, cut_short)
     }
 
@@ -637,6 +677,7 @@ impl Moves {
         let m = self.by_client.remove(client_id)?;
         self.ordering -= usize::from(m.order.is_some());
         self.restored -= usize::from(m.restored);
+        self.stale = true;
         self.dirty.insert(Arc::from(client_id));
         Some(if m.restored { Vec::new() } else { m.filters })
     }
@@ -646,6 +687,7 @@ impl Moves {
         if self.by_client.get(client_id).is_some_and(Moving::here) {
             if let Some(m) = self.by_client.remove(client_id) {
                 self.ordering -= usize::from(m.order.is_some());
+                self.stale = true;
                 self.dirty.insert(Arc::from(client_id));
             }
         }

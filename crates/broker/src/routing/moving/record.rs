@@ -148,6 +148,7 @@ impl Moves {
         };
         self.restored += usize::from(!m.here());
         self.by_client.insert(client_id.clone(), m);
+        self.stale = true;
         self.dirty.insert(client_id);
         true
     }
@@ -157,12 +158,12 @@ impl Moves {
     /// are not in the shard's router, so a forwarded copy is matched here; a copy routed
     /// at or after every restored relay's cut is none of theirs, and costs a comparison.
     pub(crate) fn restored_relays(
-        &self,
+        &mut self,
         topic: &str,
         at: u64,
         limits: &TopicLimits,
     ) -> Vec<(Arc<str>, u64, u64)> {
-        if self.restored == 0 {
+        if self.restored == 0 || at >= self.counts().restored_below {
             return Vec::new();
         }
         self.by_client
