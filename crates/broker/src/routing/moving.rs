@@ -239,8 +239,6 @@ pub(crate) struct Moves {
     through: u64,
     /// Sessions whose judgement changed since it was last stored (`record`).
     dirty: HashSet<Arc<str>>,
-    /// Restored relays (sessions not here) among `by_client`.
-    restored: usize,
     /// What [`Moves::waits_for`] and [`Moves::restored_relays`] ask per forwarded batch or
     /// copy, counted again after a change (`stale`): a shard may keep thousands of moves
     /// while a member lags, and they are asked far more often than moves change.
@@ -274,9 +272,6 @@ impl Moves {
         self.stale = true;
         self.dirty.insert(client_id.clone());
         let m = self.by_client.entry(client_id).or_default();
-        if m.restored && !m.here() {
-            self.restored -= 1;
-        }
         // Its subscriptions come back to the router with it.
         m.restored = false;
         if m.here() {
@@ -655,11 +650,6 @@ impl Moves {
             .values()
             .filter(|m| m.order.is_some())
             .count();
-        self.restored = self
-            .by_client
-            .values()
-            .filter(|m| m.restored && !m.here())
-            .count();
         self.stale = true;
         (out, cut_short)
     }
@@ -676,7 +666,6 @@ impl Moves {
         }
         let m = self.by_client.remove(client_id)?;
         self.ordering -= usize::from(m.order.is_some());
-        self.restored -= usize::from(m.restored);
         self.stale = true;
         self.dirty.insert(Arc::from(client_id));
         Some(if m.restored { Vec::new() } else { m.filters })
@@ -755,14 +744,20 @@ mod tests {
         m.cut("c", (to, epoch), index, node, t0());
     }
 
-    #[test]
-    fn each_copy_reaches_the_session_once_across_a_move() {
-        let now = t0();
+    /// The session moves from A (its relay on `t/#`) to B by claim 7, installed there.
+    fn moved(now: Instant) -> (Moves, Moves) {
         let (mut a, mut b) = (Moves::default(), Moves::default());
         a.went(id(), B, 7, now);
         a.relay_filters("c", vec!["t/#".into()]);
         b.came(id(), 7, now);
         assert!(b.installed("c", Vec::new));
+        (a, b)
+    }
+
+    #[test]
+    fn each_copy_reaches_the_session_once_across_a_move() {
+        let now = t0();
+        let (mut a, mut b) = moved(now);
         // Before the cut is known anywhere: a copy routed at or before both nodes' routes
         // (10) reached A (the routes before the cut hold A), maybe B too.
         once_at(&[(A, &a), (B, &b)], 10, &[A], &[B], B);
@@ -979,11 +974,7 @@ mod tests {
     #[test]
     fn judgements_past_their_grace_wait_until_the_other_members_are_through_with_the_cut() {
         let now = t0();
-        let (mut a, mut b) = (Moves::default(), Moves::default());
-        a.went(id(), B, 7, now);
-        a.relay_filters("c", vec!["t/#".into()]);
-        b.came(id(), 7, now);
-        assert!(b.installed("c", Vec::new));
+        let (mut a, mut b) = moved(now);
         cut(&mut a, A, (B, 7), 12);
         cut(&mut b, B, (B, 7), 12);
         // Long past the grace, one member still has copies routed before 12 on their way.

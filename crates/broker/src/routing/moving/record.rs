@@ -146,7 +146,6 @@ impl Moves {
             restored: true,
             ended_here: true,
         };
-        self.restored += usize::from(!m.here());
         self.by_client.insert(client_id.clone(), m);
         self.stale = true;
         self.dirty.insert(client_id);
@@ -163,7 +162,8 @@ impl Moves {
         at: u64,
         limits: &TopicLimits,
     ) -> Vec<(Arc<str>, u64, u64)> {
-        if self.restored == 0 || at >= self.counts().restored_below {
+        // 0 while none is restored: nothing is below it.
+        if at >= self.counts().restored_below {
             return Vec::new();
         }
         self.by_client
