@@ -594,6 +594,12 @@ fn validate_cluster(
         100,
         600_000,
     )?;
+    range(
+        "cluster.snapshot_entries",
+        raw.snapshot_entries,
+        10,
+        10_000_000,
+    )?;
     let mut peers = BTreeMap::new();
     for (id, addr) in &raw.peers {
         let key = format!("cluster.peers.{id}");
@@ -661,5 +667,6 @@ fn validate_cluster(
         raft_priority: raw.raft_priority,
         outbox_max_messages: raw.outbox_max_messages,
         forward_timeout_ms: raw.forward_timeout_ms,
+        snapshot_entries: raw.snapshot_entries,
     })
 }

@@ -8,7 +8,8 @@
 //! show three members and still forward to node 4; then the leader leaves (it hands
 //! leadership away first), and the last two elect a leader and forward to each other.
 //! Apart: batches node 1 parked for a node that left while node 1 was down go at node 1's
-//! restart, counted lost.
+//! restart, counted lost; a node restarted on a raft snapshot forwards to the subscribers
+//! its snapshot routes to.
 
 #![allow(clippy::disallowed_methods)]
 
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{
     acked_lines, gather, health, low_port, missing, node_certs, publisher, running_cluster,
-    wait_status,
+    until_forwarded, wait_status,
 };
 use common::{starling, watcher, watcher_with, Daemon};
 
@@ -361,7 +362,7 @@ fn batches_parked_for_a_node_that_left_while_their_node_was_down_go_at_its_resta
         Some("subscribed")
     );
     assert!(
-        common::cluster::until_forwarded(ports[0].mqtt, "d/probe", &rx),
+        until_forwarded(ports[0].mqtt, "d/probe", &rx),
         "node 1 forwards to node 3"
     );
     // Node 3 stops answering: node 1 parks what it forwards there after 1 s, and
@@ -418,5 +419,96 @@ fn batches_parked_for_a_node_that_left_while_their_node_was_down_go_at_its_resta
             metric(&files[0], "cluster.outbox.replayed")
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A node restarted on a raft snapshot forwards to the subscribers it knew of. With the
+/// log compacted every 10 entries (`cluster.snapshot_entries`), node 1 is killed (SIGKILL)
+/// and started again: opening its log restores the snapshot, routes and all, before
+/// anything else runs. That used to happen before its shards were wired to the cluster,
+/// which dropped the routes: node 1 acknowledged every publish and forwarded none, until a
+/// route changed (the joiners-with-kills simulation found it; 10,000 entries in, the
+/// default, any node restarts that way).
+#[test]
+fn a_node_restarted_on_a_snapshot_forwards_to_the_subscribers_it_knew_of() {
+    let extra = "\n[cluster]\nsnapshot_entries = 10\n";
+    let Some((files, ports, mut nodes)) = running_cluster("cluster-snapshot", extra) else {
+        return;
+    };
+    let (mut w2, rx2) = watcher_with(ports[1].mqtt, "snap-on-2", "snap/#", &[]);
+    let (mut w3, rx3) = watcher_with(ports[2].mqtt, "snap-on-3", "snap/#", &[]);
+    for rx in [&rx2, &rx3] {
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(20)).ok().as_deref(),
+            Some("subscribed")
+        );
+    }
+    assert!(until_forwarded(ports[0].mqtt, "snap/probe", &rx2));
+    assert!(until_forwarded(ports[0].mqtt, "snap/probe", &rx3));
+    // Past a compaction on every node: each new client id is a claim, each new filter a
+    // route, one entry each.
+    for i in 0..6 {
+        let (mut f, rx) = watcher_with(
+            ports[0].mqtt,
+            &format!("filler-{i}"),
+            &format!("f/{i}"),
+            &[],
+        );
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(20)).ok().as_deref(),
+            Some("subscribed")
+        );
+        let _ = f.kill();
+        let _ = f.wait();
+    }
+    nodes[0].signal("KILL");
+    let _ = nodes[0].child.wait();
+
+    let _old = std::mem::replace(&mut nodes[0], Daemon::start(&files[0]));
+    // Logged by the cluster actor when it takes the state in, maybe after the endpoint is up.
+    nodes[0].expect("cluster state restored from a snapshot");
+    let restored = nodes[0]
+        .seen
+        .iter()
+        .filter(|l| l.contains("cluster state restored from a snapshot"))
+        .filter_map(|l| {
+            let n = l.split("routes=").nth(1)?.split_whitespace().next()?;
+            n.parse::<u64>().ok()
+        })
+        .max();
+    assert!(
+        restored.is_some_and(|routes| routes > 0),
+        "node 1 did not start from a snapshot with routes in it: {restored:?}\n{}",
+        nodes[0].seen.join("\n")
+    );
+    wait_status(
+        &files[1],
+        Duration::from_secs(30),
+        "node 1 up again",
+        |st| (1..=3).all(|id| health(st, id) == Some(true)),
+    );
+
+    // Published through node 1 at once: both subscribers, on the routes of its snapshot.
+    let mut p = publisher(ports[0].mqtt, "snap/after", 100);
+    let acked: BTreeSet<(String, String)> = acked_lines(&mut p, |_| {})
+        .into_iter()
+        .map(|p| ("snap/after".to_owned(), p))
+        .collect();
+    assert_eq!(acked.len(), 200, "node 1 acknowledged every message");
+    for (name, rx) in [("node 2", &rx2), ("node 3", &rx3)] {
+        let mut seen = BTreeSet::new();
+        gather(rx, &mut seen, &acked, Duration::from_secs(20));
+        assert_eq!(
+            missing(&acked, &seen),
+            0,
+            "messages node 1 acknowledged after its restart missing at {name} (of {}); it \
+             counted {} forwarded",
+            acked.len(),
+            metric(&files[0], "cluster.forwarded")
+        );
+    }
+    for w in [&mut w2, &mut w3] {
+        let _ = w.kill();
+        let _ = w.wait();
     }
 }

@@ -158,6 +158,8 @@ const SEEDS_SLOW_COMMIT: u64 = 50;
 const SEEDS_PARKED: u64 = 100;
 /// Seeds of the membership run.
 const SEEDS_MEMBERSHIP: u64 = 100;
+/// Seeds of the membership run with kills.
+const SEEDS_MEMBERSHIP_KILLS: u64 = 50;
 /// Seeds the unconfirmed-forwards companion may take to be caught.
 const UNCONFIRMED_SEEDS: u64 = 10;
 /// Seeds the lossy companion may take to be caught (it is caught by the first, so far).
@@ -817,6 +819,10 @@ async fn with_joiners() {
     scenario(MEMBERSHIP).await
 }
 
+async fn with_joiners_and_kills() {
+    scenario(MEMBERSHIP_KILLS).await
+}
+
 async fn with_shared_group() {
     scenario(SHARED_GROUP).await
 }
@@ -1084,6 +1090,21 @@ fn nodes_join_and_leave_under_partitions_and_keep_every_promise() {
         )
         .seeds(SEEDS_MEMBERSHIP),
         with_joiners,
+    );
+}
+
+/// The same with kills among the faults: any node may be killed and restarted on what its
+/// disk kept while it joins, leaves, or is the one the operator asks, on
+/// [`SEEDS_MEMBERSHIP_KILLS`] seeds.
+#[test]
+fn nodes_join_and_leave_under_partitions_and_kills_and_keep_every_promise() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "nodes_join_and_leave_under_partitions_and_kills_and_keep_every_promise",
+        )
+        .seeds(SEEDS_MEMBERSHIP_KILLS),
+        with_joiners_and_kills,
     );
 }
 

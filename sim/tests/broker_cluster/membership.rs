@@ -74,12 +74,16 @@ async fn join(setup: &Setup, idx: usize) {
 async fn leave(setup: &Setup, idx: usize) {
     let id = idx as u64 + 1;
     let deadline = Instant::now() + CHANGE_DEADLINE;
-    let a = setup.admin(idx).expect("a running node");
     loop {
         check!(
             Instant::now() < deadline,
             "node{id} did not leave within {CHANGE_DEADLINE:?}"
         );
+        // Killed (and not started again yet): asked again once it runs.
+        let Some(a) = setup.admin(idx) else {
+            sleep(ms(200)).await;
+            continue;
+        };
         match timeout(
             Duration::from_secs(40),
             a.cluster_leave(Duration::from_secs(5)),
@@ -118,6 +122,7 @@ pub(crate) async fn operator(
     };
     sleep(first).await;
     join(&setup, stays).await;
+    lock(&oracle).unrouted.insert(sub);
     late.spawn(subscriber(sub, stays, setup.variant, oracle.clone()));
     applied_route(&setup, &oracle, sub, stays).await;
     join(&setup, goes).await;
@@ -148,7 +153,11 @@ async fn applied_route(setup: &Setup, oracle: &Shared, sub: usize, node: usize) 
         }
         sleep(ms(10)).await;
     }
-    lock(oracle).subacked.insert(sub, elapsed());
+    let at = elapsed();
+    println!("[sim] sub{sub} on node{} routed at {at:?}", node + 1);
+    let mut o = lock(oracle);
+    o.subacked.insert(sub, at);
+    o.unrouted.remove(&sub);
 }
 
 /// After the heal: every member names the same members, all voters, and the node that left

@@ -75,6 +75,16 @@ pub(crate) const MEMBERSHIP: Variant = Variant {
     ..SOUND
 };
 
+/// The membership variant with kills among the faults: a node joining or leaving, or one
+/// the operator asks, may be killed and restarted meanwhile (one that left and stopped is
+/// not).
+pub(crate) const MEMBERSHIP_KILLS: Variant = Variant {
+    name: "membership-kills",
+    joiners: 2,
+    kills: true,
+    ..SOUND
+};
+
 /// Three nodes, any of which may be killed and restarted on what its disk kept (the
 /// leader among them when it is one).
 pub(crate) const KILLS: Variant = Variant {

@@ -180,7 +180,11 @@ pub(crate) async fn chaos(
     while Instant::now() < end {
         let leader = claimed_leader(&statuses(setup).await);
         let v = &setup.variant;
-        let fault = draw(v.nodes + v.joiners, v, leader, ck.leader_weight);
+        let mut fault = draw(v.nodes + v.joiners, v, leader, ck.leader_weight);
+        if matches!(fault, Fault::Kill(n) if lock(&setup.left).contains(&n)) {
+            // A node that left stopped, as the daemon does: not one to kill and restart.
+            fault = Fault::Delay(ms(1), ms(50));
+        }
         let lasted = ms(thread_rng().gen_range(every / 2..every * 2 + 1));
         let calm = ms(thread_rng().gen_range(0..every + 1));
         nemesis.history.push(Record {

@@ -661,6 +661,14 @@ impl Actor for ClusterActor {
             }
             ClusterMsg::Reset(index, all) => {
                 self.reset(all).await;
+                tracing::info!(
+                    node_id = self.node,
+                    index,
+                    members = self.members.len(),
+                    routes = self.routes.len(),
+                    owners = self.owners.len(),
+                    "cluster state restored from a snapshot"
+                );
                 self.routes_at(index).await;
                 self.propose_due(ctx);
             }

@@ -88,6 +88,7 @@ impl ClusterNode {
         rc.tick_interval = std::time::Duration::from_millis(u64::from(c.tick_ms));
         rc.election_tick = c.election_tick as usize;
         rc.raft_priority = c.raft_priority;
+        rc.snapshot_threshold = u64::from(c.snapshot_entries);
         rc.log.fsync = match c.fsync {
             FsyncPolicy::Always => RaftFsync::Always,
             FsyncPolicy::Never => RaftFsync::Never,
@@ -122,6 +123,27 @@ impl ClusterNode {
             ),
             Options::named("cluster").capacity(CLUSTER_MAILBOX),
         );
+        let mut net = QuicNet::bind(QuicOptions::new(id, c.bind), &tls)
+            .await
+            .map_err(|e| fail(&format!("cluster.bind {}", c.bind), &e))?;
+        let links = net.data();
+        // The shards are wired before the raft node exists: opening it may apply a
+        // snapshot, and replaying the log applies entries, and either has the actor tell
+        // the shards about routes, moves and departures at once. A shard not wired yet
+        // would drop those routes, and route publishes as if no other node subscribed
+        // (the joiners-with-kills simulation lost acknowledged publishes that way).
+        for shard in shards.all() {
+            let wiring = ShardCluster {
+                node: id,
+                links: links.clone(),
+                actor: actor.clone(),
+            };
+            let _ = shard.send(RouterMsg::Cluster(Box::new(wiring))).await;
+        }
+        let _ = actor.send(ClusterMsg::Links(links.clone())).await;
+        let _ = actor
+            .send(ClusterMsg::Peers(Box::new(net.peer_control())))
+            .await;
         let node = Node::new(
             rc,
             log,
@@ -129,12 +151,8 @@ impl ClusterNode {
             rng,
         )
         .map_err(|e| fail(&format!("raft log {}", dir.display()), &e))?;
-        let mut net = QuicNet::bind(QuicOptions::new(id, c.bind), &tls)
-            .await
-            .map_err(|e| fail(&format!("cluster.bind {}", c.bind), &e))?;
         let peers: BTreeMap<u64, std::net::SocketAddr> = c.peers.clone();
         let transport = net.transport(peers);
-        let links = net.data();
         let raft = start_raft(node, transport);
         let (tx, rx) = tokio::sync::mpsc::channel(INBOUND_FRAMES);
         net.serve_with_data(raft.clone(), Some(tx));
@@ -145,18 +163,6 @@ impl ClusterNode {
             actor.clone(),
             shared.clone(),
         ));
-        let _ = actor.send(ClusterMsg::Links(links.clone())).await;
-        let _ = actor
-            .send(ClusterMsg::Peers(Box::new(net.peer_control())))
-            .await;
-        for shard in shards.all() {
-            let wiring = ShardCluster {
-                node: id,
-                links: links.clone(),
-                actor: actor.clone(),
-            };
-            let _ = shard.send(RouterMsg::Cluster(Box::new(wiring))).await;
-        }
         let _ = actor.send(ClusterMsg::Raft(raft.clone())).await;
         tracing::info!(node_id = id, cluster_addr = %net.local_addr(), peers = c.peers.len(), "cluster endpoint up");
         Ok(Some(ClusterNode {

@@ -365,6 +365,12 @@ impl RouterActor {
 
     /// The replicated routes changed for `node` and `filter`.
     pub(super) fn remote_route(&mut self, filter: &str, node: u64, present: bool) {
+        // The cluster wires every shard before anything can tell it a route (`cluster::start`):
+        // a route dropped here would leave that node's subscribers without copies.
+        debug_assert!(
+            self.cluster.is_some(),
+            "a remote route before the cluster wiring"
+        );
         let Some(c) = &self.cluster else { return };
         if node == c.node {
             return;

@@ -33,6 +33,7 @@ pub(crate) struct RawCluster {
     pub raft_priority: bool,
     pub outbox_max_messages: u32,
     pub forward_timeout_ms: u32,
+    pub snapshot_entries: u32,
 }
 
 impl Default for RawCluster {
@@ -56,6 +57,7 @@ impl Default for RawCluster {
             raft_priority: true,
             outbox_max_messages: 100_000,
             forward_timeout_ms: 5_000,
+            snapshot_entries: 10_000,
         }
     }
 }
@@ -152,6 +154,11 @@ pub struct ClusterConfig {
     /// before it is parked in the outbox, or, with none, its publishers are told it is not
     /// confirmed. 100..=600,000 ms, default 5,000.
     pub forward_timeout_ms: u32,
+    /// Applied raft entries after which the log is compacted into a snapshot of the
+    /// cluster state (members, owners, routes, retained messages). A restart restores the
+    /// snapshot, then replays the entries after it; a member that lags behind the
+    /// compaction is sent the snapshot. 10..=10,000,000, default 10,000.
+    pub snapshot_entries: u32,
 }
 
 impl Default for ClusterConfig {
@@ -176,6 +183,7 @@ impl Default for ClusterConfig {
             raft_priority: raw.raft_priority,
             outbox_max_messages: raw.outbox_max_messages,
             forward_timeout_ms: raw.forward_timeout_ms,
+            snapshot_entries: raw.snapshot_entries,
         }
     }
 }
