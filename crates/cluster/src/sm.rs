@@ -4,8 +4,14 @@
 use starling_raft::StateMachine;
 use starling_router::filter_matches;
 
-use crate::command::{decode, encode, Answer, Command, Output, Query};
+use std::collections::BTreeSet;
+
+use crate::command::{decode, encode, Answer, Command, NodeId, Output, Query};
 use crate::state::{Change, ClusterState};
+
+/// The snapshot's layout: format 1 (`command::encode` of the state) and then the nodes that
+/// left. A build without it cannot restore such a snapshot (it refuses the version byte).
+const SNAPSHOT_V2: u8 = 2;
 
 /// Where a node learns what the log changed: its forwarding table, retained index and
 /// sessions. Called on the raft driver's turn, so it must not wait; it is told every change
@@ -77,11 +83,30 @@ impl<R: Replica> StateMachine for ClusterSm<R> {
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        encode(&self.state)
+        if self.state.departed.is_empty() {
+            // What a build without format 2 can restore, as long as nobody left.
+            return encode(&self.state);
+        }
+        let mut out = vec![SNAPSHOT_V2];
+        // postcard fails only on a writer error or an unsupported type; neither here.
+        let body = postcard::to_stdvec(&(&self.state, &self.state.departed))
+            .expect("the cluster state serializes");
+        out.extend(body);
+        out
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
-        self.state = decode(snapshot).map_err(|e| format!("cluster snapshot: {e}"))?;
+        let bad = |e: &dyn std::fmt::Display| format!("cluster snapshot: {e}");
+        self.state = match snapshot.split_first() {
+            Some((&SNAPSHOT_V2, body)) => {
+                let (mut state, departed): (ClusterState, BTreeSet<NodeId>) =
+                    postcard::from_bytes(body).map_err(|e| bad(&e))?;
+                state.departed = departed;
+                state
+            }
+            // Format 1 (an older build's): who left is not in it.
+            _ => decode(snapshot).map_err(|e| bad(&e))?,
+        };
         self.replica.reset(&self.state);
         Ok(())
     }

@@ -50,6 +50,13 @@ pub struct ClusterState {
     applied: u64,
     /// Who holds each filter's `$exclusive/` and `$limit/N/` subscriptions, cluster-wide.
     holds: BTreeMap<String, Holds>,
+    /// Nodes whose `Leave` was applied and that have not joined again. A snapshot must say
+    /// who left, not only who is a member: a node restarted on one taken after a `Leave`
+    /// (or sent one) would otherwise never learn that the node departed, and as leader
+    /// would keep it in raft's configuration for good. One id per node that ever left.
+    /// Outside the layout of format 1 (`crate::sm` writes it after the rest).
+    #[serde(skip)]
+    pub(crate) departed: BTreeSet<NodeId>,
 }
 
 /// A client holding a `$exclusive/` or `$limit/N/` subscription, and its node.
@@ -95,6 +102,7 @@ impl ClusterState {
                 if node == 0 {
                     return Output::Refused("node id 0".into());
                 }
+                self.departed.remove(&node);
                 if self.members.get(&node) != Some(&member) {
                     self.members.insert(node, member.clone());
                     changes.push(Change::Member {
@@ -108,6 +116,7 @@ impl ClusterState {
                 if self.members.remove(&node).is_none() {
                     return Output::Done;
                 }
+                self.departed.insert(node);
                 changes.push(Change::Member { node, member: None });
                 self.drop_routes_of(node, changes);
                 let gone: Vec<String> = self
@@ -395,6 +404,11 @@ impl ClusterState {
         &self.members
     }
 
+    /// Nodes that left (their `Leave` applied) and have not joined again.
+    pub fn departed(&self) -> &BTreeSet<NodeId> {
+        &self.departed
+    }
+
     pub fn owner(&self, client_id: &str) -> Option<Owner> {
         self.owners.get(client_id).copied()
     }
@@ -408,13 +422,20 @@ impl ClusterState {
     }
 
     /// Everything this state holds, as changes from an empty state: what a node's replicas
-    /// rebuild from after a snapshot replaced the state.
+    /// rebuild from after a snapshot replaced the state. A node that left comes as a
+    /// member record removed.
     pub fn as_changes(&self) -> Vec<Change> {
         let mut out = Vec::new();
         for (node, m) in &self.members {
             out.push(Change::Member {
                 node: *node,
                 member: Some(m.clone()),
+            });
+        }
+        for node in &self.departed {
+            out.push(Change::Member {
+                node: *node,
+                member: None,
             });
         }
         for (c, o) in &self.owners {

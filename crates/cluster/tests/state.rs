@@ -105,6 +105,8 @@ fn commands() -> impl Strategy<Value = Vec<Command>> {
 #[derive(Default, Debug, PartialEq, Eq)]
 struct Mirror {
     members: BTreeMap<NodeId, Member>,
+    /// Nodes whose record a change removed (and none brought back since).
+    departed: BTreeSet<NodeId>,
     owners: BTreeMap<String, Owner>,
     routes: BTreeMap<String, Vec<NodeId>>,
     retained: BTreeMap<String, RetainedMsg>,
@@ -114,7 +116,14 @@ impl Mirror {
     fn take(&mut self, changes: Vec<Change>) {
         for c in changes {
             match c {
-                Change::Member { node, member } => set(&mut self.members, node, member),
+                Change::Member { node, member } => {
+                    if member.is_some() {
+                        self.departed.remove(&node);
+                    } else {
+                        self.departed.insert(node);
+                    }
+                    set(&mut self.members, node, member)
+                }
                 Change::Owner { client_id, owner } => set(&mut self.owners, client_id, owner),
                 Change::Route { filter, nodes } => set(
                     &mut self.routes,
@@ -365,4 +374,52 @@ fn the_adapter_feeds_the_replica() {
     let snap = sm.snapshot();
     sm.restore(&snap).unwrap();
     assert_eq!(sm.replica().0, ["1:1", "3:1", "reset:1"]);
+}
+
+/// A snapshot says who left, so that a node restored from one taken after a `Leave` knows
+/// the node departed (and, as leader, takes it out of raft's configuration); joining again
+/// clears it. A snapshot of format 1, without it, still restores.
+#[test]
+fn a_snapshot_names_the_nodes_that_left() {
+    let mut a = ClusterSm::new(());
+    for (i, c) in [
+        Command::Join {
+            node: 1,
+            member: member(1),
+        },
+        Command::Join {
+            node: 2,
+            member: member(2),
+        },
+        Command::Leave { node: 2 },
+    ]
+    .iter()
+    .enumerate()
+    {
+        a.apply(i as u64 + 1, &encode(c));
+    }
+    let mut b = ClusterSm::new(());
+    b.restore(&a.snapshot()).unwrap();
+    assert_eq!(b.state().departed(), &BTreeSet::from([2]));
+    assert!(b.state().as_changes().contains(&Change::Member {
+        node: 2,
+        member: None
+    }));
+
+    let old = encode(a.state());
+    let mut c = ClusterSm::new(());
+    c.restore(&old).unwrap();
+    assert_eq!(c.state().members(), a.state().members());
+    assert!(c.state().departed().is_empty());
+
+    a.apply(
+        4,
+        &encode(&Command::Join {
+            node: 2,
+            member: member(2),
+        }),
+    );
+    assert!(a.state().departed().is_empty());
+    // With nobody departed, format 1: what an older build restores.
+    assert_eq!(a.snapshot(), encode(a.state()));
 }

@@ -200,6 +200,10 @@ struct ClusterKnobs {
     /// Each node keeps sessions and retained messages in its store (the default
     /// configuration), on a simulated disk that is never crashed here; else none.
     store: bool,
+    /// `cluster.snapshot_entries` on every node, on half the seeds: a raft log compacted
+    /// every few dozen entries, so that nodes restart on snapshots and a node cut off is
+    /// sent one (the default, 10,000, is never reached in a run).
+    snapshot_entries: Option<u32>,
 }
 
 /// Per node: where it keeps its raft log, and the admin handle of its running broker.
@@ -208,6 +212,7 @@ struct Setup {
     base: PathBuf,
     shards: u32,
     store: bool,
+    snapshot_entries: Option<u32>,
     admins: Mutex<BTreeMap<usize, Admin>>,
     /// The nodes (indices) in the cluster now: the first `variant.nodes`, then those the
     /// operator added and not removed.
@@ -270,13 +275,17 @@ fn node_config(setup: &Setup, node: usize) -> String {
          [mqtt]\n{mqtt}\
          [router]\nshards = {shards}\n\
          [storage]\nenabled = {store}\n{storage}\
-         [cluster]\nenabled = true\ncerts_dir = \"{base}/certs\"\nbootstrap = {bootstrap}\n{cluster}\
+         [cluster]\nenabled = true\ncerts_dir = \"{base}/certs\"\nbootstrap = {bootstrap}\n{snapshots}{cluster}\
          [cluster.peers]\n{peers}",
         mqtt = setup.variant.mqtt,
         cluster = setup.variant.cluster,
         shards = setup.shards,
         store = setup.store,
         storage = setup.variant.storage,
+        snapshots = setup
+            .snapshot_entries
+            .map(|n| format!("snapshot_entries = {n}\n"))
+            .unwrap_or_default(),
     )
 }
 
@@ -305,6 +314,16 @@ async fn node_main(setup: Arc<Setup>, node: usize) {
 /// Certificates and raft logs in a fresh directory (so that every run of a seed starts on
 /// the same, empty, files), and the variant's nodes started on them.
 fn start(variant: Variant, shards: u32, store: bool) -> (Arc<Setup>, Cluster, PathBuf) {
+    start_with(variant, shards, store, None)
+}
+
+/// As [`start`], with `cluster.snapshot_entries` set when `Some`.
+fn start_with(
+    variant: Variant,
+    shards: u32,
+    store: bool,
+    snapshot_entries: Option<u32>,
+) -> (Arc<Setup>, Cluster, PathBuf) {
     let base = run_dir(&variant);
     let _ = std::fs::remove_dir_all(&base);
     let certs = base.join("certs");
@@ -317,6 +336,7 @@ fn start(variant: Variant, shards: u32, store: bool) -> (Arc<Setup>, Cluster, Pa
         base: base.clone(),
         shards,
         store,
+        snapshot_entries,
         admins: Mutex::new(BTreeMap::new()),
         members: Mutex::new((0..nodes).collect()),
         left: Mutex::new(BTreeSet::new()),
@@ -356,13 +376,15 @@ async fn scenario(variant: Variant) {
         leader_weight: rng.gen_range(1..4),
         // A kill loses what is in memory: the store is what the variant is about.
         store: variant.kills || rng.gen_bool(0.5),
+        // Drawn last: the knobs before it stay what they were for each seed.
+        snapshot_entries: rng.gen_bool(0.5).then(|| rng.gen_range(10..=60)),
     };
     println!("[sim] cluster knobs: {ck:?} variant={}", variant.name);
     madsim::net::NetSim::current().update_config(|c| {
         c.send_latency = knobs.latency.0..knobs.latency.1.max(knobs.latency.0 + ms(1))
     });
 
-    let (setup, cluster, base) = start(variant, ck.shards, ck.store);
+    let (setup, cluster, base) = start_with(variant, ck.shards, ck.store, ck.snapshot_entries);
     let nodes = variant.nodes;
 
     // Check 4 before anything else: a leader the nodes agree on.

@@ -538,6 +538,7 @@ impl ClusterActor {
         let mut routes: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         let mut members = BTreeMap::new();
         let mut owners = Vec::new();
+        let mut departed = Vec::new();
         let (now, wall) = (time::now(), time::wall());
         let mut retained: Vec<Vec<Arc<starling_session::Message>>> =
             vec![Vec::new(); self.shards.count()];
@@ -564,6 +565,9 @@ impl ClusterActor {
                 } => {
                     members.insert(node, m);
                 }
+                Change::Member { node, member: None } => {
+                    departed.push(node);
+                }
                 _ => {}
             }
         }
@@ -571,11 +575,20 @@ impl ClusterActor {
             self.left_here();
         }
         self.joined = members.get(&self.node) == Some(&self.me);
-        // Who left is not in a snapshot: those whose record goes now are taken as departed.
+        // Those whose record goes now left, and so did those the snapshot names (format 1
+        // named none): a node restarted on a snapshot taken after a `Leave` knew of no
+        // record to go, and as leader kept the node in raft's configuration for good.
         let mut left = Vec::new();
         for gone in self.members.keys().filter(|n| !members.contains_key(n)) {
             self.departed.insert(*gone, membership::Departed::now());
             left.push(*gone);
+        }
+        for gone in departed {
+            if gone != self.node {
+                self.departed
+                    .entry(gone)
+                    .or_insert_with(membership::Departed::now);
+            }
         }
         self.members = members;
         self.sync_peers();
@@ -659,16 +672,24 @@ impl Actor for ClusterActor {
                 self.changed(index, changes, replayed).await;
                 self.propose_due(ctx);
             }
-            ClusterMsg::Reset(index, all) => {
+            ClusterMsg::Reset {
+                index,
+                all,
+                snapshot,
+            } => {
                 self.reset(all).await;
-                tracing::info!(
-                    node_id = self.node,
-                    index,
-                    members = self.members.len(),
-                    routes = self.routes.len(),
-                    owners = self.owners.len(),
-                    "cluster state restored from a snapshot"
-                );
+                // Index 0: the empty state a first start bootstraps from.
+                if snapshot && index > 0 {
+                    tracing::info!(
+                        node_id = self.node,
+                        index,
+                        members = self.members.len(),
+                        departed = self.departed.len(),
+                        routes = self.routes.len(),
+                        owners = self.owners.len(),
+                        "cluster state restored from a snapshot"
+                    );
+                }
                 self.routes_at(index).await;
                 self.propose_due(ctx);
             }

@@ -25,13 +25,14 @@ impl NodeReplica {
         }
     }
 
-    fn send_all(&mut self, state: &ClusterState) {
+    fn send_all(&mut self, state: &ClusterState, snapshot: bool) {
         self.behind = self
             .actor
-            .try_send(ClusterMsg::Reset(
-                state.summary().applied,
-                state.as_changes(),
-            ))
+            .try_send(ClusterMsg::Reset {
+                index: state.summary().applied,
+                all: state.as_changes(),
+                snapshot,
+            })
             .is_err();
     }
 }
@@ -39,7 +40,7 @@ impl NodeReplica {
 impl Replica for NodeReplica {
     fn changed(&mut self, index: u64, changes: Vec<Change>, _: &Output, state: &ClusterState) {
         if self.behind {
-            self.send_all(state);
+            self.send_all(state, false);
         } else if !changes.is_empty() {
             let replayed = index <= self.replay_until;
             let msg = ClusterMsg::Changed {
@@ -52,6 +53,6 @@ impl Replica for NodeReplica {
     }
 
     fn reset(&mut self, state: &ClusterState) {
-        self.send_all(state);
+        self.send_all(state, true);
     }
 }

@@ -184,9 +184,15 @@ pub(crate) enum ClusterMsg {
         changes: Vec<starling_cluster::Change>,
         replayed: bool,
     },
-    /// The whole replicated state at log index `.0`, as changes from nothing: the state
+    /// The whole replicated state at log `index`, as changes from nothing: the state
     /// was replaced by a snapshot, or changes were lost on the way.
-    Reset(u64, Vec<starling_cluster::Change>),
+    Reset {
+        index: u64,
+        all: Vec<starling_cluster::Change>,
+        /// A snapshot replaced the state (at start, or sent by the leader), rather than
+        /// changes the actor's mailbox had no room for.
+        snapshot: bool,
+    },
     /// The raft driver is up.
     Raft(starling_raft::RaftHandle),
     /// The outcome of this node's own proposal.
