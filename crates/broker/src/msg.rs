@@ -457,13 +457,15 @@ pub(crate) enum RouterMsg {
     },
     /// The session of `client_id` is being handed over to node `to` (its claim `epoch`):
     /// from now on what is routed to it goes there (until the move's cut), and what waits
-    /// here for it goes there too once it ended. Answered at once: what this shard sent
-    /// the client before is in its mailbox ahead of the hand-over.
+    /// here for it goes there too once it ended. Answered once the shard's judgement of
+    /// the move is stored (at once without a store): a node killed after the session left
+    /// must find its relay at its restart. What this shard sent the client before is in
+    /// its mailbox ahead of the hand-over.
     MovedAway {
         client_id: Arc<str>,
         to: u64,
         epoch: u64,
-        done: Reply<()>,
+        done: Reply<Stored>,
     },
     /// The session of `client_id`, handed over by node `from` for this node's claim
     /// `epoch`, subscribes next: until its move's cut, only copies relayed from its old

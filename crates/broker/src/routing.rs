@@ -498,8 +498,16 @@ impl Actor for RouterActor {
                 epoch,
                 done,
             } => {
+                let before = self.to_store.len();
                 self.moved_away(client_id, (to, epoch), ctx);
-                let _ = done.send(());
+                if self.to_store.len() > before {
+                    self.store_waiters.push(Waiter {
+                        to: WaiterTo::Done(done),
+                        ops: before..self.to_store.len(),
+                    });
+                } else {
+                    let _ = done.send(Stored::Durable);
+                }
             }
             RouterMsg::LinkStored { node, seq, outcome } => self.link_stored(node, seq, outcome),
             RouterMsg::ForwardAcked { node, inc, seq } => {

@@ -446,7 +446,9 @@ impl Shards {
     }
 
     /// The session of `client_id` is being handed over to `to` (node, claim's epoch):
-    /// answers once every shard relays what it routes to the session from now on.
+    /// answers once every shard relays what it routes to the session from now on, and has
+    /// stored that it does (a store that failed is not waited for again: the relay runs
+    /// from memory).
     pub(crate) async fn moved_away(&self, client_id: &Arc<str>, to: (u64, u64)) {
         let asks = self.0.addrs.iter().map(|a| {
             a.ask(|done| RouterMsg::MovedAway {

@@ -10,7 +10,10 @@
 //! parked copies come: its relay comes back from its store. [`OldNode::KilledRelaying`]:
 //! A cannot reach B when the parked copies come, and is killed 0.5 s later, before its
 //! relay is parked: it must not have acknowledged them to C, which sends them again
-//! after A's restart.
+//! after A's restart. [`OldNode::KilledAtHandover`]: A is killed the moment the session
+//! has left it for B (its commits set 200 ms apart under load): its relay must come back
+//! from its store. (The hand-over waits for A's record of the move; an idle store commits
+//! it at once anyway, so this run passes without that wait too.)
 
 #[allow(unused_imports)]
 use super::*;
@@ -37,6 +40,14 @@ pub(crate) const LATE_RELAY_KILLED: Variant = Variant {
     ..LATE_RELAY
 };
 
+/// The same with every commit of the stores put off by 200 ms, the old node killed as the
+/// session leaves it.
+pub(crate) const LATE_RELAY_HANDOVER_KILL: Variant = Variant {
+    name: "late-relay-handover-kill",
+    storage: "commit_interval_ms = 200\n",
+    ..LATE_RELAY
+};
+
 /// The same with the relay ending 30 s after the cut whatever may still come
 /// (`cluster.handover_relay_wait = false`): the parked messages are lost at A.
 pub(crate) const LATE_RELAY_NO_WAIT: Variant = Variant {
@@ -58,6 +69,7 @@ pub(crate) enum OldNode {
     Up,
     Restarted,
     KilledRelaying,
+    KilledAtHandover,
 }
 
 /// Kills node `n` (its store losing what it had not synced) and starts it again 2 s later.
@@ -155,6 +167,25 @@ pub(crate) async fn scenario(variant: Variant, old: OldNode) {
             sleep(Duration::from_secs(5)).await;
             restart(&setup, &cluster, a).await;
             sleep(CUT_OFF - Duration::from_secs(7)).await;
+        }
+        OldNode::KilledAtHandover => {
+            // The moment the session has left A for B (asked of each node's actors, no
+            // network in between): A's record of the move is due with its next commit,
+            // up to 200 ms later, unless the hand-over waited for it.
+            let (a_admin, b_admin) = (
+                setup.admin(a).expect("A runs"),
+                setup.admin(b).expect("B runs"),
+            );
+            let by = Instant::now() + Duration::from_secs(30);
+            while a_admin.client(ROAMER).await.is_some() || b_admin.client(ROAMER).await.is_none() {
+                check!(
+                    Instant::now() < by,
+                    "the roamer's session did not move from A to B within 30 s"
+                );
+                sleep(ms(1)).await;
+            }
+            restart(&setup, &cluster, a).await;
+            sleep(CUT_OFF - Duration::from_secs(2)).await;
         }
         OldNode::KilledRelaying => {
             sleep(CUT_OFF).await;

@@ -893,6 +893,14 @@ async fn with_late_relay_killed() {
     .await
 }
 
+async fn with_late_relay_handover_kill() {
+    late_relay::scenario(
+        late_relay::LATE_RELAY_HANDOVER_KILL,
+        late_relay::OldNode::KilledAtHandover,
+    )
+    .await
+}
+
 async fn with_late_relay_restarted() {
     late_relay::scenario(
         late_relay::LATE_RELAY_RESTART,
@@ -1066,6 +1074,21 @@ fn a_copy_its_old_node_took_and_had_not_relayed_when_killed_is_relayed_after_its
         )
         .seeds(SEEDS_LATE_RELAY),
         with_late_relay_killed,
+    );
+}
+
+/// The same with the old node killed the moment the session has left it for the new node
+/// (the stores' commits 200 ms apart under load): its relay comes back from its store at
+/// its restart (`late_relay.rs`), on [`SEEDS_LATE_RELAY`] seeds.
+#[test]
+fn a_copy_parked_for_a_moved_sessions_old_node_killed_as_the_session_left_is_relayed() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "a_copy_parked_for_a_moved_sessions_old_node_killed_as_the_session_left_is_relayed",
+        )
+        .seeds(SEEDS_LATE_RELAY),
+        with_late_relay_handover_kill,
     );
 }
 
