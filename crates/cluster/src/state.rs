@@ -54,7 +54,7 @@ pub struct ClusterState {
     /// who left, not only who is a member: a node restarted on one taken after a `Leave`
     /// (or sent one) would otherwise never learn that the node departed, and as leader
     /// would keep it in raft's configuration for good. One id per node that ever left.
-    /// Outside the layout of format 1 (`crate::sm` writes it after the rest).
+    /// Outside the layout of format 1: the state machine's snapshot writes it after the rest.
     #[serde(skip)]
     pub(crate) departed: BTreeSet<NodeId>,
 }
