@@ -9,8 +9,9 @@ use std::collections::BTreeSet;
 use crate::command::{decode, encode, Answer, Command, NodeId, Output, Query};
 use crate::state::{Change, ClusterState};
 
-/// The snapshot's layout: format 1 (`command::encode` of the state) and then the nodes that
-/// left. A build without it cannot restore such a snapshot (it refuses the version byte).
+/// The snapshot's version byte once a node has left: then the state as format 1 has it
+/// (postcard), then the ids of the nodes that left. A build without it refuses such a
+/// snapshot by this byte.
 const SNAPSHOT_V2: u8 = 2;
 
 /// Where a node learns what the log changed: its forwarding table, retained index and
