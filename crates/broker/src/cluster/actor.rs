@@ -588,6 +588,12 @@ impl ClusterActor {
                 self.departed
                     .entry(gone)
                     .or_insert_with(membership::Departed::now);
+            } else if self.raft.is_none() {
+                // This node's own snapshot, at its start (raft's handle comes after it),
+                // says it left: it stops again, as when it replays its `Leave` from the
+                // log. Not a leader's snapshot, sent to a node that joins again under the
+                // same id with an empty data dir.
+                self.left_here();
             }
         }
         self.members = members;
