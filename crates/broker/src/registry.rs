@@ -2,7 +2,14 @@
 //! by one actor at a time, so every connection for it goes through that actor (resume,
 //! takeover) and no two sessions for one id ever coexist.
 
-use std::collections::HashMap;
+use foldhash::fast::FixedState;
+use rand::RngCore;
+
+/// The registry's maps by client id: a hasher seeded from the runtime, secret in
+/// production (client ids are the clients' choice) and drawn from the seed under the
+/// simulator. std's `RandomState` is neither: madsim does not seed it, so a seed's run
+/// changed with anything else that made a `HashMap` first (the log subscriber did).
+type HashMap<K, V> = std::collections::HashMap<K, V, FixedState>;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,19 +106,21 @@ impl Registry {
         chain: Arc<Chain>,
         cluster: Option<Addr<ClusterMsg>>,
     ) -> Self {
+        let seed = starling_rt::rng::rng().next_u64();
+        let h = FixedState::with_seed(seed);
         Self {
             shared,
             shards,
             chain,
-            clients: HashMap::new(),
+            clients: HashMap::with_hasher(h),
             cluster,
-            claimed: HashMap::new(),
-            handovers: HashMap::new(),
-            early: HashMap::new(),
-            confirming: HashMap::new(),
-            claiming: HashMap::new(),
-            resuming: HashMap::new(),
-            adopting: HashMap::new(),
+            claimed: HashMap::with_hasher(h),
+            handovers: HashMap::with_hasher(h),
+            early: HashMap::with_hasher(h),
+            confirming: HashMap::with_hasher(h),
+            claiming: HashMap::with_hasher(h),
+            resuming: HashMap::with_hasher(h),
+            adopting: HashMap::with_hasher(h),
             draining: false,
             draining_to: Vec::new(),
         }

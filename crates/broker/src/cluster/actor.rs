@@ -8,7 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use std::collections::HashMap;
+/// By client id, with a hasher seeded from the runtime (as the registry's: deterministic
+/// under the simulator, secret otherwise).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::FixedState>;
 use std::sync::Arc;
 
 use starling_cluster::{decode, encode, Change, Command, Member, Output, Owner, RouteBook};
@@ -175,7 +177,9 @@ impl ClusterActor {
             owner_client: clients[2],
             retain_client: clients[3],
             seq: 0,
-            owners: HashMap::new(),
+            owners: HashMap::with_hasher(foldhash::fast::FixedState::with_seed(
+                rand::RngCore::next_u64(&mut starling_rt::rng::rng()),
+            )),
             owner_queue: Vec::new(),
             owner_in_flight: None,
             registry: None,
