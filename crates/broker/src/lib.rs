@@ -53,6 +53,7 @@ mod recover;
 mod refuse;
 mod registry;
 mod routing;
+mod seeded;
 mod settings;
 mod shards;
 mod stats;

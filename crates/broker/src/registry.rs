@@ -2,14 +2,6 @@
 //! by one actor at a time, so every connection for it goes through that actor (resume,
 //! takeover) and no two sessions for one id ever coexist.
 
-use foldhash::fast::FixedState;
-use rand::RngCore;
-
-/// The registry's maps by client id: a hasher seeded from the runtime, secret in
-/// production (client ids are the clients' choice) and drawn from the seed under the
-/// simulator. std's `RandomState` is neither: madsim does not seed it, so a seed's run
-/// changed with anything else that made a `HashMap` first (the log subscriber did).
-type HashMap<K, V> = std::collections::HashMap<K, V, FixedState>;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +15,7 @@ use crate::client::Client;
 use crate::metrics::add;
 use crate::msg::{Claim, ClaimError, ClientMsg, ClusterMsg, HandOff, NewConn, RegistryMsg};
 use crate::refuse::refuse_with;
+use crate::seeded::SeededMap;
 use crate::settings::Shared;
 use crate::shards::Shards;
 
@@ -46,34 +39,34 @@ pub(crate) struct Registry {
     shared: Arc<Shared>,
     shards: Shards,
     chain: Arc<Chain>,
-    clients: HashMap<Arc<str>, Entry>,
+    clients: SeededMap<Arc<str>, Entry>,
     /// In a cluster: the cluster actor, and the client ids this node claimed (in this
     /// process) with their epochs. A CONNECT for one of them costs no raft commit, only a
     /// read.
     cluster: Option<Addr<ClusterMsg>>,
-    claimed: HashMap<Arc<str>, u64>,
+    claimed: SeededMap<Arc<str>, u64>,
     /// CONNECTs waiting for the session the previous owner node hands over, by client id.
-    handovers: HashMap<Arc<str>, Awaited>,
+    handovers: SeededMap<Arc<str>, Awaited>,
     /// Sessions handed over for a claim of this node whose answer has not reached this
     /// actor yet: the previous node may apply the claim, hand the session over and have it
     /// arrive here before the claim's own answer does. Kept (at most [`EARLY_MAX`], for
     /// [`HANDOVER_WAIT`]) until the claim's CONNECT takes it.
-    early: HashMap<Arc<str>, (u64, Box<HandOff>, time::Instant)>,
+    early: SeededMap<Arc<str>, (u64, Box<HandOff>, time::Instant)>,
     /// CONNECTs for client ids this node claimed, waiting for the cluster to confirm the
     /// claim still stands (a newer CONNECT for the id takes the older one's place).
-    confirming: HashMap<Arc<str>, Box<NewConn>>,
+    confirming: SeededMap<Arc<str>, Box<NewConn>>,
     /// CONNECTs waiting for this node's claim of their client id to commit. A newer
     /// CONNECT for the id takes the older one's place, as in `confirming`: the claim is
     /// this node's either way, and the client's latest connection is the one it serves (an
     /// older one answered later would take the session from it).
-    claiming: HashMap<Arc<str>, Box<NewConn>>,
+    claiming: SeededMap<Arc<str>, Box<NewConn>>,
     /// Handed-over sessions being routed here (their subscriptions), the last step before
     /// a CONNECT resumes them, with the CONNECT that waits for it, if one does yet; a newer
     /// CONNECT takes the older one's place here too.
-    resuming: HashMap<Arc<str>, Option<Box<NewConn>>>,
+    resuming: SeededMap<Arc<str>, Option<Box<NewConn>>>,
     /// Sessions handed over after their CONNECT went on afresh, taking the fresh session's
     /// place if it gives way (`handover::adopt_late`).
-    adopting: HashMap<Arc<str>, Adopting>,
+    adopting: SeededMap<Arc<str>, Adopting>,
     /// The node is leaving its cluster (`RegistryMsg::Drain`): CONNECTs are refused, so
     /// that clients reconnect to another node and their sessions follow them there.
     draining: bool,
@@ -106,21 +99,20 @@ impl Registry {
         chain: Arc<Chain>,
         cluster: Option<Addr<ClusterMsg>>,
     ) -> Self {
-        let seed = starling_rt::rng::rng().next_u64();
-        let h = FixedState::with_seed(seed);
+        let h = crate::seeded::hasher();
         Self {
             shared,
             shards,
             chain,
-            clients: HashMap::with_hasher(h),
+            clients: SeededMap::with_hasher(h),
             cluster,
-            claimed: HashMap::with_hasher(h),
-            handovers: HashMap::with_hasher(h),
-            early: HashMap::with_hasher(h),
-            confirming: HashMap::with_hasher(h),
-            claiming: HashMap::with_hasher(h),
-            resuming: HashMap::with_hasher(h),
-            adopting: HashMap::with_hasher(h),
+            claimed: SeededMap::with_hasher(h),
+            handovers: SeededMap::with_hasher(h),
+            early: SeededMap::with_hasher(h),
+            confirming: SeededMap::with_hasher(h),
+            claiming: SeededMap::with_hasher(h),
+            resuming: SeededMap::with_hasher(h),
+            adopting: SeededMap::with_hasher(h),
             draining: false,
             draining_to: Vec::new(),
         }

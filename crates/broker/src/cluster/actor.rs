@@ -8,9 +8,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-/// By client id, with a hasher seeded from the runtime (as the registry's: deterministic
-/// under the simulator, secret otherwise).
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::FixedState>;
 use std::sync::Arc;
 
 use starling_cluster::{decode, encode, Change, Command, Member, Output, Owner, RouteBook};
@@ -32,6 +29,7 @@ mod status;
 mod through;
 use crate::metrics::add;
 use crate::msg::{Claim, ClaimError, ClusterMsg, Proposal, RegistryMsg, RouterMsg};
+use crate::seeded::SeededMap;
 use crate::settings::Shared;
 use crate::shards::Shards;
 
@@ -70,7 +68,7 @@ pub(crate) struct ClusterActor {
     retain_client: u64,
     seq: u64,
     /// Client-id ownership as applied here.
-    owners: HashMap<String, Owner>,
+    owners: SeededMap<String, Owner>,
     /// Claims and releases waiting for the next batch, and the batch in flight.
     owner_queue: Vec<OwnerOp>,
     owner_in_flight: Option<Vec<OwnerOp>>,
@@ -177,9 +175,7 @@ impl ClusterActor {
             owner_client: clients[2],
             retain_client: clients[3],
             seq: 0,
-            owners: HashMap::with_hasher(foldhash::fast::FixedState::with_seed(
-                rand::RngCore::next_u64(&mut starling_rt::rng::rng()),
-            )),
+            owners: SeededMap::with_hasher(crate::seeded::hasher()),
             owner_queue: Vec::new(),
             owner_in_flight: None,
             registry: None,
