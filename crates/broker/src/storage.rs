@@ -295,6 +295,11 @@ impl StorageActor {
                 error!(error = %e, ops = done.ops, "store commit failed: these writes are not durable");
             }
         }
+        // The gauges before anyone hears of the commit: a client told its publish is
+        // stored reads a usage that counts it (a test asserted so and lost the race).
+        if let Some(store) = &done.store {
+            set_usage(&self.shared, store);
+        }
         // Deliveries after the commit, so that what a subscriber acknowledges is stored.
         let refused: &[starling_store::Refused] = match &done.result {
             Ok(c) => &c.refused,
@@ -318,7 +323,6 @@ impl StorageActor {
         tell_all(outcomes);
         match done.store {
             Some(store) => {
-                set_usage(&self.shared, &store);
                 let early = has_room(&store);
                 if early != self.early {
                     self.early = early;
