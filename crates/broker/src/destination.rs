@@ -192,6 +192,9 @@ pub(crate) struct RemoteNode {
     pub replay_gone: Vec<(u64, u64)>,
     /// Batch frames handed to the link since the shard last reported them.
     pub sent: Sent,
+    /// Batches of `unacked` parked before they were ever sent (`Unacked::held`): while
+    /// any is, nothing newer goes either.
+    pub held_batches: usize,
 }
 
 /// Batch frames sent (first sends, resends and replays) and their bytes.
@@ -242,6 +245,9 @@ pub(crate) enum Park {
     Unbacked,
 }
 
+/// The messages of a batch, each with the shared group or moving session it is for.
+pub(crate) type Batched = Vec<(Arc<Message>, Option<SharedTo>)>;
+
 /// A batch sent to another node and not yet acknowledged by it.
 pub(crate) struct Unacked {
     pub seq: u64,
@@ -252,10 +258,15 @@ pub(crate) struct Unacked {
     /// The publishers' acknowledgements that wait for it.
     pub keys: Vec<u64>,
     /// What it holds, to send again.
-    pub messages: Vec<(Arc<Message>, Option<SharedTo>)>,
+    pub messages: Batched,
     /// The log index of the routes they were routed under.
     pub routed_at: u64,
     pub park: Park,
+    /// Parked as it was made, and not sent until its outbox row is durable: it holds a
+    /// copy this node forwards on from another node's batch (`routing::remote`), and the
+    /// writes committed before that row (a gated QoS 2 publisher's among them) must be
+    /// durable before anything of it leaves.
+    pub held: bool,
 }
 
 impl RemoteNode {
@@ -277,6 +288,7 @@ impl RemoteNode {
             replay: VecDeque::new(),
             replay_gone: Vec::new(),
             sent: Sent::default(),
+            held_batches: 0,
         }
     }
 
@@ -312,6 +324,36 @@ impl RemoteNode {
             .filter(|r| !r.dropping)
             .map(|r| crate::forward::frame_routed_at(&r.batch.frame));
         pending.chain(unacked).chain(replay).min()
+    }
+
+    /// The next batch of what waits, within its first `free` messages: the routes' index
+    /// its messages were routed under and how many it takes. A batch says which routes
+    /// its messages were routed under, so one that changed in the middle of what waits
+    /// cuts it there.
+    pub(crate) fn next_batch(&self, free: usize) -> (u64, usize) {
+        let routed_at = self.pending.front().map_or(0, |p| p.3);
+        let n = self
+            .pending
+            .iter()
+            .take(free.min(FORWARD_BATCH_MAX))
+            .take_while(|p| p.3 == routed_at)
+            .count();
+        (routed_at, n)
+    }
+
+    /// Takes the first `n` waiting messages as a batch: the keys of the answers that wait
+    /// for them, and the messages with their marks.
+    pub(crate) fn take_batch(&mut self, n: usize) -> (Vec<u64>, Batched) {
+        let mut keys = Vec::new();
+        let messages = self
+            .pending
+            .drain(..n)
+            .map(|(m, k, g, _)| {
+                keys.extend(k);
+                (m, g)
+            })
+            .collect();
+        (keys, messages)
     }
 
     /// Where the link stands, as a batch sent now tells the node.
@@ -387,6 +429,10 @@ impl RemoteNode {
                 u.seq, at,
                 "unacknowledged batches are numbered without a gap"
             );
+            if u.held {
+                // Nothing after it was sent either: the rest goes with it, once it may.
+                break;
+            }
             // The last batch sent again asks the node to say what it still misses: a
             // one-batch resend is the quiet link's probe, and the tail of a go-back may
             // be lost as well.
@@ -510,6 +556,11 @@ impl Destination {
                 if r.send_again(shard).is_err() {
                     return Flushed::Blocked;
                 }
+                if r.held_batches > 0 {
+                    // Sent once its row is durable (`routing::remote::parked`), and the
+                    // link's batches go in order.
+                    return Flushed::Done;
+                }
                 let (now, wall) = (starling_rt::time::now(), starling_rt::time::wall());
                 let mut free = match gate {
                     Some(g) => r
@@ -520,15 +571,7 @@ impl Destination {
                     None => r.pending.len(),
                 };
                 while free > 0 {
-                    // A batch says which routes its messages were routed under: one that
-                    // changed in the middle of what waits cuts it there.
-                    let routed_at = r.pending.front().map_or(0, |p| p.3);
-                    let n = r
-                        .pending
-                        .iter()
-                        .take(free.min(FORWARD_BATCH_MAX))
-                        .take_while(|p| p.3 == routed_at)
-                        .count();
+                    let (routed_at, n) = r.next_batch(free);
                     let seq = r.next_seq;
                     let pos = forward::LinkPos {
                         top: seq,
@@ -546,15 +589,7 @@ impl Destination {
                         Ok(()) => {
                             free -= n;
                             r.next_seq += 1;
-                            let mut keys = Vec::new();
-                            let messages = r
-                                .pending
-                                .drain(..n)
-                                .map(|(m, k, g, _)| {
-                                    keys.extend(k);
-                                    (m, g)
-                                })
-                                .collect();
+                            let (keys, messages) = r.take_batch(n);
                             // Every batch, keys or not: the window counts its messages, and
                             // the node may ask for it again.
                             r.unacked.push_back(Unacked {
@@ -565,6 +600,7 @@ impl Destination {
                                 messages,
                                 routed_at,
                                 park: Park::No,
+                                held: false,
                             });
                             r.unacked_messages += n;
                         }

@@ -468,12 +468,13 @@ pub(crate) enum RouterMsg {
         done: Reply<Stored>,
     },
     /// The session of `client_id`, handed over by node `from` for this node's claim
-    /// `epoch`, subscribes next: until its move's cut, only copies relayed from its old
-    /// node reach it.
+    /// `epoch`, is stored and subscribes next: until its move's cut, only copies relayed
+    /// from its old node reach it. `done` is answered once that judgement is stored.
     MovedIn {
         client_id: Arc<str>,
         epoch: u64,
         from: u64,
+        done: Reply<Stored>,
     },
     /// The log applied the cut of `client_id`'s move to `node` (claim `epoch`) at `index`.
     Moved {

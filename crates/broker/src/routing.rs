@@ -53,11 +53,15 @@ use admin::ShardCounts;
 mod handover;
 mod link;
 mod moving;
+#[cfg(test)]
+mod park_tests;
 mod recent;
 mod remote;
 mod slots;
 mod stored;
 mod subscribe;
+#[cfg(test)]
+mod testkit;
 use slots::{Destinations, Slot};
 
 /// A subscription's options as the shard stores them: what a delivery through it carries,
@@ -156,6 +160,10 @@ pub(crate) struct RouterActor {
     /// Publishes whose acknowledgement waits for other nodes (see `remote`), by key.
     fwd_acks: HashMap<u64, remote::FwdAck, FixedState>,
     fwd_next: u64,
+    /// The first key of a copy forwarded on (`remote::park_forwarded_on`) while the
+    /// forwarded part being routed is: what waits for the other nodes from it on is parked
+    /// once the part is routed, in the same commit as the link's cursor.
+    park_from: Option<u64>,
     /// While a publish whose publisher waits is routed: its key and the nodes it went to.
     fwd_current: Option<remote::FwdRoute>,
     /// Keys of forwarded publishes whose publisher's QoS 2 packet identifier is not yet
@@ -282,6 +290,7 @@ impl RouterActor {
             route_outbox: std::collections::VecDeque::new(),
             fwd_acks: HashMap::with_hasher(FixedState::with_seed(route_seed ^ 1)),
             fwd_next: 1,
+            park_from: None,
             fwd_current: None,
             fwd_gates: remote::FwdGate::default(),
             outbox_share,
@@ -365,6 +374,19 @@ impl RouterActor {
                 Some((_, tags)) => tags.push(to.tag),
                 None => self.routed_acks.push((to.addr, vec![to.tag])),
             }
+        }
+    }
+
+    /// Answers `done` once the ops this turn pushed from `before` on are committed (at
+    /// once when it pushed none).
+    fn done_when_stored(&mut self, before: usize, done: starling_rt::Reply<Stored>) {
+        if self.to_store.len() > before {
+            self.store_waiters.push(Waiter {
+                to: WaiterTo::Done(done),
+                ops: before..self.to_store.len(),
+            });
+        } else {
+            let _ = done.send(Stored::Durable);
         }
     }
 
@@ -488,7 +510,12 @@ impl Actor for RouterActor {
                 client_id,
                 epoch,
                 from,
-            } => self.moved_in(client_id, (epoch, from), ctx),
+                done,
+            } => {
+                let before = self.to_store.len();
+                self.moved_in(client_id, (epoch, from), ctx);
+                self.done_when_stored(before, done);
+            }
             RouterMsg::MovesCheck => self.moves_check(ctx),
             RouterMsg::Through(at) => self.through(at, ctx),
             RouterMsg::AskThrough(round) => self.ask_through(round),
@@ -500,14 +527,7 @@ impl Actor for RouterActor {
             } => {
                 let before = self.to_store.len();
                 self.moved_away(client_id, (to, epoch), ctx);
-                if self.to_store.len() > before {
-                    self.store_waiters.push(Waiter {
-                        to: WaiterTo::Done(done),
-                        ops: before..self.to_store.len(),
-                    });
-                } else {
-                    let _ = done.send(Stored::Durable);
-                }
+                self.done_when_stored(before, done);
             }
             RouterMsg::LinkStored { node, seq, outcome } => self.link_stored(node, seq, outcome),
             RouterMsg::ForwardAcked { node, inc, seq } => {

@@ -445,6 +445,21 @@ impl Shards {
         codes
     }
 
+    /// The session of `client_id` was handed over here by node `from` for this node's
+    /// claim `epoch`: answers once every shard judges what comes for it by the move's cut,
+    /// and has stored that it does (a store that failed is not waited for again).
+    pub(crate) async fn moved_in(&self, client_id: &Arc<str>, (epoch, from): (u64, u64)) {
+        let asks = self.0.addrs.iter().map(|a| {
+            a.ask(|done| RouterMsg::MovedIn {
+                client_id: client_id.clone(),
+                epoch,
+                from,
+                done,
+            })
+        });
+        join_all(asks).await;
+    }
+
     /// The session of `client_id` is being handed over to `to` (node, claim's epoch):
     /// answers once every shard relays what it routes to the session from now on, and has
     /// stored that it does (a store that failed is not waited for again: the relay runs

@@ -67,6 +67,43 @@ pub(crate) async fn leave_subscribed(
     task.await.expect("the subscriber's connection");
 }
 
+/// Connects `client_id` (from client node `name`) to `node` with its session kept, and
+/// takes the messages that come, acknowledging each, until it has `n` or 10 s pass
+/// quietly: (session present, the numbers of the messages, as `parse` reads them).
+pub(crate) async fn resume_and_take(
+    clients: &mut ClientNodes,
+    name: &str,
+    node: usize,
+    client_id: &str,
+    n: usize,
+) -> (bool, Vec<u64>) {
+    let id = client_id.to_owned();
+    let task = clients.node(name).spawn(async move {
+        let mut o = opts(&id);
+        o.clean_start = false;
+        let forever = Instant::now() + Duration::from_secs(600);
+        let (mut c, connack) = connect_by(mqtt_addr(node), &o, forever)
+            .await
+            .expect("the client connects with its session kept");
+        let mut got = Vec::new();
+        while connack.session_present && got.len() < n {
+            match timeout(Duration::from_secs(10), c.recv()).await {
+                Ok(Ok(Packet::Publish(p))) => {
+                    if let Some(id) = p.packet_id {
+                        let _ = c.send(&Packet::Puback(ack(id))).await;
+                    }
+                    got.push(parse(&p.payload).1);
+                }
+                Ok(Ok(_)) => {}
+                _ => break,
+            }
+        }
+        c.disconnect().await;
+        (connack.session_present, got)
+    });
+    task.await.expect("the client's connection")
+}
+
 /// `n` QoS 1 publishes to `topic` through `node` by `client_id`, each acknowledged before
 /// the next; the payload of number `seq` (from 1) is `payload(seq)`.
 pub(crate) async fn publish_acked(

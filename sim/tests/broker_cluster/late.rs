@@ -74,29 +74,8 @@ pub(crate) async fn scenario() {
     }
 
     // The roamer's next CONNECT finds its session, and the messages queued on A.
-    let back = clients.node("roamer-back").spawn(async move {
-        let mut o = opts(ROAMER);
-        o.clean_start = false;
-        let (mut c, connack) = connect_by(mqtt_addr(b), &o, forever)
-            .await
-            .expect("the roamer connects to B again");
-        let mut got = Vec::new();
-        while connack.session_present && got.len() < QUEUED as usize {
-            match timeout(Duration::from_secs(10), c.recv()).await {
-                Ok(Ok(Packet::Publish(p))) => {
-                    if let Some(id) = p.packet_id {
-                        let _ = c.send(&Packet::Puback(ack(id))).await;
-                    }
-                    got.push(parse(&p.payload).1);
-                }
-                Ok(Ok(_)) => {}
-                _ => break,
-            }
-        }
-        c.disconnect().await;
-        (connack.session_present, got)
-    });
-    let (present, got) = back.await.expect("the roamer's return");
+    let (present, got) =
+        resume_and_take(&mut clients, "roamer-back", b, ROAMER, QUEUED as usize).await;
     check!(
         present,
         "the roamer's session was not there after the late handover (session present 0)"

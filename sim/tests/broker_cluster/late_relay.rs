@@ -14,9 +14,22 @@
 //! has left it for B (its commits set 200 ms apart under load): its relay must come back
 //! from its store. (The hand-over waits for A's record of the move; an idle store commits
 //! it at once anyway, so this run passes without that wait too.)
+//! [`OldNode::NewNodeKilledAtHandover`]: A stays up, and C cannot reach B either, where a
+//! second persistent session subscribed to the same filter, so C parks the same copies
+//! for B too; B is killed the moment it has stored the session handed over to it. The
+//! copies C routed to B before the move's cut come after B's restart: B must skip them
+//! for the moved session, whose copies A relays, so it must have stored that judgement
+//! before the session (before, it was stored with the shard's next commit, after the
+//! session, and each message came twice).
+//! [`OldNode::KilledRelayingBesideStayer`]: as `KilledRelaying`, with a second persistent
+//! session on A subscribed to the same filter. A stores its copy of each parked message
+//! with the link's cursor, which then covers the copy A relays too: A must have written
+//! the relayed copy to its outbox in that commit, or the restarted A skips it when C sends
+//! the batch again (lost before the relay was parked with the cursor).
 
 #[allow(unused_imports)]
 use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Three nodes with stores (C parks what A does not take), no nemesis: the scenario cuts
 /// C off from A itself. Batches are parked after 1.2 s without an acknowledgement.
@@ -56,7 +69,23 @@ pub(crate) const LATE_RELAY_NO_WAIT: Variant = Variant {
     ..LATE_RELAY
 };
 
+/// The same with the stores' commits 200 ms apart, the new node killed as it stored the
+/// session.
+pub(crate) const LATE_RELAY_NEW_NODE_KILL: Variant = Variant {
+    name: "late-relay-new-node-kill",
+    storage: "commit_interval_ms = 200\n",
+    ..LATE_RELAY
+};
+
+/// The same, with a persistent session beside the moved one on the old node.
+pub(crate) const LATE_RELAY_KILLED_STAYER: Variant = Variant {
+    name: "late-relay-killed-stayer",
+    ..LATE_RELAY
+};
+
 const ROAMER: &str = "relay-roamer";
+/// A persistent session on A with the roamer's filter (`KilledRelayingBesideStayer`).
+const STAYER: &str = "relay-stayer";
 const FILTER: &str = "relay/#";
 /// Publishes parked at C for the roamer's session on A.
 const PARKED: u64 = 5;
@@ -69,7 +98,10 @@ pub(crate) enum OldNode {
     Up,
     Restarted,
     KilledRelaying,
+    KilledRelayingBesideStayer,
     KilledAtHandover,
+    /// Up; the new node is killed instead (see the module's doc).
+    NewNodeKilledAtHandover,
 }
 
 /// Kills node `n` (its store losing what it had not synced) and starts it again 2 s later.
@@ -94,14 +126,23 @@ pub(crate) async fn scenario(variant: Variant, old: OldNode) {
 
     // The roamer's session on A, its filter routed to A by C.
     leave_subscribed(&mut clients, a, ROAMER, FILTER).await;
+    let stayer = old == OldNode::KilledRelayingBesideStayer;
+    if stayer {
+        leave_subscribed(&mut clients, a, STAYER, FILTER).await;
+    }
+    // C routes the filter to B as well, for a session there.
+    let both = old == OldNode::NewNodeKilledAtHandover;
+    if both {
+        leave_subscribed(&mut clients, b, STAYER, FILTER).await;
+    }
     let c_admin = setup.admin(c).expect("C runs");
     let routed = Instant::now() + Duration::from_secs(20);
-    let a_id = a as u64 + 1;
+    let (a_id, b_id) = (a as u64 + 1, b as u64 + 1);
     while !c_admin
         .cluster_routes()
         .await
         .iter()
-        .any(|(f, nodes)| f == FILTER && nodes.contains(&a_id))
+        .any(|(f, nodes)| f == FILTER && nodes.contains(&a_id) && (!both || nodes.contains(&b_id)))
     {
         check!(
             Instant::now() < routed,
@@ -111,53 +152,76 @@ pub(crate) async fn scenario(variant: Variant, old: OldNode) {
     }
 
     // C cannot reach A: its publishes for the session are parked, and acknowledged.
-    cluster.clog_one_way(c, a);
-    publish_acked(
-        &mut clients,
-        c,
-        ("relay-publisher", "relay/x"),
-        PARKED,
-        |seq| Bytes::from(format!("0:{seq}")),
-    )
-    .await;
+    if both {
+        // Nor B, the leader: the publisher is connected first (its claim is a commit).
+        let go = Arc::new(AtomicBool::new(false));
+        let publisher = connected_publisher(&mut clients, c, go.clone()).await;
+        cluster.clog_one_way(c, a);
+        cluster.clog_one_way(c, b);
+        go.store(true, Ordering::SeqCst);
+        publisher.await.expect("the publisher");
+    } else {
+        cluster.clog_one_way(c, a);
+        publish_acked(
+            &mut clients,
+            c,
+            ("relay-publisher", "relay/x"),
+            PARKED,
+            |seq| Bytes::from(format!("0:{seq}")),
+        )
+        .await;
+    }
     let parked = c_admin.metrics().cluster_outbox_parked;
+    let wanted = if both { 2 * PARKED } else { PARKED };
     check!(
-        parked >= PARKED,
-        "C parked {parked} messages for A, not the {PARKED} it could not deliver"
+        parked >= wanted,
+        "C parked {parked} messages, not the {wanted} it could not deliver"
     );
 
-    // The roamer moves to B, and waits there for what was routed to its session on A.
+    // The roamer moves to B, and waits there for what was routed to its session on A
+    // (connected again, its session kept, after a kill of B).
     let roamer = clients.node("relay-roamer").spawn(async move {
         let mut o = opts(ROAMER);
         o.clean_start = false;
-        let (mut c, connack) = connect_by(mqtt_addr(b), &o, forever)
-            .await
-            .expect("the roamer connects to B");
         let mut got = Vec::new();
+        let mut present = true;
         let by = Instant::now() + CUT_OFF + Duration::from_secs(60);
-        while connack.session_present && got.len() < PARKED as usize + 1 {
-            let left = by.saturating_duration_since(Instant::now());
-            match timeout(left, c.recv()).await {
-                Ok(Ok(Packet::Publish(p))) => {
-                    if let Some(id) = p.packet_id {
-                        let _ = c.send(&Packet::Puback(ack(id))).await;
-                    }
-                    got.push(parse(&p.payload).1);
-                    // One more than expected is waited for only briefly: a copy twice.
-                    if got.len() == PARKED as usize {
-                        let extra = timeout(Duration::from_secs(10), c.recv()).await;
-                        if let Ok(Ok(Packet::Publish(p))) = extra {
-                            got.push(parse(&p.payload).1);
-                        }
-                        break;
-                    }
-                }
-                Ok(Ok(_)) => {}
-                _ => break,
+        'conn: while present && Instant::now() < by {
+            let (mut c, connack) = connect_by(mqtt_addr(b), &o, forever)
+                .await
+                .expect("the roamer connects to B");
+            present = connack.session_present;
+            if !present {
+                c.disconnect().await;
+                break;
             }
+            loop {
+                let left = by.saturating_duration_since(Instant::now());
+                match timeout(left, c.recv()).await {
+                    Ok(Ok(Packet::Publish(p))) => {
+                        if let Some(id) = p.packet_id {
+                            let _ = c.send(&Packet::Puback(ack(id))).await;
+                        }
+                        got.push(parse(&p.payload).1);
+                        // One more than expected is waited for only briefly: a copy twice.
+                        if got.len() == PARKED as usize {
+                            let extra = timeout(Duration::from_secs(10), c.recv()).await;
+                            if let Ok(Ok(Packet::Publish(p))) = extra {
+                                got.push(parse(&p.payload).1);
+                            }
+                            c.disconnect().await;
+                            break 'conn;
+                        }
+                    }
+                    Ok(Ok(_)) => {}
+                    Ok(Err(_)) => continue 'conn,
+                    Err(_) => break,
+                }
+            }
+            c.disconnect().await;
+            break;
         }
-        c.disconnect().await;
-        (connack.session_present, got)
+        (present, got)
     });
     match old {
         OldNode::Up => sleep(CUT_OFF).await,
@@ -187,7 +251,22 @@ pub(crate) async fn scenario(variant: Variant, old: OldNode) {
             restart(&setup, &cluster, a).await;
             sleep(CUT_OFF - Duration::from_secs(2)).await;
         }
-        OldNode::KilledRelaying => {
+        OldNode::NewNodeKilledAtHandover => {
+            // The moment B has stored the session handed over to it (asked of its
+            // actors): its judgement of the move must be stored already.
+            let b_admin = setup.admin(b).expect("B runs");
+            let by = Instant::now() + Duration::from_secs(30);
+            while b_admin.metrics().cluster_sessions_stored == 0 {
+                check!(
+                    Instant::now() < by,
+                    "B did not store the roamer's session within 30 s"
+                );
+                sleep(ms(1)).await;
+            }
+            restart(&setup, &cluster, b).await;
+            sleep(CUT_OFF - Duration::from_secs(2)).await;
+        }
+        OldNode::KilledRelaying | OldNode::KilledRelayingBesideStayer => {
             sleep(CUT_OFF).await;
             // A takes C's parked batches but cannot relay them to B (parked after 1.2 s).
             cluster.clog_one_way(a, b);
@@ -209,5 +288,56 @@ pub(crate) async fn scenario(variant: Variant, old: OldNode) {
         "the roamer got {got:?} of the {PARKED} messages parked for its session on A \
          (wanted each once)"
     );
+    if stayer {
+        // Its copies were what made A store the link's cursor: they are all there too.
+        let (present, mut got) =
+            resume_and_take(&mut clients, STAYER, a, STAYER, PARKED as usize).await;
+        got.sort_unstable();
+        got.dedup();
+        check!(
+            present && got == (1..=PARKED).collect::<Vec<_>>(),
+            "the stayer on A got {got:?} of the {PARKED} parked messages (session present \
+             {present})"
+        );
+    }
     let _ = std::fs::remove_dir_all(&base);
+}
+
+/// The publisher connected to `node`, its [`PARKED`] QoS 1 publishes to `relay/x` (each
+/// acknowledged before the next) going once `go` is set.
+async fn connected_publisher(
+    clients: &mut ClientNodes,
+    node: usize,
+    go: Arc<AtomicBool>,
+) -> madsim::task::JoinHandle<()> {
+    let connected = Arc::new(AtomicBool::new(false));
+    let up = connected.clone();
+    let task = clients.node("relay-publisher").spawn(async move {
+        let forever = Instant::now() + Duration::from_secs(60);
+        let (mut c, _) = connect_by(mqtt_addr(node), &opts("relay-publisher"), forever)
+            .await
+            .expect("the publisher connects");
+        up.store(true, Ordering::SeqCst);
+        while !go.load(Ordering::SeqCst) {
+            sleep(ms(10)).await;
+        }
+        for seq in 1..=PARKED {
+            let publish = Publish {
+                dup: false,
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                topic: "relay/x".into(),
+                packet_id: Some(pid(seq as u32)),
+                properties: Properties::default(),
+                payload: Bytes::from(format!("0:{seq}")),
+            };
+            c.send(&Packet::Publish(publish)).await.expect("publish");
+            while !matches!(c.recv().await.expect("a PUBACK"), Packet::Puback(_)) {}
+        }
+        c.disconnect().await;
+    });
+    while !connected.load(Ordering::SeqCst) {
+        sleep(ms(10)).await;
+    }
+    task
 }

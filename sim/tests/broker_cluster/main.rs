@@ -137,9 +137,10 @@ const LOCAL_SEEDS: u64 = 10;
 /// Seeds the local-reconnects companion may take to be caught: the race it needs (a node
 /// behind on a newer claim while the mover comes back to it) is rare, and which seed has it
 /// moves with every change to the broker's schedules (seed 91 on `2e034df`, beyond the 80
-/// allowed before). The search stops at the first catch, so the bound costs only a run
-/// that is not caught.
-const RECONNECT_SEEDS: u64 = 200;
+/// allowed before; seed 299 once a moved session's judgement was stored before the
+/// session, beyond the 200 allowed before). The search stops at the first catch, so the
+/// bound costs only a run that is not caught.
+const RECONNECT_SEEDS: u64 = 400;
 /// Seeds of the run with kills.
 const SEEDS_KILLS: u64 = 100;
 /// Seeds of the takeover-at-restart scenario (no nemesis: each seed varies the timing).
@@ -893,6 +894,22 @@ async fn with_late_relay_killed() {
     .await
 }
 
+async fn with_late_relay_killed_beside_stayer() {
+    late_relay::scenario(
+        late_relay::LATE_RELAY_KILLED_STAYER,
+        late_relay::OldNode::KilledRelayingBesideStayer,
+    )
+    .await
+}
+
+async fn with_late_relay_new_node_kill() {
+    late_relay::scenario(
+        late_relay::LATE_RELAY_NEW_NODE_KILL,
+        late_relay::OldNode::NewNodeKilledAtHandover,
+    )
+    .await
+}
+
 async fn with_late_relay_handover_kill() {
     late_relay::scenario(
         late_relay::LATE_RELAY_HANDOVER_KILL,
@@ -1077,6 +1094,23 @@ fn a_copy_its_old_node_took_and_had_not_relayed_when_killed_is_relayed_after_its
     );
 }
 
+/// The same with a second persistent session on the old node subscribed to the same
+/// filter: the old node stores its copies with the link's cursor, which covers the copies
+/// it relays too, so it writes those to its outbox in the same commit; the relayed copies
+/// come after its restart and the other session keeps its own (`late_relay.rs`), on
+/// [`SEEDS_LATE_RELAY`] seeds.
+#[test]
+fn a_copy_relayed_beside_a_stored_one_when_its_old_node_was_killed_is_relayed_after_its_restart() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "a_copy_relayed_beside_a_stored_one_when_its_old_node_was_killed_is_relayed_after_its_restart",
+        )
+        .seeds(SEEDS_LATE_RELAY),
+        with_late_relay_killed_beside_stayer,
+    );
+}
+
 /// The same with the old node killed the moment the session has left it for the new node
 /// (the stores' commits 200 ms apart under load): its relay comes back from its store at
 /// its restart (`late_relay.rs`), on [`SEEDS_LATE_RELAY`] seeds.
@@ -1089,6 +1123,23 @@ fn a_copy_parked_for_a_moved_sessions_old_node_killed_as_the_session_left_is_rel
         )
         .seeds(SEEDS_LATE_RELAY),
         with_late_relay_handover_kill,
+    );
+}
+
+/// The same with the new node killed the moment it stored the session handed over to it
+/// (the stores' commits 200 ms apart), copies routed to it before the move's cut parked
+/// for it too: it stored its judgement of the move first, so after its restart it skips
+/// them for the moved session, whose copies the old node relays (`late_relay.rs`), on
+/// [`SEEDS_LATE_RELAY`] seeds.
+#[test]
+fn copies_routed_to_a_moved_sessions_new_node_before_the_cut_are_skipped_after_its_restart() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "copies_routed_to_a_moved_sessions_new_node_before_the_cut_are_skipped_after_its_restart",
+        )
+        .seeds(SEEDS_LATE_RELAY),
+        with_late_relay_new_node_kill,
     );
 }
 

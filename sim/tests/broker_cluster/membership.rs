@@ -52,6 +52,17 @@ async fn join(setup: &Setup, idx: usize) {
                 println!("[sim] node{id} added at {:?}", elapsed());
                 return;
             }
+            // The joiner leads: only a voter can, so an earlier attempt whose outcome
+            // was unknown (timed out as leadership moved) went through. Asking the
+            // members again would go on for ever: each names the joiner, which the loop
+            // does not ask (seed 74, once the move's judgement was stored first).
+            Ok(Err(MembershipError::NotLeader {
+                leader: Some(l), ..
+            })) if l == id => {
+                lock(&setup.members).insert(idx);
+                println!("[sim] node{id} added at {:?} (it leads)", elapsed());
+                return;
+            }
             Ok(Err(MembershipError::NotLeader {
                 leader: Some(l), ..
             })) if members.contains(&(l as usize - 1)) => {

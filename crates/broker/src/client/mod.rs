@@ -863,8 +863,18 @@ impl Client {
                 let _ = reply.send(r);
             }
             ClientMsg::Resubscribe { moved, reply } => {
+                // A session handed over here: every shard judges what comes for it by
+                // the move's cut (`routing::moving`), and has stored that it does, before
+                // the session is stored and subscribes. Were the session stored first, a
+                // kill before the judgement's commit would restore it without one, and a
+                // copy routed to it here before the cut that came after the restart
+                // would be delivered beside the old node's relay of it.
+                let subscribed = self.session.subscriptions().iter().next().is_some();
+                if let Some(m) = moved.filter(|_| subscribed) {
+                    self.shards.moved_in(&self.client_id(), m).await;
+                }
                 Box::pin(self.adopt()).await;
-                let waits = Box::pin(self.resubscribe(moved, ctx)).await;
+                let waits = Box::pin(self.resubscribe(ctx)).await;
                 let _ = reply.send(waits);
             }
         }

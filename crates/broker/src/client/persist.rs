@@ -26,9 +26,7 @@ use super::acks::Resent;
 use super::Client;
 use crate::gate::AuthGate;
 use crate::metrics::add;
-use crate::msg::{
-    AckTo, RegistryMsg, RouterMsg, StoreMsg, StoreOp, Stored, Waiter, WaiterTo, OWN_WRITE,
-};
+use crate::msg::{AckTo, RegistryMsg, StoreMsg, StoreOp, Stored, Waiter, WaiterTo, OWN_WRITE};
 use crate::settings::Shared;
 use crate::shards::Shards;
 
@@ -419,11 +417,7 @@ impl Client {
 
     /// A session restored at start subscribes its filters again, as they were granted; the
     /// retained messages they match are not sent again.
-    pub(super) async fn resubscribe(
-        &mut self,
-        moved: Option<(u64, u64)>,
-        ctx: &mut Ctx<Self>,
-    ) -> bool {
+    pub(super) async fn resubscribe(&mut self, ctx: &mut Ctx<Self>) -> bool {
         let filters: Vec<SubscribeRequest> = self
             .session
             .subscriptions()
@@ -436,18 +430,6 @@ impl Client {
             .collect();
         if filters.is_empty() {
             return true;
-        }
-        if let Some((epoch, from)) = moved {
-            // Ahead of the subscriptions, from this actor: each shard knows the session
-            // moved before it can route anything to it (`routing::moving`).
-            for shard in self.shards.all() {
-                let msg = RouterMsg::MovedIn {
-                    client_id: self.client_id(),
-                    epoch,
-                    from,
-                };
-                let _ = shard.send(msg).await;
-            }
         }
         self.meet_shards(&filters, ctx);
         let may_hold = self.may_hold();

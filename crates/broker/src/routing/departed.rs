@@ -110,33 +110,13 @@ impl RouterActor {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::Ordering;
-    use std::sync::Arc;
 
-    use bytes::Bytes;
-    use starling_codec::QoS;
-    use starling_config::Config;
-    use starling_router::ShardMap;
-    use starling_session::Message;
     use starling_store::{Op, OutboxBatch};
 
     use crate::destination::{remote_key, Destination, Park, RemoteNode, Replay, Unacked};
     use crate::msg::StoreOp;
-    use crate::routing::{RouterActor, ShardStart};
-    use crate::settings::Shared;
-
-    fn message() -> Arc<Message> {
-        Arc::new(Message {
-            topic: Arc::from("t"),
-            payload: Bytes::from_static(b"m"),
-            qos: QoS::AtLeastOnce,
-            retain: false,
-            properties: Default::default(),
-            expires_at: None,
-            publisher: None,
-            shared_headers: Default::default(),
-            received_at: None,
-        })
-    }
+    use crate::routing::testkit::{message, shard};
+    use crate::routing::RouterActor;
 
     fn unacked(seq: u64, n: usize, park: Park) -> Unacked {
         let now = starling_rt::time::now();
@@ -148,20 +128,8 @@ mod tests {
             messages: vec![(message(), None); n],
             routed_at: 0,
             park,
+            held: false,
         }
-    }
-
-    fn shard() -> (Arc<Shared>, RouterActor) {
-        let shared = Shared::new(Config::default()).expect("default config");
-        let start = ShardStart {
-            delayed_base: 0,
-            seq_base: 0,
-            cursors: &[],
-            outbox: Vec::new(),
-            moves: &[],
-        };
-        let shard = RouterActor::new(shared.clone(), 0, ShardMap::new(1, 0), None, start);
-        (shared, shard)
     }
 
     /// A batch an earlier run (incarnation 5) parked for `node`.

@@ -306,6 +306,9 @@ impl RouterActor {
         for (m, group) in messages {
             self.forwarded(m, group.as_ref(), from, ctx);
         }
+        if let Some(key) = self.park_from.take() {
+            self.park_forwarded_on(key, &ctx.weak_addr());
+        }
         self.moving.forwarded_at = None;
         self.moving.forwarded_from = None;
         self.link_barrier(from.node, done);

@@ -178,10 +178,17 @@ impl RouterActor {
             }
             (Some(group), _) => self.publish_to_group(&m, group, from.node, ctx),
         }
+        let mut parks = false;
         if let Some(f) = self.fwd_current.take().filter(super::remote::FwdRoute::any) {
+            if f.queued > 0 && self.store.is_some() && self.outbox_share > 0 {
+                // Parked with the part (`route_part`): the cursor goes with it, so that a
+                // restart neither takes the copy again nor loses it.
+                self.park_from.get_or_insert(f.key);
+                parks = true;
+            }
             self.forwarded_on(f, from.node, ctx);
         }
-        if self.to_store.len() > before {
+        if self.to_store.len() > before || parks {
             let cursor = StoreOp::from(Op::PutLinkCursor(LinkCursor {
                 node: from.node,
                 shard: from.shard,

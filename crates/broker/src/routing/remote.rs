@@ -215,11 +215,9 @@ impl RouterActor {
     /// the store, out of the window; its publishers are answered once that is durable
     /// (`parked`), and it goes again until the node takes it.
     fn park(&mut self, node: u64, seq: u64, me: WeakAddr<RouterMsg>) {
-        let shard = self.index as u16;
         let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(node)) else {
             return;
         };
-        let inc = r.inc;
         let Some(u) = r.unacked.iter_mut().find(|u| u.seq == seq) else {
             return;
         };
@@ -227,6 +225,81 @@ impl RouterActor {
         u.park = Park::Writing;
         r.unacked_messages -= n;
         r.parked_messages += n;
+        debug!(
+            node,
+            seq,
+            messages = n,
+            "forwarded batch not acknowledged in time: parked"
+        );
+        self.write_parked(node, seq, me);
+    }
+
+    /// Parks at once, before they are sent, the batches for every node that a copy
+    /// forwarded on from another node's batch (keys from `from_key` on: relayed to a
+    /// moving session, passed on for a shared group) waits in: its outbox row goes in the
+    /// same commit as the cursor of the link it came on, which covers it from then on.
+    /// Without it, a kill after that commit and before the next node took the copy lost
+    /// it: the link's batch sent again after the restart was skipped up to the cursor,
+    /// and the copy had been only in memory. The row also gives the copy the batch number
+    /// it keeps when it is sent again after a restart, so the next node takes it once.
+    pub(super) fn park_forwarded_on(&mut self, from_key: u64, me: &WeakAddr<RouterMsg>) {
+        let now = time::now();
+        let mut rows = Vec::new();
+        for node in &self.remote_nodes {
+            let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(*node)) else {
+                continue;
+            };
+            if !r
+                .pending
+                .iter()
+                .rev()
+                .any(|p| p.1.is_some_and(|k| k >= from_key))
+            {
+                continue;
+            }
+            // All of what waits, in order, the copy last: a batch per routes' index, as a
+            // flush cuts them.
+            while !r.pending.is_empty() {
+                let (routed_at, n) = r.next_batch(usize::MAX);
+                let seq = r.next_seq;
+                r.next_seq += 1;
+                let (keys, messages) = r.take_batch(n);
+                r.parked_messages += n;
+                r.held_batches += 1;
+                r.unacked.push_back(crate::destination::Unacked {
+                    seq,
+                    sent_at: now,
+                    last_sent: now,
+                    keys,
+                    messages,
+                    routed_at,
+                    park: Park::Writing,
+                    held: true,
+                });
+                rows.push((*node, seq));
+            }
+        }
+        for (node, seq) in rows {
+            debug!(
+                node,
+                seq, "a batch with a copy forwarded on: parked before it goes"
+            );
+            self.write_parked(node, seq, me.clone());
+        }
+    }
+
+    /// Writes batch `seq` for `node` (in `unacked`, marked `Writing`) to the outbox; its
+    /// publishers are answered once that is durable (`parked`).
+    fn write_parked(&mut self, node: u64, seq: u64, me: WeakAddr<RouterMsg>) {
+        let shard = self.index as u16;
+        let Some(Destination::Remote(r)) = self.destinations.get(&remote_key(node)) else {
+            return;
+        };
+        let inc = r.inc;
+        let Some(u) = r.unacked.iter().find(|u| u.seq == seq) else {
+            return;
+        };
+        let n = u.messages.len();
         let (now, wall) = (time::now(), time::wall());
         let pos = LinkPos {
             inc,
@@ -251,12 +324,6 @@ impl RouterActor {
             shards: self.map.count() as u16,
             frame,
         };
-        debug!(
-            node,
-            seq,
-            messages = n,
-            "forwarded batch not acknowledged in time: parked"
-        );
         let i = self.to_store.len();
         self.to_store.push(Op::PutOutbox(batch).into());
         self.store_waiters.push(Waiter {
@@ -281,6 +348,7 @@ impl RouterActor {
         };
         let keys = std::mem::take(&mut u.keys);
         let n = u.messages.len() as u64;
+        let held = std::mem::take(&mut u.held);
         let failed = if outcome == Stored::Durable {
             u.park = Park::Parked;
             add(&self.shared.metrics.cluster_outbox_parked, n);
@@ -293,6 +361,18 @@ impl RouterActor {
             );
             Some(Stored::Unconfirmed)
         };
+        if held {
+            // Its row is settled: it goes now, in its place (nothing after it went).
+            r.held_batches -= 1;
+            r.resend = Some(match r.resend {
+                Some((from, last)) => (from.min(seq), last.max(seq)),
+                None => (seq, seq),
+            });
+            let k = remote_key(node);
+            if !self.dirty.contains(&k) {
+                self.dirty.push(k);
+            }
+        }
         for key in keys {
             self.forward_settled(key, failed);
         }

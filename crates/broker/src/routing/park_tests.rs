@@ -1,0 +1,121 @@
+//! A copy forwarded on from another node's batch is parked before it is sent
+//! (`remote::park_forwarded_on`), and goes once its row is durable.
+
+use std::sync::atomic::Ordering;
+
+use starling_store::Op;
+
+use crate::destination::{remote_key, Destination, Flushed, Park, RemoteNode};
+use crate::msg::{RouterMsg, StoreOp, Stored};
+use crate::routing::testkit::{message, shard};
+use crate::routing::RouterActor;
+
+struct Sink;
+
+impl starling_rt::Actor for Sink {
+    type Msg = RouterMsg;
+    async fn handle(&mut self, _: RouterMsg, _: &mut starling_rt::Ctx<Self>) {}
+}
+
+fn node(shard: &mut RouterActor, n: u64) -> &mut RemoteNode {
+    match shard.destinations.get_mut(&remote_key(n)) {
+        Some(Destination::Remote(r)) => r,
+        _ => panic!("node {n}'s destination"),
+    }
+}
+
+/// The outbox rows the shard writes, as (node, batch, messages).
+fn rows(shard: &RouterActor) -> Vec<(u64, u64, u32)> {
+    shard
+        .to_store
+        .iter()
+        .filter_map(|op| match op {
+            StoreOp::Op(o) => match &**o {
+                Op::PutOutbox(b) => Some((b.node, b.seq, b.messages)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// What waits for a node, the copy forwarded on last, is parked at once in a batch per
+/// routes' index; nothing goes (not even what comes after) until its row is durable, and
+/// then the batch goes in its place. Another node's waiting messages are left alone.
+#[tokio::test]
+async fn a_copy_forwarded_on_is_parked_with_what_waits_before_it_and_goes_once_durable() {
+    let (shared, mut shard) = shard();
+    for n in [7, 8] {
+        let r = RemoteNode::new(n, starling_raft::DataLinks::default(), 9);
+        shard
+            .destinations
+            .insert(remote_key(n), Destination::Remote(r));
+        shard.remote_nodes.push(n);
+    }
+    let r = node(&mut shard, 7);
+    // A local publisher's copy (key 3), then the copy forwarded on (key 5), under the
+    // next routes' index.
+    r.pending.push_back((message(), Some(3), None, 10));
+    r.pending.push_back((message(), None, None, 10));
+    r.pending.push_back((message(), Some(5), None, 11));
+    node(&mut shard, 8)
+        .pending
+        .push_back((message(), Some(4), None, 10));
+    let me = starling_rt::start(Sink).downgrade();
+
+    shard.park_forwarded_on(6, &me);
+    assert!(rows(&shard).is_empty(), "nothing from key 6 on waits");
+    shard.park_forwarded_on(5, &me);
+
+    assert_eq!(rows(&shard), vec![(7, 1, 2), (7, 2, 1)]);
+    let r = node(&mut shard, 7);
+    assert!(r.pending.is_empty());
+    assert_eq!(r.held_batches, 2);
+    assert_eq!(r.parked_messages, 3);
+    assert_eq!(r.in_flight(), 0, "parked: out of the window");
+    let batches: Vec<_> = r.unacked.iter().map(|u| (u.seq, u.held, u.park)).collect();
+    assert_eq!(
+        batches,
+        vec![(1, true, Park::Writing), (2, true, Park::Writing)]
+    );
+    assert_eq!(r.unacked[0].keys, vec![3]);
+    assert_eq!(node(&mut shard, 8).pending.len(), 1, "another node's stay");
+
+    // A later copy waits behind them: a flush sends nothing (the link would refuse it:
+    // it is closed, and what waits would be given up).
+    let r = node(&mut shard, 7);
+    r.pending.push_back((message(), Some(9), None, 11));
+    let mut d = shard
+        .destinations
+        .remove(&remote_key(7))
+        .expect("node 7's destination");
+    assert_eq!(d.flush(0, None), Flushed::Done);
+    match &d {
+        Destination::Remote(r) => assert_eq!((r.pending.len(), r.lost.len()), (1, 0)),
+        _ => unreachable!(),
+    }
+    shard.destinations.insert(remote_key(7), d);
+
+    // The first row is durable: that batch goes now, the second still waits for its own.
+    shard.parked(7, 1, Stored::Durable);
+    let r = node(&mut shard, 7);
+    assert_eq!(r.held_batches, 1);
+    assert_eq!(
+        (r.unacked[0].held, r.unacked[0].park),
+        (false, Park::Parked)
+    );
+    assert_eq!(r.resend, Some((1, 1)));
+    assert!(shard.dirty.contains(&remote_key(7)));
+    assert_eq!(
+        shared.metrics.cluster_outbox_parked.load(Ordering::Relaxed),
+        2
+    );
+    shard.parked(7, 2, Stored::Failed);
+    let r = node(&mut shard, 7);
+    assert_eq!(r.held_batches, 0);
+    assert_eq!(
+        (r.unacked[1].held, r.unacked[1].park),
+        (false, Park::Unbacked)
+    );
+    assert_eq!(r.resend, Some((1, 2)), "it goes as well, unbacked");
+}
