@@ -416,6 +416,13 @@ impl RemoteNode {
     /// Sends again what `resend` names, in order. `Err`: no room on the link.
     fn send_again(&mut self, shard: u16) -> Result<(), ()> {
         let (now, wall) = (starling_rt::time::now(), starling_rt::time::wall());
+        // Nothing from the first held batch on goes, whatever was asked: its row's
+        // answer may come after a later one's (the store's answers may overtake each
+        // other when the shard's urgent lane is full).
+        let held = match self.held_batches {
+            0 => None,
+            _ => self.unacked.iter().find(|u| u.held).map(|u| u.seq),
+        };
         while let Some((from, last)) = self.resend {
             let pos = self.pos();
             let at = from.max(pos.base);
@@ -429,8 +436,8 @@ impl RemoteNode {
                 u.seq, at,
                 "unacknowledged batches are numbered without a gap"
             );
-            if u.held {
-                // Nothing after it was sent either: the rest goes with it, once it may.
+            if held.is_some_and(|h| at >= h) {
+                // Sent in order with the rest once the held batch may go (`parked`).
                 break;
             }
             // The last batch sent again asks the node to say what it still misses: a

@@ -119,3 +119,37 @@ async fn a_copy_forwarded_on_is_parked_with_what_waits_before_it_and_goes_once_d
     );
     assert_eq!(r.resend, Some((1, 2)), "it goes as well, unbacked");
 }
+
+/// The store's answers for two held batches may come the other way round: the later one
+/// still does not go before the earlier one may.
+#[tokio::test]
+async fn a_held_batch_answered_first_waits_for_the_one_before_it() {
+    let (_shared, mut shard) = shard();
+    let mut r = RemoteNode::new(7, starling_raft::DataLinks::default(), 9);
+    r.pending.push_back((message(), Some(3), None, 10));
+    r.pending.push_back((message(), Some(5), None, 11));
+    shard
+        .destinations
+        .insert(remote_key(7), Destination::Remote(r));
+    shard.remote_nodes.push(7);
+    let me = starling_rt::start(Sink).downgrade();
+    shard.park_forwarded_on(5, &me);
+
+    shard.parked(7, 2, Stored::Durable);
+    assert_eq!(node(&mut shard, 7).resend, Some((2, 2)));
+    let mut d = shard
+        .destinations
+        .remove(&remote_key(7))
+        .expect("node 7's destination");
+    assert_eq!(d.flush(0, None), Flushed::Done);
+    // Tried, it would have found the link closed and given the resend up.
+    match &d {
+        Destination::Remote(r) => assert_eq!(r.resend, Some((2, 2)), "batch 2 waits"),
+        _ => unreachable!(),
+    }
+    shard.destinations.insert(remote_key(7), d);
+
+    shard.parked(7, 1, Stored::Durable);
+    let r = node(&mut shard, 7);
+    assert_eq!((r.held_batches, r.resend), (0, Some((1, 2))));
+}

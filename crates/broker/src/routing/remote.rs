@@ -346,6 +346,11 @@ impl RouterActor {
             }
             return;
         };
+        if u.park != Park::Writing {
+            // Another batch under that number: the node left and came back since, and
+            // its link started again.
+            return;
+        }
         let keys = std::mem::take(&mut u.keys);
         let n = u.messages.len() as u64;
         let held = std::mem::take(&mut u.held);
@@ -900,6 +905,12 @@ impl RouterActor {
         while r.unacked.front().is_some_and(|u| u.seq <= seq) {
             if let Some(u) = r.unacked.pop_front() {
                 let n = u.messages.len();
+                if u.held {
+                    // Never sent, so never taken: an answer for the number of a batch of
+                    // the node's earlier link (it left and came back). Counted out all
+                    // the same, or the link would wait for it for good.
+                    r.held_batches -= 1;
+                }
                 if u.park == Park::No {
                     r.unacked_messages -= n;
                 } else {
@@ -1039,7 +1050,9 @@ impl RouterActor {
             let quiet = |t| now.saturating_duration_since(t) >= PROBE_AFTER;
             if r.resend.is_none()
                 && quiet(r.heard)
-                && r.unacked.front().is_some_and(|u| quiet(u.last_sent))
+                && r.unacked
+                    .front()
+                    .is_some_and(|u| !u.held && quiet(u.last_sent))
             {
                 if let Some(u) = r.unacked.front() {
                     r.resend = Some((u.seq, u.seq));
