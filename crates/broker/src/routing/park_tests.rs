@@ -24,6 +24,14 @@ fn node(shard: &mut RouterActor, n: u64) -> &mut RemoteNode {
     }
 }
 
+/// Flushes node `n`'s destination as the shard's burst end does.
+fn flush(shard: &mut RouterActor, n: u64) -> Flushed {
+    match shard.destinations.get_mut(&remote_key(n)) {
+        Some(d) => d.flush(0, None),
+        None => panic!("node {n}'s destination"),
+    }
+}
+
 /// The outbox rows the shard writes, as (node, batch, messages).
 fn rows(shard: &RouterActor) -> Vec<(u64, u64, u32)> {
     shard
@@ -85,16 +93,9 @@ async fn a_copy_forwarded_on_is_parked_with_what_waits_before_it_and_goes_once_d
     // it is closed, and what waits would be given up).
     let r = node(&mut shard, 7);
     r.pending.push_back((message(), Some(9), None, 11));
-    let mut d = shard
-        .destinations
-        .remove(&remote_key(7))
-        .expect("node 7's destination");
-    assert_eq!(d.flush(0, None), Flushed::Done);
-    match &d {
-        Destination::Remote(r) => assert_eq!((r.pending.len(), r.lost.len()), (1, 0)),
-        _ => unreachable!(),
-    }
-    shard.destinations.insert(remote_key(7), d);
+    assert_eq!(flush(&mut shard, 7), Flushed::Done);
+    let r = node(&mut shard, 7);
+    assert_eq!((r.pending.len(), r.lost.len()), (1, 0));
 
     // The first row is durable: that batch goes now, the second still waits for its own.
     shard.parked(7, 1, Stored::Durable);
@@ -137,17 +138,9 @@ async fn a_held_batch_answered_first_waits_for_the_one_before_it() {
 
     shard.parked(7, 2, Stored::Durable);
     assert_eq!(node(&mut shard, 7).resend, Some((2, 2)));
-    let mut d = shard
-        .destinations
-        .remove(&remote_key(7))
-        .expect("node 7's destination");
-    assert_eq!(d.flush(0, None), Flushed::Done);
+    assert_eq!(flush(&mut shard, 7), Flushed::Done);
     // Tried, it would have found the link closed and given the resend up.
-    match &d {
-        Destination::Remote(r) => assert_eq!(r.resend, Some((2, 2)), "batch 2 waits"),
-        _ => unreachable!(),
-    }
-    shard.destinations.insert(remote_key(7), d);
+    assert_eq!(node(&mut shard, 7).resend, Some((2, 2)), "batch 2 waits");
 
     shard.parked(7, 1, Stored::Durable);
     let r = node(&mut shard, 7);
