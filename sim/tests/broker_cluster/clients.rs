@@ -119,22 +119,33 @@ pub(crate) async fn publish_acked(
         let (mut c, _) = connect_by(mqtt_addr(node), &opts(&client_id), forever)
             .await
             .expect("the publisher connects");
-        for seq in 1..=n {
-            let publish = Publish {
-                dup: false,
-                qos: QoS::AtLeastOnce,
-                retain: false,
-                topic: topic.as_str().into(),
-                packet_id: Some(pid(seq as u32)),
-                properties: Properties::default(),
-                payload: payload(seq),
-            };
-            c.send(&Packet::Publish(publish)).await.expect("publish");
-            while !matches!(c.recv().await.expect("a PUBACK"), Packet::Puback(_)) {}
-        }
+        publish_numbered(&mut c, &topic, n, payload).await;
         c.disconnect().await;
     });
     task.await.expect("the publisher");
+}
+
+/// `n` QoS 1 publishes to `topic` on connection `c`, each acknowledged before the next;
+/// the payload of number `seq` (from 1) is `payload(seq)`.
+pub(crate) async fn publish_numbered(
+    c: &mut MqttClient,
+    topic: &str,
+    n: u64,
+    payload: fn(u64) -> Bytes,
+) {
+    for seq in 1..=n {
+        let publish = Publish {
+            dup: false,
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            topic: topic.into(),
+            packet_id: Some(pid(seq as u32)),
+            properties: Properties::default(),
+            payload: payload(seq),
+        };
+        c.send(&Packet::Publish(publish)).await.expect("publish");
+        while !matches!(c.recv().await.expect("a PUBACK"), Packet::Puback(_)) {}
+    }
 }
 
 pub(crate) fn ack(id: std::num::NonZeroU16) -> PubAck {

@@ -321,19 +321,10 @@ async fn connected_publisher(
         while !go.load(Ordering::SeqCst) {
             sleep(ms(10)).await;
         }
-        for seq in 1..=PARKED {
-            let publish = Publish {
-                dup: false,
-                qos: QoS::AtLeastOnce,
-                retain: false,
-                topic: "relay/x".into(),
-                packet_id: Some(pid(seq as u32)),
-                properties: Properties::default(),
-                payload: Bytes::from(format!("0:{seq}")),
-            };
-            c.send(&Packet::Publish(publish)).await.expect("publish");
-            while !matches!(c.recv().await.expect("a PUBACK"), Packet::Puback(_)) {}
-        }
+        publish_numbered(&mut c, "relay/x", PARKED, |seq| {
+            Bytes::from(format!("0:{seq}"))
+        })
+        .await;
         c.disconnect().await;
     });
     while !connected.load(Ordering::SeqCst) {
