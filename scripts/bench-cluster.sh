@@ -27,8 +27,13 @@
 # (9000 in all; a third per cluster node), FANOUT_RATE (5000 publishes/s), CONN_RATE (50000/s cap per starling-bench),
 # SCENARIOS (subset of: pairs-q1 fanout-q1 fanout-q1-rate conn), PIN (1: every broker on CPU 0 and
 # starling-bench on CPU 1 with taskset, so that one node and the cluster get the same CPU;
-# 0: unpinned), KEEP (1: keep the temp dir and print its path), NO_BUILD (1: use the
-# binaries already in the target dir).
+# 0: unpinned), BUDGET (CPUs per broker process, e.g. 0.5: each broker, the lone node
+# and every cluster node alike, in a cgroup of its own capped at that much CPU time by
+# the kernel's CFS quota, unpinned, starling-bench uncapped; each node then has what the
+# lone node has, as if each ran on a machine of its own, where PIN=1 gives the three
+# nodes together what the lone node has; needs a writable cgroup cpu controller, v1 or
+# v2, and overrides PIN), KEEP (1: keep the temp dir and print its path), NO_BUILD (1: use
+# the binaries already in the target dir).
 # Prints a markdown table (also written to $TMP/table.md, kept with KEEP=1).
 set -euo pipefail
 
@@ -45,6 +50,8 @@ CONN_RATE=${CONN_RATE:-50000}
 FANOUT_RATE=${FANOUT_RATE:-5000}
 SCENARIOS=${SCENARIOS:-pairs-q1 fanout-q1 fanout-q1-rate conn}
 PIN=${PIN:-1}
+BUDGET=${BUDGET:-}
+[ -n "$BUDGET" ] && PIN=0
 KEEP=${KEEP:-0}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 EXAMPLE=config/cluster
@@ -66,6 +73,38 @@ if [ "$PIN" = 1 ]; then
   LOAD_PIN=(taskset -c "$LOAD_CPU")
 fi
 
+# With BUDGET: the cgroup directory under which each broker gets a capped group of its
+# own, and how a process is put in one (v1: cpu.cfs_quota_us over a 10 ms period, short
+# so that a throttled node's stalls stay short; v2: cpu.max).
+CG_ROOT=""
+CG_DIRS=()
+if [ -n "$BUDGET" ]; then
+  python3 -c "import sys; sys.exit(0 if 0 < float(sys.argv[1]) <= $(nproc) else 1)" "$BUDGET" 2>/dev/null ||
+    { log "BUDGET=$BUDGET: a number of CPUs above 0 and at most $(nproc)"; exit 2; }
+  if [ -w /sys/fs/cgroup/cpu ] && [ -e /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then
+    CG_ROOT=/sys/fs/cgroup/cpu CG_KIND=v1
+  elif [ -w /sys/fs/cgroup ] && grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null; then
+    CG_ROOT=/sys/fs/cgroup CG_KIND=v2
+  else
+    log "BUDGET needs a writable cgroup cpu controller (v1 /sys/fs/cgroup/cpu, or v2 with cpu in /sys/fs/cgroup/cgroup.subtree_control)"
+    exit 1
+  fi
+  CG_QUOTA=$(python3 -c "print(int(float('$BUDGET') * 10000))")
+fi
+
+# budget_group NAME: a fresh capped cgroup; its directory in CG_DIR (and in CG_DIRS).
+budget_group() {
+  CG_DIR="$CG_ROOT/starling-bench-$$-$1"
+  mkdir -p "$CG_DIR"
+  if [ "$CG_KIND" = v1 ]; then
+    echo 10000 >"$CG_DIR/cpu.cfs_period_us"
+    echo "$CG_QUOTA" >"$CG_DIR/cpu.cfs_quota_us"
+  else
+    echo "$CG_QUOTA 10000" >"$CG_DIR/cpu.max"
+  fi
+  CG_DIRS+=("$CG_DIR")
+}
+
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/bench-cluster.XXXXXX")
 PIDS=()
 cleanup() {
@@ -77,6 +116,8 @@ cleanup() {
     kill -9 "$pid" 2>/dev/null || true
   done
   wait 2>/dev/null || true
+  local cg
+  for cg in "${CG_DIRS[@]}"; do rmdir "$cg" 2>/dev/null || true; done
   if [ "$KEEP" = 1 ]; then log "kept $TMP"; else rm -rf "$TMP"; fi
   exit "$rc"
 }
@@ -170,9 +211,17 @@ wait_port() {
   return 1
 }
 
-# start_node CONFIG LOG: starts a broker; its pid is then in NODE_PID (and in PIDS).
+# start_node CONFIG LOG [GROUP]: starts a broker (with BUDGET, in the capped cgroup
+# GROUP; sh execs it there, so that `$!` stays its pid); its pid is then in NODE_PID (and
+# in PIDS).
 start_node() {
-  "${BROKER_PIN[@]}" "$BIN" --config "$1" >"$2" 2>&1 &
+  local enter=()
+  if [ -n "$BUDGET" ]; then
+    budget_group "$3"
+    # shellcheck disable=SC2016 # expanded by that sh
+    enter=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CG_DIR")
+  fi
+  "${enter[@]}" "${BROKER_PIN[@]}" "$BIN" --config "$1" >"$2" 2>&1 &
   NODE_PID=$!
   PIDS+=("$NODE_PID")
 }
@@ -378,7 +427,7 @@ for scenario in $SCENARIOS; do
   # One node alone.
   dir="$TMP/$scenario/single"
   node_config 1 "$dir/node1" single
-  start_node "$dir/node1/node.toml" "$dir/node1/broker.log"
+  start_node "$dir/node1/node.toml" "$dir/node1/broker.log" "$scenario-single"
   pid=$NODE_PID
   wait_port "$SP" "$pid" || { log "the lone node did not start:"; cat "$dir/node1/broker.log" >&2; exit 1; }
   for rep in $(seq "$REPS"); do run_once "$scenario" single "$rep" "$dir" "$pid"; done
@@ -389,7 +438,7 @@ for scenario in $SCENARIOS; do
   cpids=()
   for n in 1 2 3; do
     node_config "$n" "$dir/node$n"
-    start_node "$dir/node$n/node.toml" "$dir/node$n/broker.log"
+    start_node "$dir/node$n/node.toml" "$dir/node$n/broker.log" "$scenario-node$n"
     cpids+=("$NODE_PID")
   done
   for n in 1 2 3; do
@@ -429,7 +478,9 @@ echo
 cat "$TABLE"
 echo
 echo "Median of $REPS runs of $DURATION s, $PAYLOAD-byte payloads, MQTT 3.1.1; $(nproc) CPUs;" \
-  "$([ "$PIN" = 1 ] && echo "brokers on CPU $BROKER_CPU, starling-bench on CPU $LOAD_CPU" || echo "unpinned")."
+  "$(if [ -n "$BUDGET" ]; then echo "each broker process capped at $BUDGET CPU (cgroup $CG_KIND CFS quota), starling-bench uncapped, unpinned"
+      elif [ "$PIN" = 1 ]; then echo "brokers on CPU $BROKER_CPU, starling-bench on CPU $LOAD_CPU"
+      else echo "unpinned"; fi)."
 echo "CPU per delivery: the brokers' utime + stime over the whole run (connections, publishing, drain) per delivery received (per CONNECT for conn); lost: median per run."
 echo "1-minute load average at the start of each run (min/median/max): $(python3 -c 'import sys, statistics
 v = [float(x) for x in sys.argv[1:]]

@@ -18,7 +18,7 @@ use crate::gate::is_reserved;
 use crate::listing::INFO_WAIT;
 use crate::metrics::{add, MetricsSnapshot};
 use crate::msg::{
-    ClientInfo, ClientMsg, ClientSubscriptions, ClusterMsg, ClusterStatus, ListingMsg,
+    ClientInfo, ClientMsg, ClientSubscriptions, ClusterMsg, ClusterStatus, LeftBehind, ListingMsg,
     MembershipError, NotConnected, RegistryMsg, RouterMsg,
 };
 use crate::settings::Shared;
@@ -154,12 +154,13 @@ impl Admin {
 
     /// Has this node leave the cluster (`starling cluster leave`): its clients are sent to
     /// the other nodes (0x9C Use another server) and given `drain` to take their sessions
-    /// there, then it leaves; once it has, the node stops ([`crate::Broker::left`]).
-    /// Answers the sessions that did not move (they end with the node).
+    /// there, and the other nodes as long to take what it forwards or relays to them, then
+    /// it leaves; once it has, the node stops ([`crate::Broker::left`]). Answers what it
+    /// gave up when the drain time was over.
     ///
     /// # Errors
     /// As [`Admin::cluster_add_member`].
-    pub async fn cluster_leave(&self, drain: Duration) -> Result<usize, MembershipError> {
+    pub async fn cluster_leave(&self, drain: Duration) -> Result<LeftBehind, MembershipError> {
         let Some(c) = &self.cluster else {
             return Err(MembershipError::NotClustered);
         };

@@ -79,7 +79,9 @@ pub use error::{BrokerError, StoreOpenError};
 pub use metrics::{
     HistogramSnapshot, Latencies, MetricKind, MetricsSnapshot, RmqttSnapshot, BOUNDS_US,
 };
-pub use msg::{ClientInfo, ClientSubscriptions, ClusterStatus, MemberStatus, MembershipError};
+pub use msg::{
+    ClientInfo, ClientSubscriptions, ClusterStatus, LeftBehind, MemberStatus, MembershipError,
+};
 pub use recover::store_path;
 pub use starling_cluster::Member;
 /// The hook seam, for embedders: providers to start the broker with

@@ -495,6 +495,9 @@ pub(crate) enum RouterMsg {
     /// What this shard still holds for other nodes, for round `.0`: answered with
     /// `ClusterMsg::ShardThrough`.
     AskThrough(u64),
+    /// What this shard still owes the other nodes: asked by a node that leaves before it
+    /// does.
+    Owed(Reply<Owed>),
     /// A client attached or detached: shared groups prefer online members, and an
     /// offline one holds no publisher back. `persistent`: whether its session now outlives
     /// its connection (a resume may change it), so that its deliveries are stored.
@@ -613,7 +616,7 @@ pub(crate) enum RouterMsg {
 }
 
 pub(crate) use cluster::*;
-pub use cluster::{ClusterStatus, MemberStatus, MembershipError};
+pub use cluster::{ClusterStatus, LeftBehind, MemberStatus, MembershipError};
 pub(crate) use store::*;
 
 // --- published by the broker itself ---------------------------------------------------

@@ -519,6 +519,9 @@ impl Actor for RouterActor {
             RouterMsg::MovesCheck => self.moves_check(ctx),
             RouterMsg::Through(at) => self.through(at, ctx),
             RouterMsg::AskThrough(round) => self.ask_through(round),
+            RouterMsg::Owed(reply) => {
+                let _ = reply.send(self.owed());
+            }
             RouterMsg::MovedAway {
                 client_id,
                 to,

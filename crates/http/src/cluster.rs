@@ -90,7 +90,9 @@ async fn leave(s: web::Data<ApiState>, q: web::Query<LeaveQuery>) -> HttpRespons
     match s.admin.cluster_leave(drain).await {
         Ok(behind) => HttpResponse::Ok().json(json!({
             "left": s.admin.node_id(),
-            "sessions_left_behind": behind,
+            "sessions_left_behind": behind.sessions,
+            "messages_left_behind": behind.messages,
+            "relays_left_behind": behind.relays,
         })),
         Err(e) => membership_error(&e),
     }

@@ -160,6 +160,18 @@ fn leave(config: &Config, drain_secs: u32) -> anyhow::Result<()> {
         "node {} left the cluster and is stopping; {} sessions did not move and end with it",
         v["left"], v["sessions_left_behind"]
     );
+    // Absent from an older node's answer.
+    let (messages, relays) = (
+        v["messages_left_behind"].as_u64().unwrap_or(0),
+        v["relays_left_behind"].as_u64().unwrap_or(0),
+    );
+    if messages > 0 || relays > 0 {
+        println!(
+            "within the drain time the other nodes did not take {messages} messages this node \
+             owed them, and {relays} sessions that moved away could still be sent copies here: \
+             those are lost (a node it could not reach? see its log)"
+        );
+    }
     Ok(())
 }
 

@@ -153,6 +153,9 @@ const SEEDS_LATE_RELAY: u64 = 10;
 const LATE_RELAY_SEEDS: u64 = 3;
 /// Seeds of the slow-link handover scenario (no nemesis: each seed varies the timing).
 const SEEDS_SLOW: u64 = 20;
+/// Seeds of the leave-with-a-parked-outbox scenario (three nodes, no nemesis, about 30 s
+/// simulated each).
+const SEEDS_LEAVE_OWED: u64 = 10;
 /// Seeds of the run with kills and slow commits.
 const SEEDS_SLOW_COMMIT: u64 = 50;
 /// Seeds of the run with kills and the outbox parking after 1.2 s.
@@ -351,6 +354,7 @@ fn start_with(
 mod clients;
 mod late;
 mod late_relay;
+mod leave_owed;
 mod membership;
 mod oracle;
 mod retained;
@@ -1171,6 +1175,21 @@ fn a_large_session_on_a_slow_link_is_waited_for_while_it_keeps_coming() {
         )
         .seeds(SEEDS_SLOW),
         slow::scenario,
+    );
+}
+
+/// A node asked to leave while messages it parked for a node it cannot reach are in its
+/// outbox waits for that node to take them, once the cut heals, before it leaves
+/// (`leave_owed.rs`), on [`SEEDS_LEAVE_OWED`] seeds.
+#[test]
+fn a_node_that_leaves_first_delivers_what_it_parked_for_a_node_it_could_not_reach() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "a_node_that_leaves_first_delivers_what_it_parked_for_a_node_it_could_not_reach",
+        )
+        .seeds(SEEDS_LEAVE_OWED),
+        leave_owed::scenario,
     );
 }
 

@@ -233,11 +233,11 @@ pub(crate) enum ClusterMsg {
         reply: Reply<Result<(), MembershipError>>,
     },
     /// An operator has this node leave the cluster (`starling cluster leave`), its clients
-    /// given `drain` to take their sessions to other nodes; answered with the sessions that
-    /// did not move.
+    /// given `drain` to take their sessions to other nodes, and the other nodes as long to
+    /// take what this node owes them; answered with what it left behind.
     Leave {
         drain: std::time::Duration,
-        reply: Reply<Result<usize, MembershipError>>,
+        reply: Reply<Result<LeftBehind, MembershipError>>,
     },
     /// The leader's removal of a departed member from raft's configuration finished.
     Removed(u64),
@@ -246,6 +246,28 @@ pub(crate) enum ClusterMsg {
     /// This node, which left, is out of raft's configuration, or waited long enough for it:
     /// it stops.
     Linger,
+}
+
+/// What a node that left the cluster gave up when its drain time was over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeftBehind {
+    /// Persistent sessions whose clients did not reconnect to another node: they end with
+    /// the node.
+    pub sessions: usize,
+    /// Messages some other node had not acknowledged yet (waiting, in flight, or parked in
+    /// the outbox for a node it could not reach): lost with the node.
+    pub messages: usize,
+    /// Sessions that moved away and that another member might still route a copy to
+    /// this node for (their move's cut not applied, or some member not through with it):
+    /// such a copy is lost.
+    pub relays: usize,
+}
+
+/// What one shard still owes the other nodes (`RouterMsg::Owed`): see [`LeftBehind`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Owed {
+    pub messages: usize,
+    pub relays: usize,
 }
 
 /// Why an operator's membership change did not happen.

@@ -655,6 +655,11 @@ impl RouterActor {
         }
     }
 
+    /// Sessions relayed from here that a copy may still come for (`Moves::relays_awaited`).
+    pub(super) fn relays_awaited(&self) -> usize {
+        self.moving.moves.relays_awaited()
+    }
+
     /// Ends the judgements whose time is up: a relay that goes takes its subscriptions
     /// down (and with them, this node's routes for them).
     pub(super) fn moves_check(&mut self, ctx: &mut Ctx<Self>) {

@@ -33,7 +33,9 @@ use starling_store::{LinkCursor, Op};
 use super::RouterActor;
 use crate::destination::{remote_key, Destination, RemoteNode};
 use crate::metrics::add;
-use crate::msg::{ClientMsg, LinkFrom, LinkWrite, Publisher, SharedTo, StoreOp, Waiter, WaiterTo};
+use crate::msg::{
+    ClientMsg, LinkFrom, LinkWrite, Owed, Publisher, SharedTo, StoreOp, Waiter, WaiterTo,
+};
 
 /// The store writes of the deliveries of one node's forwarded publishes, numbered in
 /// routing order: those not yet committed, and those whose commit failed and that no
@@ -397,6 +399,24 @@ impl RouterActor {
             }
         }
         (forwards, outbox)
+    }
+
+    /// What this shard owes the other nodes: every message for one that it has not
+    /// acknowledged (waiting, in its window, parked, or parked by an earlier run), and the
+    /// relays a copy may still come for.
+    pub(super) fn owed(&self) -> Owed {
+        let messages = self
+            .remote_nodes
+            .iter()
+            .map(|n| match self.destinations.get(&remote_key(*n)) {
+                Some(Destination::Remote(r)) => r.in_flight() + r.outbox_messages(),
+                _ => 0,
+            })
+            .sum();
+        Owed {
+            messages,
+            relays: self.relays_awaited(),
+        }
     }
 
     /// Whether a batch sent to some node waits for its acknowledgement.

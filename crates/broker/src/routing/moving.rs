@@ -335,6 +335,23 @@ impl Moves {
         }
     }
 
+    /// Sessions that left this node for which another member may still route a copy here
+    /// (their cut not applied yet, or a member not through with it): what a node that
+    /// leaves waits for, the grace aside.
+    pub(crate) fn relays_awaited(&self) -> usize {
+        let open = |m: &Moving| {
+            !m.here()
+                && m.stays
+                    .last()
+                    .and_then(|s| s.left)
+                    .is_some_and(|(_, l)| match l.cut {
+                        Cut::Unknown { .. } => true,
+                        Cut::At { index, .. } => index > self.through,
+                    })
+        };
+        self.by_client.values().filter(|m| open(m)).count()
+    }
+
     /// Whether the session of `client_id` left this shard's node and is relayed.
     pub(crate) fn relays(&self, client_id: &str) -> bool {
         self.by_client
@@ -999,6 +1016,27 @@ mod tests {
         cut(&mut c, A, (B, 7), 12);
         assert!(c.expire(now + CUT_GRACE / 2).0.is_empty());
         assert!(!c.is_empty());
+    }
+
+    /// A node that leaves waits for the relays of the sessions that left it until their
+    /// cut is applied and every other member is through with it, its grace aside; the new
+    /// node relays nothing.
+    #[test]
+    fn a_relay_is_awaited_until_its_cut_is_known_and_the_members_are_through() {
+        let now = t0();
+        let (mut a, mut b) = moved(now);
+        assert_eq!((a.relays_awaited(), b.relays_awaited()), (1, 0));
+        cut(&mut a, A, (B, 7), 12);
+        cut(&mut b, B, (B, 7), 12);
+        a.through(11);
+        assert_eq!(a.relays_awaited(), 1);
+        a.through(12);
+        assert_eq!((a.relays_awaited(), b.relays_awaited()), (0, 0));
+        // Back on A: nothing relayed from there any more.
+        let mut c = Moves::default();
+        c.went(id(), B, 7, now);
+        c.came(id(), 8, now);
+        assert_eq!(c.relays_awaited(), 0);
     }
 
     /// A new session of the client id subscribes where the old one left and ended (its

@@ -28,7 +28,8 @@ use starling_rt::time::Instant;
 use starling_rt::{time, Ctx, Reply};
 
 use super::ClusterActor;
-use crate::msg::{ClusterMsg, MembershipError, Proposal, RegistryMsg};
+use crate::msg::{ClusterMsg, LeftBehind, MembershipError, Owed, Proposal, RegistryMsg, RouterMsg};
+use crate::shards::Shards;
 
 /// How long a new learner has to catch up before the join gives up (it stays a learner).
 const CATCH_UP: Duration = Duration::from_secs(30);
@@ -252,12 +253,12 @@ impl ClusterActor {
     pub(super) fn leave(
         &mut self,
         drain: Duration,
-        reply: Reply<Result<usize, MembershipError>>,
+        reply: Reply<Result<LeftBehind, MembershipError>>,
         ctx: &mut Ctx<Self>,
     ) {
         if self.leaving {
             // Its `Leave` is applied already (an earlier request that timed out, say).
-            let _ = reply.send(Ok(0));
+            let _ = reply.send(Ok(LeftBehind::default()));
             let _ = self.left.send(true);
             return;
         }
@@ -269,6 +270,7 @@ impl ClusterActor {
         };
         let me = self.node;
         let registry = self.registry.clone();
+        let shards = self.shards.clone();
         let to = move_targets(&self.members, me);
         self.leave_running = true;
         // Under the request id of this node's own `Join`s, with the next number: raft's
@@ -283,9 +285,18 @@ impl ClusterActor {
             async move {
                 let r = match may_leave(&raft, me).await {
                     Ok(voters) => {
-                        let behind = match registry {
-                            Some(r) => drain_sessions(&r, me, to, drain).await,
+                        // One drain time for both: the sessions first (their moves leave
+                        // relays behind), then what the other nodes are owed.
+                        let deadline = time::now() + drain;
+                        let sessions = match registry {
+                            Some(r) => drain_sessions(&r, me, to, deadline).await,
                             None => 0,
+                        };
+                        let owed = drain_owed(&shards, me, deadline).await;
+                        let behind = LeftBehind {
+                            sessions,
+                            messages: owed.messages,
+                            relays: owed.relays,
                         };
                         leave(&raft, me, voters, request).await.map(|()| behind)
                     }
@@ -296,7 +307,9 @@ impl ClusterActor {
                     Ok(behind) => {
                         tracing::info!(
                             node_id = me,
-                            sessions_left_behind = behind,
+                            sessions_left_behind = behind.sessions,
+                            messages_left_behind = behind.messages,
+                            relays_left_behind = behind.relays,
                             "left the cluster; stopping"
                         );
                     }
@@ -520,7 +533,7 @@ async fn drain_sessions(
     registry: &starling_rt::Addr<RegistryMsg>,
     me: u64,
     to: Vec<Arc<String>>,
-    drain: Duration,
+    deadline: Instant,
 ) -> usize {
     let Ok(mut left) = registry.ask(|reply| RegistryMsg::Drain { to, reply }).await else {
         return 0;
@@ -530,7 +543,6 @@ async fn drain_sessions(
         sessions = left,
         "leaving: clients sent to the other nodes"
     );
-    let deadline = time::now() + drain;
     while left > 0 && time::now() < deadline {
         time::sleep(DRAIN_POLL).await;
         left = registry.ask(RegistryMsg::Sessions).await.unwrap_or(0);
@@ -539,6 +551,54 @@ async fn drain_sessions(
         tracing::warn!(node_id = me, sessions = left, "leaving with sessions whose clients did not reconnect elsewhere in time: they end here");
     }
     left
+}
+
+/// Waits, until `deadline`, for the other nodes to take what this node owes them: every
+/// message forwarded or parked for them acknowledged, and no copy routed to a session that
+/// moved away still to come for its relay (its cut applied, and every other member through
+/// with it). A node that stopped at once would lose them all: its publishers were answered
+/// for the parked ones, and the others drop its routes and links once its `Leave` applies.
+/// What is still owed at the end, which the `Leave` gives up.
+async fn drain_owed(shards: &Shards, me: u64, deadline: Instant) -> Owed {
+    let mut waited = false;
+    loop {
+        let mut owed = Owed::default();
+        for shard in shards.all() {
+            if let Ok(o) = shard.ask(RouterMsg::Owed).await {
+                owed.messages += o.messages;
+                owed.relays += o.relays;
+            }
+        }
+        if owed == Owed::default() {
+            if waited {
+                tracing::info!(
+                    node_id = me,
+                    "leaving: the other nodes took what they were owed"
+                );
+            }
+            return owed;
+        }
+        if time::now() >= deadline {
+            tracing::warn!(
+                node_id = me,
+                messages = owed.messages,
+                relays = owed.relays,
+                "leaving with messages the other nodes did not take in time, or relays still \
+                 awaited: they are lost"
+            );
+            return owed;
+        }
+        if !waited {
+            tracing::info!(
+                node_id = me,
+                messages = owed.messages,
+                relays = owed.relays,
+                "leaving: waiting for the other nodes to take what they are owed"
+            );
+            waited = true;
+        }
+        time::sleep(DRAIN_POLL).await;
+    }
 }
 
 async fn leave(
