@@ -882,6 +882,14 @@ async fn without_handover_order() {
     scenario(NO_ORDER).await
 }
 
+async fn leave_owing_its_outbox() {
+    leave_owed::scenario(leave_owed::Owes::Outbox).await
+}
+
+async fn leave_owing_a_relay() {
+    leave_owed::scenario(leave_owed::Owes::Relay).await
+}
+
 async fn with_late_relay() {
     late_relay::scenario(late_relay::LATE_RELAY, late_relay::OldNode::Up).await
 }
@@ -1189,7 +1197,23 @@ fn a_node_that_leaves_first_delivers_what_it_parked_for_a_node_it_could_not_reac
             "a_node_that_leaves_first_delivers_what_it_parked_for_a_node_it_could_not_reach",
         )
         .seeds(SEEDS_LEAVE_OWED),
-        leave_owed::scenario,
+        leave_owing_its_outbox,
+    );
+}
+
+/// A node asked to leave, whose session moves away as it does, waits for the copies
+/// another node parked for that session before the move's cut, once the cut between them
+/// heals, and relays them before it leaves (`leave_owed.rs`), on [`SEEDS_LEAVE_OWED`]
+/// seeds.
+#[test]
+fn a_node_that_leaves_first_relays_what_was_parked_for_a_session_that_moved_away() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "a_node_that_leaves_first_relays_what_was_parked_for_a_session_that_moved_away",
+        )
+        .seeds(SEEDS_LEAVE_OWED),
+        leave_owing_a_relay,
     );
 }
 
