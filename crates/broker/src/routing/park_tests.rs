@@ -146,3 +146,31 @@ async fn a_held_batch_answered_first_waits_for_the_one_before_it() {
     let r = node(&mut shard, 7);
     assert_eq!((r.held_batches, r.resend), (0, Some((1, 2))));
 }
+
+/// A node that asks for batches again is sent those before the first held one: the held
+/// ones go in order once they may, and are not counted as sent again.
+#[tokio::test]
+async fn batches_asked_for_again_count_only_those_before_a_held_one() {
+    let (shared, mut shard) = shard();
+    let mut r = RemoteNode::new(7, starling_raft::DataLinks::default(), 9);
+    r.pending.push_back((message(), Some(3), None, 10));
+    r.pending.push_back((message(), Some(5), None, 11));
+    shard
+        .destinations
+        .insert(remote_key(7), Destination::Remote(r));
+    shard.remote_nodes.push(7);
+    let me = starling_rt::start(Sink).downgrade();
+    shard.park_forwarded_on(5, &me);
+    shard.parked(7, 1, Stored::Durable);
+
+    shard.forward_resend(7, 9, 1);
+    assert_eq!(
+        shared
+            .metrics
+            .cluster_forward_resent
+            .load(Ordering::Relaxed),
+        1,
+        "batch 1 goes again, batch 2 is still held"
+    );
+    assert_eq!(node(&mut shard, 7).resend, Some((1, 2)));
+}

@@ -983,7 +983,16 @@ impl RouterActor {
             return;
         }
         debug!(node, from, top, "forwarded batches asked for again");
-        add(&self.shared.metrics.cluster_forward_resent, top + 1 - first);
+        // Those from the first held batch on are not sent again but in order, once it may
+        // go (`parked`), as any first send: not counted here.
+        let end = match r.held_batches {
+            0 => top + 1,
+            _ => r.unacked.iter().find(|u| u.held).map_or(top + 1, |u| u.seq),
+        };
+        add(
+            &self.shared.metrics.cluster_forward_resent,
+            end.min(top + 1).saturating_sub(first),
+        );
         r.resent = Some((now, from));
         r.resend = Some(match r.resend {
             Some((next, _)) => (next.min(from), top),
