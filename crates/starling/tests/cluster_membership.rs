@@ -9,7 +9,8 @@
 //! leadership away first), and the last two elect a leader and forward to each other.
 //! Apart: batches node 1 parked for a node that left while node 1 was down go at node 1's
 //! restart, counted lost; a node restarted on a raft snapshot forwards to the subscribers
-//! its snapshot routes to.
+//! its snapshot routes to; a node asked to leave with batches parked for a stopped node
+//! delivers them once that node resumes, before it leaves.
 
 #![allow(clippy::disallowed_methods)]
 
@@ -420,6 +421,71 @@ fn batches_parked_for_a_node_that_left_while_their_node_was_down_go_at_its_resta
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// A node asked to leave while batches it parked for a stopped node are in its outbox
+/// waits, within its drain time, for that node to take them: node 3 is stopped (SIGSTOP),
+/// node 1 parks and acknowledges what it forwards to node 3's subscriber, and is asked to
+/// leave; node 3 resumes 3 s later. The subscriber gets every message node 1
+/// acknowledged, the leave reports nothing left behind, and node 1 stops. (Before, node 1
+/// left at once, and the parked messages were lost with it.)
+#[test]
+fn a_node_that_leaves_first_delivers_what_it_parked_for_a_stopped_node() {
+    let extra = "\n[cluster]\nforward_timeout_ms = 1000\n";
+    let Some((files, ports, mut nodes)) = running_cluster("cluster-leave-owed", extra) else {
+        return;
+    };
+    let (mut sub, rx) = watcher_with(ports[2].mqtt, "owed", "o/#", &["--expiry", "3600"]);
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(20)).ok().as_deref(),
+        Some("subscribed")
+    );
+    assert!(
+        until_forwarded(ports[0].mqtt, "o/probe", &rx),
+        "node 1 forwards to node 3"
+    );
+    // Node 3 stops answering: node 1 parks what it forwards there after 1 s, and
+    // acknowledges it once the rows are durable.
+    nodes[2].signal("STOP");
+    let mut p = publisher(ports[0].mqtt, "o/x", 10);
+    let acked = acked_lines(&mut p, |_| {});
+    assert_eq!(acked.len(), 20, "acknowledged once parked");
+    let parked = metric(&files[0], "cluster.outbox.parked");
+    assert!(parked >= 20, "node 1 parked them: {parked}");
+
+    let leave = starling()
+        .args(["cluster", "leave", "--drain-secs", "30", "--config"])
+        .arg(&files[0])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starling cluster leave runs");
+    std::thread::sleep(Duration::from_secs(3));
+    nodes[2].signal("CONT");
+    let out = leave
+        .wait_with_output()
+        .expect("starling cluster leave ends");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("left the cluster") && !said.contains("did not take"),
+        "node 1 left nothing behind: {said}"
+    );
+    let want: BTreeSet<(String, String)> =
+        acked.into_iter().map(|a| ("o/x".to_owned(), a)).collect();
+    let mut seen = BTreeSet::new();
+    gather(&rx, &mut seen, &want, Duration::from_secs(30));
+    assert_eq!(
+        missing(&want, &seen),
+        0,
+        "node 3's subscriber got what node 1 parked for it before it left"
+    );
+    stops_by_itself(&mut nodes[0], "node 1");
+    let _ = sub.kill();
 }
 
 /// A node restarted on a raft snapshot forwards to the subscribers it knew of. With the
