@@ -344,6 +344,49 @@ fn metric(config: &Path, name: &str) -> u64 {
     m[name].as_u64().unwrap_or(0)
 }
 
+/// The example cluster with what node 1 parked for a stopped node 3 (below).
+struct Parked {
+    files: Vec<PathBuf>,
+    nodes: Vec<Daemon>,
+    /// The watcher on node 3, and its lines.
+    sub: std::process::Child,
+    rx: std::sync::mpsc::Receiver<String>,
+    /// The payloads node 1 acknowledged, all parked.
+    acked: BTreeSet<String>,
+}
+
+/// The three example nodes (forwards parked after 1 s) and a watcher on node 3 subscribed
+/// to `{topic}/#` (with `watcher_args`); once node 1 forwards to it, node 3 stops answering
+/// (SIGSTOP), and 10 QoS 1 and 10 QoS 2 publishes to `{topic}/x` through node 1 are parked
+/// there and acknowledged once their rows are durable. `None` without paho-mqtt (outside
+/// CI).
+fn parked_for_stopped_node_3(name: &str, topic: &str, watcher_args: &[&str]) -> Option<Parked> {
+    let extra = "\n[cluster]\nforward_timeout_ms = 1000\n";
+    let (files, ports, nodes) = running_cluster(name, extra)?;
+    let (sub, rx) = watcher_with(ports[2].mqtt, name, &format!("{topic}/#"), watcher_args);
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(20)).ok().as_deref(),
+        Some("subscribed")
+    );
+    assert!(
+        until_forwarded(ports[0].mqtt, &format!("{topic}/probe"), &rx),
+        "node 1 forwards to node 3"
+    );
+    nodes[2].signal("STOP");
+    let mut p = publisher(ports[0].mqtt, &format!("{topic}/x"), 10);
+    let acked = acked_lines(&mut p, |_| {});
+    assert_eq!(acked.len(), 20, "acknowledged once parked");
+    let parked = metric(&files[0], "cluster.outbox.parked");
+    assert!(parked >= 20, "node 1 parked them: {parked}");
+    Some(Parked {
+        files,
+        nodes,
+        sub,
+        rx,
+        acked,
+    })
+}
+
 /// Batches node 1 parked for node 3 (stopped), then node 1 killed; node 3 comes back and
 /// leaves while node 1 is down. At its restart node 1 finds the rows again, and they go,
 /// counted lost, rather than being sent every second for ever to a node that is gone:
@@ -353,27 +396,16 @@ fn metric(config: &Path, name: &str) -> u64 {
 /// case: `routing/departed.rs`, unit-tested there.)
 #[test]
 fn batches_parked_for_a_node_that_left_while_their_node_was_down_go_at_its_restart() {
-    let extra = "\n[cluster]\nforward_timeout_ms = 1000\n";
-    let Some((files, ports, mut nodes)) = running_cluster("cluster-departed", extra) else {
+    let Some(Parked {
+        files,
+        mut nodes,
+        mut sub,
+        acked,
+        ..
+    }) = parked_for_stopped_node_3("cluster-departed", "d", &[])
+    else {
         return;
     };
-    let (mut sub, rx) = watcher_with(ports[2].mqtt, "departed", "d/#", &[]);
-    assert_eq!(
-        rx.recv_timeout(Duration::from_secs(20)).ok().as_deref(),
-        Some("subscribed")
-    );
-    assert!(
-        until_forwarded(ports[0].mqtt, "d/probe", &rx),
-        "node 1 forwards to node 3"
-    );
-    // Node 3 stops answering: node 1 parks what it forwards there after 1 s, and
-    // acknowledges it once the rows are durable.
-    nodes[2].signal("STOP");
-    let mut p = publisher(ports[0].mqtt, "d/x", 10);
-    let acked = acked_lines(&mut p, |_| {});
-    assert_eq!(acked.len(), 20, "acknowledged once parked");
-    let parked = metric(&files[0], "cluster.outbox.parked");
-    assert!(parked >= 20, "node 1 parked them: {parked}");
     nodes[0].signal("KILL");
     let _ = nodes[0].child.wait();
 
@@ -431,27 +463,16 @@ fn batches_parked_for_a_node_that_left_while_their_node_was_down_go_at_its_resta
 /// left at once, and the parked messages were lost with it.)
 #[test]
 fn a_node_that_leaves_first_delivers_what_it_parked_for_a_stopped_node() {
-    let extra = "\n[cluster]\nforward_timeout_ms = 1000\n";
-    let Some((files, ports, mut nodes)) = running_cluster("cluster-leave-owed", extra) else {
+    let Some(Parked {
+        files,
+        mut nodes,
+        mut sub,
+        rx,
+        acked,
+    }) = parked_for_stopped_node_3("cluster-leave-owed", "o", &["--expiry", "3600"])
+    else {
         return;
     };
-    let (mut sub, rx) = watcher_with(ports[2].mqtt, "owed", "o/#", &["--expiry", "3600"]);
-    assert_eq!(
-        rx.recv_timeout(Duration::from_secs(20)).ok().as_deref(),
-        Some("subscribed")
-    );
-    assert!(
-        until_forwarded(ports[0].mqtt, "o/probe", &rx),
-        "node 1 forwards to node 3"
-    );
-    // Node 3 stops answering: node 1 parks what it forwards there after 1 s, and
-    // acknowledges it once the rows are durable.
-    nodes[2].signal("STOP");
-    let mut p = publisher(ports[0].mqtt, "o/x", 10);
-    let acked = acked_lines(&mut p, |_| {});
-    assert_eq!(acked.len(), 20, "acknowledged once parked");
-    let parked = metric(&files[0], "cluster.outbox.parked");
-    assert!(parked >= 20, "node 1 parked them: {parked}");
 
     let leave = starling()
         .args(["cluster", "leave", "--drain-secs", "30", "--config"])

@@ -77,8 +77,22 @@ pub(crate) async fn resume_and_take(
     client_id: &str,
     n: usize,
 ) -> (bool, Vec<u64>) {
+    let task = spawn_resume_and_take(clients, name, node, client_id, n, Duration::from_secs(10));
+    task.await.expect("the client's connection")
+}
+
+/// As [`resume_and_take`], on a task of its own, with `quiet` the time without a message
+/// after which it stops waiting.
+pub(crate) fn spawn_resume_and_take(
+    clients: &mut ClientNodes,
+    name: &str,
+    node: usize,
+    client_id: &str,
+    n: usize,
+    quiet: Duration,
+) -> madsim::task::JoinHandle<(bool, Vec<u64>)> {
     let id = client_id.to_owned();
-    let task = clients.node(name).spawn(async move {
+    clients.node(name).spawn(async move {
         let mut o = opts(&id);
         o.clean_start = false;
         let forever = Instant::now() + Duration::from_secs(600);
@@ -87,7 +101,7 @@ pub(crate) async fn resume_and_take(
             .expect("the client connects with its session kept");
         let mut got = Vec::new();
         while connack.session_present && got.len() < n {
-            match timeout(Duration::from_secs(10), c.recv()).await {
+            match timeout(quiet, c.recv()).await {
                 Ok(Ok(Packet::Publish(p))) => {
                     if let Some(id) = p.packet_id {
                         let _ = c.send(&Packet::Puback(ack(id))).await;
@@ -100,8 +114,7 @@ pub(crate) async fn resume_and_take(
         }
         c.disconnect().await;
         (connack.session_present, got)
-    });
-    task.await.expect("the client's connection")
+    })
 }
 
 /// `n` QoS 1 publishes to `topic` through `node` by `client_id`, each acknowledged before

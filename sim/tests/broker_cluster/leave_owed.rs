@@ -117,31 +117,15 @@ pub(crate) async fn scenario(owes: Owes) {
     let l_admin = setup.admin(l).expect("L runs");
     let leaving = madsim::task::spawn(async move { l_admin.cluster_leave(DRAIN).await });
     // The subscriber takes what comes for it on X (Relay: its session moves there).
-    let taking = clients.node(SUBSCRIBER).spawn(async move {
-        let mut o = opts(SUBSCRIBER);
-        o.clean_start = false;
-        let forever = Instant::now() + Duration::from_secs(600);
-        let (mut c, connack) = connect_by(mqtt_addr(x), &o, forever)
-            .await
-            .expect("the subscriber connects with its session kept");
-        let mut got = Vec::new();
-        let by = Instant::now() + DRAIN + Duration::from_secs(20);
-        while connack.session_present && got.len() < PARKED as usize {
-            let left = by.saturating_duration_since(Instant::now());
-            match timeout(left, c.recv()).await {
-                Ok(Ok(Packet::Publish(p))) => {
-                    if let Some(id) = p.packet_id {
-                        let _ = c.send(&Packet::Puback(ack(id))).await;
-                    }
-                    got.push(parse(&p.payload).1);
-                }
-                Ok(Ok(_)) => {}
-                _ => break,
-            }
-        }
-        c.disconnect().await;
-        (connack.session_present, got)
-    });
+    let quiet = DRAIN + Duration::from_secs(20);
+    let taking = spawn_resume_and_take(
+        &mut clients,
+        SUBSCRIBER,
+        x,
+        SUBSCRIBER,
+        PARKED as usize,
+        quiet,
+    );
     match owes {
         Owes::Outbox => sleep(Duration::from_secs(3)).await,
         Owes::Relay => {

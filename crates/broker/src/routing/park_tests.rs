@@ -47,6 +47,23 @@ fn rows(shard: &RouterActor) -> Vec<(u64, u64, u32)> {
         .collect()
 }
 
+/// A shard whose link to node 7 (incarnation 9) holds two batches, parked as a copy
+/// forwarded on was routed: a local publisher's copy under routes' index 10 (key 3), and
+/// the copy forwarded on under index 11 (key 5). Their rows are being written.
+fn two_held() -> (std::sync::Arc<crate::settings::Shared>, RouterActor) {
+    let (shared, mut shard) = shard();
+    let mut r = RemoteNode::new(7, starling_raft::DataLinks::default(), 9);
+    r.pending.push_back((message(), Some(3), None, 10));
+    r.pending.push_back((message(), Some(5), None, 11));
+    shard
+        .destinations
+        .insert(remote_key(7), Destination::Remote(r));
+    shard.remote_nodes.push(7);
+    let me = starling_rt::start(Sink).downgrade();
+    shard.park_forwarded_on(5, &me);
+    (shared, shard)
+}
+
 /// What waits for a node, the copy forwarded on last, is parked at once in a batch per
 /// routes' index; nothing goes (not even what comes after) until its row is durable, and
 /// then the batch goes in its place. Another node's waiting messages are left alone.
@@ -125,16 +142,7 @@ async fn a_copy_forwarded_on_is_parked_with_what_waits_before_it_and_goes_once_d
 /// still does not go before the earlier one may.
 #[tokio::test]
 async fn a_held_batch_answered_first_waits_for_the_one_before_it() {
-    let (_shared, mut shard) = shard();
-    let mut r = RemoteNode::new(7, starling_raft::DataLinks::default(), 9);
-    r.pending.push_back((message(), Some(3), None, 10));
-    r.pending.push_back((message(), Some(5), None, 11));
-    shard
-        .destinations
-        .insert(remote_key(7), Destination::Remote(r));
-    shard.remote_nodes.push(7);
-    let me = starling_rt::start(Sink).downgrade();
-    shard.park_forwarded_on(5, &me);
+    let (_shared, mut shard) = two_held();
 
     shard.parked(7, 2, Stored::Durable);
     assert_eq!(node(&mut shard, 7).resend, Some((2, 2)));
@@ -151,16 +159,7 @@ async fn a_held_batch_answered_first_waits_for_the_one_before_it() {
 /// ones go in order once they may, and are not counted as sent again.
 #[tokio::test]
 async fn batches_asked_for_again_count_only_those_before_a_held_one() {
-    let (shared, mut shard) = shard();
-    let mut r = RemoteNode::new(7, starling_raft::DataLinks::default(), 9);
-    r.pending.push_back((message(), Some(3), None, 10));
-    r.pending.push_back((message(), Some(5), None, 11));
-    shard
-        .destinations
-        .insert(remote_key(7), Destination::Remote(r));
-    shard.remote_nodes.push(7);
-    let me = starling_rt::start(Sink).downgrade();
-    shard.park_forwarded_on(5, &me);
+    let (shared, mut shard) = two_held();
     shard.parked(7, 1, Stored::Durable);
 
     shard.forward_resend(7, 9, 1);
