@@ -673,6 +673,8 @@ fn batches_parked_for_a_stopped_node_reach_it_after_the_sender_is_killed_and_res
     signal("CONT", pid3);
     nodes[0] = Daemon::start(&files[0]);
     nodes[0].expect("cluster endpoint up");
+    // Its metrics come through its HTTP API, which may bind after the cluster endpoint.
+    nodes[0].expect("HTTP API serving");
 
     let mut seen = BTreeSet::new();
     gather(&rx, &mut seen, &acked, Duration::ZERO);
@@ -755,6 +757,8 @@ fn a_parked_batch_its_node_cannot_store_is_counted_lost_and_the_link_goes_on() {
     signal("CONT", pid3);
     nodes[0] = Daemon::start(&files[0]);
     nodes[0].expect("cluster endpoint up");
+    // Its metrics come through its HTTP API, which may bind after the cluster endpoint.
+    nodes[0].expect("HTTP API serving");
 
     // Every parked batch answered: acknowledged, or refused as not durable.
     let until = Instant::now() + Duration::from_secs(60);
