@@ -124,6 +124,31 @@ fn api(port: u16, method: &str, path: &str, body: &str) -> (u16, serde_json::Val
     (status, json)
 }
 
+/// `starling cluster leave --drain-secs 30` of the node `config` names, under way.
+fn leave_started(config: &Path) -> std::process::Child {
+    starling()
+        .args(["cluster", "leave", "--drain-secs", "30", "--config"])
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starling cluster leave runs")
+}
+
+/// What a leave under way said once it ended, which must be a success.
+fn left_said(leave: std::process::Child) -> String {
+    let out = leave
+        .wait_with_output()
+        .expect("starling cluster leave ends");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    said
+}
+
 /// Waits for a daemon that left to stop on its own, successfully.
 fn stops_by_itself(d: &mut Daemon, which: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -222,13 +247,7 @@ fn a_node_joins_a_running_cluster_and_members_leave_it() {
             .as_deref(),
         Some("subscribed")
     );
-    let leave = starling()
-        .args(["cluster", "leave", "--drain-secs", "30", "--config"])
-        .arg(&files[1])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starling cluster leave runs");
+    let leave = leave_started(&files[1]);
     // MQTT 5: the DISCONNECT names another member as the server to use.
     let others: Vec<String> = [ports[0].mqtt, ports[2].mqtt, node4_mqtt]
         .iter()
@@ -276,15 +295,7 @@ fn a_node_joins_a_running_cluster_and_members_leave_it() {
         "the session moved to node 3 with what was queued for it"
     );
     let _ = moved.kill();
-    let out = leave
-        .wait_with_output()
-        .expect("starling cluster leave ends");
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let said = left_said(leave);
     assert!(
         said.contains("left the cluster") && said.contains("0 sessions did not move"),
         "{said}"
@@ -474,24 +485,10 @@ fn a_node_that_leaves_first_delivers_what_it_parked_for_a_stopped_node() {
         return;
     };
 
-    let leave = starling()
-        .args(["cluster", "leave", "--drain-secs", "30", "--config"])
-        .arg(&files[0])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starling cluster leave runs");
+    let leave = leave_started(&files[0]);
     std::thread::sleep(Duration::from_secs(3));
     nodes[2].signal("CONT");
-    let out = leave
-        .wait_with_output()
-        .expect("starling cluster leave ends");
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let said = left_said(leave);
     assert!(
         said.contains("left the cluster") && !said.contains("did not take"),
         "node 1 left nothing behind: {said}"

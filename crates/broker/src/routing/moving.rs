@@ -108,17 +108,23 @@ impl Cut {
     fn done(&self, now: Instant, through: u64) -> bool {
         match *self {
             Cut::Unknown { since } => now.saturating_duration_since(since) >= CUT_WAIT_MAX,
-            Cut::At { index, known } => {
-                now.saturating_duration_since(known) >= CUT_GRACE && index <= through
+            Cut::At { known, .. } => {
+                now.saturating_duration_since(known) >= CUT_GRACE && self.passed(through)
             }
         }
+    }
+
+    /// Whether it is known, and the other members are through with it: no copy routed
+    /// before it is on its way here any more (its grace aside).
+    fn passed(&self, through: u64) -> bool {
+        matches!(*self, Cut::At { index, .. } if index <= through)
     }
 
     /// Past its grace, it waits for the other members alone: since when it was learnt.
     fn held(&self, now: Instant, through: u64) -> Option<Instant> {
         match *self {
-            Cut::At { index, known }
-                if index > through && now.saturating_duration_since(known) >= CUT_GRACE =>
+            Cut::At { known, .. }
+                if !self.passed(through) && now.saturating_duration_since(known) >= CUT_GRACE =>
             {
                 Some(known)
             }
@@ -344,10 +350,7 @@ impl Moves {
                 && m.stays
                     .last()
                     .and_then(|s| s.left)
-                    .is_some_and(|(_, l)| match l.cut {
-                        Cut::Unknown { .. } => true,
-                        Cut::At { index, .. } => index > self.through,
-                    })
+                    .is_some_and(|(_, l)| !l.cut.passed(self.through))
         };
         self.by_client.values().filter(|m| open(m)).count()
     }
