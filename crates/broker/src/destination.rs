@@ -313,6 +313,33 @@ impl RemoteNode {
         parked + replayed
     }
 
+    /// Without an outbox: gives up the batches at the front of the window that the node
+    /// did not acknowledge within `timeout`, and answers with their publishers' keys. A
+    /// parked batch (a copy forwarded on from another node's batch is parked whatever the
+    /// outbox's bound) is never given up, and the link cannot skip it: what is behind it
+    /// waits with it.
+    pub(crate) fn give_up_late(
+        &mut self,
+        now: starling_rt::time::Instant,
+        timeout: std::time::Duration,
+    ) -> Vec<u64> {
+        let mut keys = Vec::new();
+        while let Some(u) = self.unacked.pop_front() {
+            if u.park != Park::No || now.saturating_duration_since(u.sent_at) < timeout {
+                self.unacked.push_front(u);
+                break;
+            }
+            tracing::debug!(
+                node = self.node,
+                seq = u.seq,
+                "forwarded batch not acknowledged in time"
+            );
+            self.unacked_messages -= u.messages.len();
+            keys.extend(u.keys);
+        }
+        keys
+    }
+
     /// The oldest routes' index of a copy held for the node: not yet sent, sent and not
     /// acknowledged (parked or not), or parked by an earlier run. `None`: none.
     pub(crate) fn oldest_routed_at(&self) -> Option<u64> {

@@ -26,6 +26,10 @@
 //! with the link's cursor, which then covers the copy A relays too: A must have written
 //! the relayed copy to its outbox in that commit, or the restarted A skips it when C sends
 //! the batch again (lost before the relay was parked with the cursor).
+//! [`OldNode::KilledRelayingBesideStayerWithoutOutbox`]: the same with A's outbox off
+//! (`cluster.outbox_max_messages = 0`, A restarted so before the scenario): A must still
+//! park a copy it relays, whatever the outbox's bound for its own publishes (before, it
+//! kept it in memory only, and the cursor stored with the stayer's copy covered it).
 
 #[allow(unused_imports)]
 use super::*;
@@ -83,6 +87,12 @@ pub(crate) const LATE_RELAY_KILLED_STAYER: Variant = Variant {
     ..LATE_RELAY
 };
 
+/// The same, the old node's outbox off.
+pub(crate) const LATE_RELAY_KILLED_STAYER_NO_OUTBOX: Variant = Variant {
+    name: "late-relay-killed-stayer-no-outbox",
+    ..LATE_RELAY
+};
+
 const ROAMER: &str = "relay-roamer";
 /// A persistent session on A with the roamer's filter (`KilledRelayingBesideStayer`).
 const STAYER: &str = "relay-stayer";
@@ -99,6 +109,8 @@ pub(crate) enum OldNode {
     Restarted,
     KilledRelaying,
     KilledRelayingBesideStayer,
+    /// As `KilledRelayingBesideStayer`, A's outbox off.
+    KilledRelayingBesideStayerWithoutOutbox,
     KilledAtHandover,
     /// Up; the new node is killed instead (see the module's doc).
     NewNodeKilledAtHandover,
@@ -123,10 +135,20 @@ pub(crate) async fn scenario(variant: Variant, old: OldNode) {
     let (a, c) = ((b + 1) % 3, (b + 2) % 3);
     let mut clients = ClientNodes::default();
     let forever = Instant::now() + Duration::from_secs(600);
+    let no_outbox = old == OldNode::KilledRelayingBesideStayerWithoutOutbox;
+    if no_outbox {
+        lock(&setup.node_cluster).insert(a, "outbox_max_messages = 0\n");
+        restart(&setup, &cluster, a).await;
+        let again = wait_leader(&setup, Duration::from_secs(30)).await;
+        check!(
+            again == leader,
+            "the leader moved from {leader:?} to {again:?} as A restarted with its outbox off"
+        );
+    }
 
     // The roamer's session on A, its filter routed to A by C.
     leave_subscribed(&mut clients, a, ROAMER, FILTER).await;
-    let stayer = old == OldNode::KilledRelayingBesideStayer;
+    let stayer = old == OldNode::KilledRelayingBesideStayer || no_outbox;
     if stayer {
         leave_subscribed(&mut clients, a, STAYER, FILTER).await;
     }
@@ -266,7 +288,9 @@ pub(crate) async fn scenario(variant: Variant, old: OldNode) {
             restart(&setup, &cluster, b).await;
             sleep(CUT_OFF - Duration::from_secs(2)).await;
         }
-        OldNode::KilledRelaying | OldNode::KilledRelayingBesideStayer => {
+        OldNode::KilledRelaying
+        | OldNode::KilledRelayingBesideStayer
+        | OldNode::KilledRelayingBesideStayerWithoutOutbox => {
             sleep(CUT_OFF).await;
             // A takes C's parked batches but cannot relay them to B (parked after 1.2 s).
             cluster.clog_one_way(a, b);

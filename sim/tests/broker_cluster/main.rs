@@ -225,6 +225,9 @@ struct Setup {
     left: Mutex<BTreeSet<usize>>,
     /// Each node's store, when `store`: a simulated disk that outlives the node's kills.
     disks: Mutex<BTreeMap<usize, starling_store::SimDisk>>,
+    /// More lines of `[cluster]` for one node, from its next start on (a scenario that
+    /// picks its nodes by role restarts one with them).
+    node_cluster: Mutex<BTreeMap<usize, &'static str>>,
 }
 
 impl Setup {
@@ -279,10 +282,11 @@ fn node_config(setup: &Setup, node: usize) -> String {
          [mqtt]\n{mqtt}\
          [router]\nshards = {shards}\n\
          [storage]\nenabled = {store}\n{storage}\
-         [cluster]\nenabled = true\ncerts_dir = \"{base}/certs\"\nbootstrap = {bootstrap}\n{snapshots}{cluster}\
+         [cluster]\nenabled = true\ncerts_dir = \"{base}/certs\"\nbootstrap = {bootstrap}\n{snapshots}{cluster}{own}\
          [cluster.peers]\n{peers}",
         mqtt = setup.variant.mqtt,
         cluster = setup.variant.cluster,
+        own = lock(&setup.node_cluster).get(&node).copied().unwrap_or_default(),
         shards = setup.shards,
         store = setup.store,
         storage = setup.variant.storage,
@@ -345,6 +349,7 @@ fn start_with(
         members: Mutex::new((0..nodes).collect()),
         left: Mutex::new(BTreeSet::new()),
         disks: Mutex::new(BTreeMap::new()),
+        node_cluster: Mutex::new(BTreeMap::new()),
     });
     let s = setup.clone();
     let cluster = Cluster::build(nodes + variant.joiners, move |i| node_main(s.clone(), i));
@@ -914,6 +919,14 @@ async fn with_late_relay_killed_beside_stayer() {
     .await
 }
 
+async fn with_late_relay_killed_beside_stayer_without_outbox() {
+    late_relay::scenario(
+        late_relay::LATE_RELAY_KILLED_STAYER_NO_OUTBOX,
+        late_relay::OldNode::KilledRelayingBesideStayerWithoutOutbox,
+    )
+    .await
+}
+
 async fn with_late_relay_new_node_kill() {
     late_relay::scenario(
         late_relay::LATE_RELAY_NEW_NODE_KILL,
@@ -1120,6 +1133,20 @@ fn a_copy_relayed_beside_a_stored_one_when_its_old_node_was_killed_is_relayed_af
         )
         .seeds(SEEDS_LATE_RELAY),
         with_late_relay_killed_beside_stayer,
+    );
+}
+
+/// The same with the old node's outbox off (`cluster.outbox_max_messages = 0`): it parks
+/// the copies it relays all the same, on [`SEEDS_LATE_RELAY`] seeds.
+#[test]
+fn a_copy_relayed_beside_a_stored_one_by_a_node_without_an_outbox_is_relayed_after_its_restart() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "a_copy_relayed_beside_a_stored_one_by_a_node_without_an_outbox_is_relayed_after_its_restart",
+        )
+        .seeds(SEEDS_LATE_RELAY),
+        with_late_relay_killed_beside_stayer_without_outbox,
     );
 }
 

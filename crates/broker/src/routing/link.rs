@@ -182,9 +182,12 @@ impl RouterActor {
         }
         let mut parks = false;
         if let Some(f) = self.fwd_current.take().filter(super::remote::FwdRoute::any) {
-            if f.queued > 0 && self.store.is_some() && self.outbox_share > 0 {
+            if f.queued > 0 && self.store.is_some() {
                 // Parked with the part (`route_part`): the cursor goes with it, so that a
-                // restart neither takes the copy again nor loses it.
+                // restart neither takes the copy again nor loses it. Also with the outbox
+                // off (`outbox_share` 0), which bounds what this node's own publishes park:
+                // a later copy of the part stored for a session here stores the cursor
+                // that covers this one, whose row is then all that keeps it.
                 self.park_from.get_or_insert(f.key);
                 parks = true;
             }

@@ -173,3 +173,40 @@ async fn batches_asked_for_again_count_only_those_before_a_held_one() {
     );
     assert_eq!(node(&mut shard, 7).resend, Some((1, 2)));
 }
+
+/// Without an outbox, batches not acknowledged in time are given up from the front of the
+/// window, but never a parked one (a copy forwarded on is parked whatever the outbox's
+/// bound): the link cannot skip it, so a late batch behind it waits with it, and is given
+/// up once the parked one is acknowledged.
+#[tokio::test]
+async fn without_an_outbox_a_parked_batch_is_never_given_up_nor_what_is_behind_it() {
+    let (_shared, mut shard) = two_held();
+    let timeout = std::time::Duration::from_secs(2);
+    let r = node(&mut shard, 7);
+    let t0 = starling_rt::time::now();
+    let late = t0 + timeout * 3;
+    r.unacked.push_back(crate::destination::Unacked {
+        seq: 3,
+        sent_at: t0,
+        last_sent: t0,
+        keys: vec![8],
+        messages: vec![(message(), None)],
+        routed_at: 11,
+        park: Park::No,
+        held: false,
+    });
+    r.unacked_messages += 1;
+
+    assert!(
+        r.give_up_late(late, timeout).is_empty(),
+        "the parked batch stays"
+    );
+    assert_eq!(r.unacked.len(), 3);
+
+    // The two parked batches acknowledged: the late one behind them goes now.
+    r.unacked.drain(..2);
+    assert!(r.give_up_late(t0, timeout).is_empty(), "not late yet");
+    assert_eq!(r.give_up_late(late, timeout), vec![8]);
+    assert!(r.unacked.is_empty());
+    assert_eq!(r.unacked_messages, 0);
+}

@@ -1038,20 +1038,8 @@ impl RouterActor {
                         .map(|u| (r.node, u.seq)),
                 );
             }
-            while !parks
-                && r.unacked
-                    .front()
-                    .is_some_and(|u| now.saturating_duration_since(u.sent_at) >= timeout)
-            {
-                if let Some(u) = r.unacked.pop_front() {
-                    debug!(
-                        node = r.node,
-                        seq = u.seq,
-                        "forwarded batch not acknowledged in time"
-                    );
-                    r.unacked_messages -= u.messages.len();
-                    late.extend(u.keys);
-                }
+            if !parks {
+                late.extend(r.give_up_late(now, timeout));
             }
             // A node that said nothing for a while may have lost what it was sent (a
             // replaced connection, its own restart) with nothing after to show it the

@@ -145,7 +145,9 @@ pub struct ClusterConfig {
     /// Forwarded QoS 1/2 publishes this node may park for one other node that does not
     /// acknowledge them within the forward timeout, kept in the store (and in memory) and
     /// sent again until it does. 0..=10,000,000, default 100,000; 0 (or a node without a
-    /// store) parks nothing: their publishers are told *unconfirmed*. Past it, a publish
+    /// store) parks none of them: their publishers are told *unconfirmed*. (A copy a node
+    /// with a store forwards on from another node's batch is parked whatever this says.)
+    /// Past it, a publish
     /// for that node is refused (`"refuse"`: MQTT 5 0x97, counted in
     /// `cluster.outbox.full`).
     pub outbox_max_messages: u32,
