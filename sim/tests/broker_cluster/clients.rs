@@ -513,8 +513,9 @@ async fn mover_subscribe_once(c: &mut MqttClient, oracle: &Shared) -> Option<boo
 }
 
 /// The mover: its client id connects on node 2, then on node 3 while connected on node 2,
-/// then on node 2 again, and so on, each connection held a while; one move after the heal.
-pub(crate) async fn mover(setup: Arc<Setup>, faults: Faults, oracle: Shared, nodes: [usize; 2]) {
+/// then on node 2 again (or, going round `nodes`, on node 1), and so on, each connection
+/// held a while; one move after the heal.
+pub(crate) async fn mover(setup: Arc<Setup>, faults: Faults, oracle: Shared, nodes: Vec<usize>) {
     let mut o = opts(MOVER);
     let mut at = nodes[0];
     let forever = Instant::now() + Duration::from_secs(3600);
@@ -537,7 +538,8 @@ pub(crate) async fn mover(setup: Arc<Setup>, faults: Faults, oracle: Shared, nod
         let (least, most) = setup.variant.move_pause_ms;
         sleep(ms(thread_rng().gen_range(least..most))).await;
         let last = lock(&oracle).healed;
-        let to = if at == nodes[0] { nodes[1] } else { nodes[0] };
+        let next = nodes.iter().position(|n| *n == at).map_or(0, |i| i + 1);
+        let to = nodes[next % nodes.len()];
         let before = lock(&faults).clock;
         let started = elapsed();
         let index = {

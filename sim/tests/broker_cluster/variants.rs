@@ -40,6 +40,9 @@ pub(crate) struct Variant {
     /// A third publisher runs, on the first of the mover's nodes: the node a move leaves,
     /// or the one it comes to, has a publisher of its own.
     pub(crate) mover_node_publisher: bool,
+    /// The mover goes round three nodes (the two subscribers' and the publishers'), so a
+    /// session may move on while its last move's relay is still on its way.
+    pub(crate) mover_ring: bool,
 }
 
 /// The broker as it should be: queues deep enough for the whole run.
@@ -58,6 +61,7 @@ pub(crate) const SOUND: Variant = Variant {
     faults: true,
     move_pause_ms: (500, 2000),
     mover_node_publisher: false,
+    mover_ring: false,
 };
 
 /// The same with five nodes, and overloaded nodes among the faults.
@@ -168,6 +172,15 @@ pub(crate) const MOVES: Variant = Variant {
     ..SOUND
 };
 
+/// The moves round three nodes, a few milliseconds apart: a move on before the last one's
+/// relay is done (copies relayed down the chain) must still lose nothing and keep order.
+pub(crate) const MOVES_CHAINED: Variant = Variant {
+    name: "moves-chained",
+    move_pause_ms: (5, 60),
+    mover_ring: true,
+    ..MOVES
+};
+
 /// The moves without the handover's relay (`cluster.handover_relay = false`): what was
 /// routed to the mover's old node in the moment of a move is lost there, which check 9
 /// must catch.
@@ -206,4 +219,5 @@ pub(crate) const LOSSY: Variant = Variant {
     faults: true,
     move_pause_ms: (500, 2000),
     mover_node_publisher: false,
+    mover_ring: false,
 };

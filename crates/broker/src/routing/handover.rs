@@ -43,8 +43,21 @@ pub(super) struct ShardMoves {
     /// for its old node's release of this shard's link), in order, with their publishers'
     /// answers; bounded by [`LOCAL_KEPT_MAX`].
     kept_local: VecDeque<LocalPublish>,
+    /// Requests for a release that wait until this node's own hold on that link and topic
+    /// is over (the session moved on from here before the node it came from released
+    /// them): answered then, behind what this node relayed of them. Bounded by
+    /// [`ASKS_WAITING_MAX`].
+    asks_waiting: VecDeque<AskWaiting>,
     timer: Option<TimerId>,
 }
+
+/// A request for a release that waits: the session's client id, the node and claim's epoch
+/// that asked, the link and topic.
+type AskWaiting = (Arc<str>, (u64, u64), LinkKey, Arc<str>);
+
+/// Requests for a release a shard keeps waiting at most: past it, one is answered at once
+/// (the order of its topic may go; nothing is lost).
+const ASKS_WAITING_MAX: usize = 4096;
 
 /// A publish of this node's, as a shard takes it.
 type LocalPublish = (Arc<Message>, Option<Publisher>, Option<Box<AckTo>>);
@@ -139,7 +152,30 @@ impl RouterActor {
                     None => true,
                 }
             });
-        arrived && !(m.moves.may_hold() && self.holds_for_order(part, now))
+        if !arrived || (!waited && self.for_arriving(part)) {
+            return false;
+        }
+        !(self.moving.moves.may_hold() && self.holds_for_order(part, now))
+    }
+
+    /// Whether a direct copy of the part is for a session that came here and has not
+    /// installed its subscriptions yet (one routed in an earlier stay of it here, that came
+    /// late or was held for order): delivered now, it would go to the destination the
+    /// session that left had here (its relay's), not to the one arriving.
+    fn for_arriving(&mut self, part: &ForwardedPart) -> bool {
+        if !self.moving.moves.any_arriving() {
+            return false;
+        }
+        part.messages
+            .iter()
+            .filter(|(_, g)| g.is_none())
+            .any(|(msg, _)| {
+                let mut arriving = false;
+                self.for_each_plain(&msg.topic, |me, slot, _| {
+                    arriving = arriving || me.moving.moves.arriving(me.destinations.key(slot));
+                });
+                arriving
+            })
     }
 
     /// Whether a session that moved here holds one of the part's direct copies back until
@@ -206,7 +242,24 @@ impl RouterActor {
             .release(client_id, epoch, link, topic.clone())
         {
             Release::Taken => self.moving.released = true,
-            Release::Asked(to, epoch) => self.send_release(client_id, (to, epoch), link, topic),
+            Release::Asked(to, epoch) => {
+                // The session came here, and moved on, before the node it came from
+                // released this link and topic: that node's relays of the link's earlier
+                // copies still come through here. The answer goes behind them.
+                let now = time::now();
+                let waits = self.moving.asks_waiting.len() < ASKS_WAITING_MAX
+                    && (self.moving.asks_waiting.iter().any(|w| w.3 == topic)
+                        || self
+                            .moving
+                            .moves
+                            .holds(client_id, link, u64::MAX, &topic, now));
+                if waits {
+                    let ask = (client_id.clone(), (to, epoch), link, topic);
+                    self.moving.asks_waiting.push_back(ask);
+                } else {
+                    self.send_release(client_id, (to, epoch), link, topic);
+                }
+            }
             Release::Unknown => {}
         }
     }
@@ -317,6 +370,7 @@ impl RouterActor {
     /// Routes the batches kept back that this shard can judge now, in each node's order.
     pub(super) fn route_kept(&mut self, ctx: &mut Ctx<Self>) {
         if self.moving.kept.is_empty() && self.moving.kept_local.is_empty() {
+            self.answer_asks(time::now());
             return;
         }
         let now = time::now();
@@ -348,6 +402,31 @@ impl RouterActor {
             }
         }
         self.moving.released = false;
+        self.answer_asks(now);
+    }
+
+    /// Answers the requests for a release whose link and topic this node holds back no
+    /// more, in order: behind what it relayed of them meanwhile.
+    fn answer_asks(&mut self, now: Instant) {
+        if self.moving.asks_waiting.is_empty() {
+            return;
+        }
+        let mut waiting = std::mem::take(&mut self.moving.asks_waiting);
+        let mut still = VecDeque::new();
+        while let Some((client_id, to, link, topic)) = waiting.pop_front() {
+            let before = still.iter().any(|w: &AskWaiting| w.3 == topic);
+            if before
+                || self
+                    .moving
+                    .moves
+                    .holds(&client_id, link, u64::MAX, &topic, now)
+            {
+                still.push_back((client_id, to, link, topic));
+            } else {
+                self.send_release(&client_id, to, link, topic);
+            }
+        }
+        self.moving.asks_waiting = still;
     }
 
     /// Routes this node's publishes kept back for order that wait no more, in order.
@@ -649,7 +728,8 @@ impl RouterActor {
     fn arm_moves_check(&mut self, ctx: &mut Ctx<Self>) {
         let busy = !self.moving.moves.is_empty()
             || !self.moving.kept.is_empty()
-            || !self.moving.kept_local.is_empty();
+            || !self.moving.kept_local.is_empty()
+            || !self.moving.asks_waiting.is_empty();
         if self.moving.timer.is_none() && busy {
             self.moving.timer = Some(ctx.after(CHECK_EVERY, RouterMsg::MovesCheck));
         }

@@ -38,8 +38,17 @@
 //! direct copies travel on it in order. B's own publishes went to A before the cut and
 //! come back relayed: B keeps a later one on that topic back, and asks A, on the same link
 //! as those copies, for the release of its own link ([`Moves::ask`]), which A answers at
-//! once. Not covered: a session that moves on again before the relay of its last move
-//! is done (copies relayed down the chain come on another link than the release).
+//! once.
+//!
+//! A session that moves on from B to C while B still holds copies back keeps B's hold: B
+//! then relays what it held (or, routed past C's cut, drops it and sends C that link's
+//! release), still behind A's relays of the link's earlier copies, which come down the
+//! chain through B. For the same reason B answers C's request for its own link's release
+//! only once B's own hold on that link and topic is over. And a session that comes back
+//! to a node it left takes a direct copy routed in its earlier stay there (one that came
+//! late, or was held) only once its subscriptions are installed again
+//! ([`Moves::arriving`]): before, its slot is still the destination the session that left
+//! had.
 //!
 //! Plain data, no clock of its own: the shard passes the time in.
 
@@ -219,6 +228,14 @@ impl Moving {
     fn here(&self) -> bool {
         self.stays.last().is_some_and(|s| s.left.is_none())
     }
+
+    /// Came here, its subscriptions not installed yet: a copy delivered to it now would go
+    /// to the destination its relay kept here, not to the session arriving.
+    fn arriving(&self) -> bool {
+        self.stays
+            .last()
+            .is_some_and(|s| s.left.is_none() && s.came.is_some() && !s.installed)
+    }
 }
 
 /// What becomes of one copy of a publish for a moving session.
@@ -259,6 +276,8 @@ struct Counts {
     /// One past the highest cut of a restored relay: a copy routed at or after it is none
     /// of theirs (`u64::MAX` while one's cut is unknown; 0: none).
     restored_below: u64,
+    /// Sessions that came here and have not installed their subscriptions yet.
+    arriving: usize,
 }
 
 impl Moves {
@@ -305,7 +324,10 @@ impl Moves {
             // Here in this run: its relay is its subscriptions in the router.
             m.restored = false;
         }
-        self.ordering -= usize::from(m.order.take().is_some());
+        // The order across the move that brought it here stays (until its hold is over):
+        // what this node relays on of a link's copies waits, as delivering them did, for
+        // the old node's release, so a copy relayed down the chain stays ahead of later
+        // ones.
         m.marked.clear();
         let left = Some((
             to,
@@ -381,6 +403,7 @@ impl Moves {
                     }
                 }
                 s.installed = true;
+                self.stale = true;
                 true
             }
             _ => false,
@@ -424,10 +447,12 @@ impl Moves {
         let (Some(o), Some(s)) = (&m.order, m.stays.last()) else {
             return false;
         };
+        // Moved on since, too: the copy is then relayed (or dropped for the next node's
+        // own, and that node told so), in order behind the old node's relays all the same.
         let Some(Move {
             cut: Cut::At { index, known },
             ..
-        }) = s.came.filter(|_| s.left.is_none())
+        }) = s.came
         else {
             return false;
         };
@@ -458,7 +483,8 @@ impl Moves {
         };
         match (last.came, last.left) {
             (_, Some((to, l))) if to == link.0 && l.epoch == epoch => Release::Asked(to, epoch),
-            (Some(c), None) if c.epoch == epoch => {
+            // Also once it moved on: what this node holds back then is relayed.
+            (Some(c), _) if c.epoch == epoch => {
                 let Some(o) = m.order.as_mut() else {
                     return Release::Unknown;
                 };
@@ -564,6 +590,17 @@ impl Moves {
         })
     }
 
+    /// Whether some session came here and has not installed its subscriptions yet (cheap).
+    pub(crate) fn any_arriving(&mut self) -> bool {
+        self.counts().arriving > 0
+    }
+
+    /// Whether the session of `client_id` came here and has not installed its
+    /// subscriptions yet: a direct copy for it waits, as a relayed one does.
+    pub(crate) fn arriving(&self, client_id: &str) -> bool {
+        self.by_client.get(client_id).is_some_and(Moving::arriving)
+    }
+
     /// Whether a batch routed at `at` must wait until this shard applied the routes up to
     /// it (`routes_at` is where it stands): some move's cut is unknown here, and the batch
     /// may have been routed after it.
@@ -581,6 +618,7 @@ impl Moves {
                     let cuts = cuts.chain(s.left.map(|(_, l)| l.cut));
                     c.unknown += cuts.filter(|cut| !cut.known()).count();
                 }
+                c.arriving += usize::from(m.arriving());
                 if m.restored && !m.here() {
                     for (_, l) in m.stays.iter().filter_map(|s| s.left) {
                         let below = match l.cut {
@@ -933,19 +971,69 @@ mod tests {
         assert!(!b.may_hold());
     }
 
-    /// Without `keep_order` (the `handover_order = false` case, or a session that moves on
-    /// again), nothing is held.
+    /// Without `keep_order` (the `handover_order = false` case) nothing is held. With it, a
+    /// session that moves on keeps its hold: what B holds back of another node's link it
+    /// then relays, behind A's relays; A's release (for the claim that brought it to B)
+    /// still frees it, C's request for its own link's release is still one, and the hold
+    /// ends with its time.
     #[test]
-    fn nothing_is_held_without_order_or_once_the_session_moved_on() {
+    fn nothing_is_held_without_order_and_a_session_that_moves_on_keeps_its_hold() {
         let now = t0();
         let mut b = Moves::default();
         b.came(id(), 7, now);
         b.installed("c", || vec!["t/#".into()]);
         b.cut("c", (B, 7), 12, B, now);
         assert!(!b.may_hold() && !b.holds("c", (C, 0, 1), 12, "t/1", now));
+
+        let (d_link, c_link): (LinkKey, LinkKey) = ((4, 0, 1), (C, 0, 1));
+        let t: Arc<str> = Arc::from("t/1");
+        let mut b = Moves::default();
+        b.came(id(), 7, now);
         b.keep_order("c", A);
+        b.installed("c", || vec!["t/#".into()]);
+        b.cut("c", (B, 7), 12, B, now);
         b.went(id(), C, 9, now);
-        assert!(!b.may_hold() && !b.holds("c", (C, 0, 1), 12, "t/1", now));
+        assert!(b.may_hold() && b.holds("c", d_link, 12, "t/1", now));
+        assert!(
+            b.holds("c", d_link, u64::MAX, "t/1", now),
+            "past C's cut too"
+        );
+        assert_eq!(b.verdict("c", 12, false), Some(Verdict::Relay(C, 9)));
+        assert_eq!(
+            b.release("c", 9, c_link, t.clone()),
+            Release::Asked(C, 9),
+            "C asks for its own link"
+        );
+        assert_eq!(b.release("c", 7, d_link, t.clone()), Release::Taken);
+        assert!(!b.holds("c", d_link, 12, "t/1", now));
+        assert!(b.holds("c", d_link, 12, "t/2", now), "another topic");
+        assert!(!b.holds("c", d_link, 12, "t/2", now + ORDER_HOLD));
+        b.expire(now + ORDER_HOLD);
+        assert!(!b.may_hold());
+    }
+
+    /// A session that came is arriving until its subscriptions are installed (a direct copy
+    /// for it waits meanwhile); one that left, or was here before any move, is not.
+    #[test]
+    fn a_session_that_came_is_arriving_until_it_installs_its_subscriptions() {
+        let now = t0();
+        let mut b = Moves::default();
+        assert!(!b.any_arriving());
+        b.came(id(), 7, now);
+        assert!(b.any_arriving() && b.arriving("c"));
+        b.installed("c", || vec!["t/#".into()]);
+        assert!(!b.any_arriving() && !b.arriving("c"));
+        b.went(id(), C, 9, now);
+        b.came(id(), 11, now);
+        assert!(b.any_arriving(), "back again, not installed yet");
+        b.went(id(), A, 12, now);
+        assert!(
+            !b.any_arriving() && !b.arriving("c"),
+            "gone before it installed"
+        );
+        let mut a = Moves::default();
+        a.went(id(), B, 7, now);
+        assert!(!a.any_arriving());
     }
 
     #[test]
