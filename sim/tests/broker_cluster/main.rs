@@ -156,6 +156,8 @@ const SEEDS_SLOW: u64 = 20;
 /// Seeds of the leave-with-a-parked-outbox scenario (three nodes, no nemesis, about 30 s
 /// simulated each).
 const SEEDS_LEAVE_OWED: u64 = 10;
+/// Seeds of the order test with the new node restarted during its hold.
+const SEEDS_ORDER_RESTART: u64 = 20;
 /// Seeds of the run with kills and slow commits.
 const SEEDS_SLOW_COMMIT: u64 = 50;
 /// Seeds of the run with kills and the outbox parking after 1.2 s.
@@ -362,6 +364,7 @@ mod late_relay;
 mod leave_owed;
 mod membership;
 mod oracle;
+mod order_restart;
 mod retained;
 mod shared;
 mod slow;
@@ -939,6 +942,10 @@ async fn with_late_relay_killed_beside_stayer_without_outbox() {
     .await
 }
 
+async fn with_order_restart() {
+    order_restart::scenario().await
+}
+
 async fn with_late_relay_new_node_kill() {
     late_relay::scenario(
         late_relay::LATE_RELAY_NEW_NODE_KILL,
@@ -1388,6 +1395,21 @@ fn a_session_moving_between_nodes_gets_every_confirmed_publish() {
         )
         .seeds(SEEDS_MOVES),
         with_moves,
+    );
+}
+
+/// A moved session's new node killed while it holds copies back for order, and started
+/// again as the old node's relays and the held copies come once more, in either order:
+/// the session gets them in order (`order_restart.rs`), on [`SEEDS_ORDER_RESTART`] seeds.
+#[test]
+fn a_moved_sessions_order_holds_across_a_restart_of_its_new_node() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "a_moved_sessions_order_holds_across_a_restart_of_its_new_node",
+        )
+        .seeds(SEEDS_ORDER_RESTART),
+        with_order_restart,
     );
 }
 

@@ -212,6 +212,20 @@ struct Order {
     asked: HashSet<Arc<str>>,
 }
 
+impl Order {
+    /// The order of a session that came from node `from`, held on `filters`, nothing
+    /// released yet.
+    fn from(from: u64, filters: Vec<String>) -> Self {
+        Order {
+            from,
+            filters,
+            released: HashMap::new(),
+            count: 0,
+            asked: HashSet::new(),
+        }
+    }
+}
+
 /// What a release that came means to this shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Release {
@@ -400,6 +414,7 @@ impl Moves {
                 if !s.installed {
                     if let Some(o) = m.order.as_mut() {
                         o.filters = filters();
+                        self.dirty.insert(Arc::from(client_id));
                     }
                 }
                 s.installed = true;
@@ -415,13 +430,9 @@ impl Moves {
     pub(crate) fn keep_order(&mut self, client_id: &str, from: u64) {
         if let Some(m) = self.by_client.get_mut(client_id).filter(|m| m.here()) {
             self.ordering += usize::from(m.order.is_none());
-            m.order = Some(Order {
-                from,
-                filters: Vec::new(),
-                released: HashMap::new(),
-                count: 0,
-                asked: HashSet::new(),
-            });
+            m.order = Some(Order::from(from, Vec::new()));
+            // Stored with the judgement: a restart within the hold holds again.
+            self.dirty.insert(Arc::from(client_id));
         }
     }
 
@@ -689,8 +700,8 @@ impl Moves {
                     Cut::At { known, .. } => Some(known + ORDER_HOLD),
                     Cut::Unknown { .. } => None,
                 });
-            if held_until.is_some_and(|t| now >= t) {
-                m.order = None;
+            if held_until.is_some_and(|t| now >= t) && m.order.take().is_some() {
+                dirty.insert(client_id.clone());
             }
             let plain = matches!(m.stays.as_slice(), [s] if s.came.is_none() && s.left.is_none());
             // A restored relay has nothing in the router to take down.

@@ -4,7 +4,11 @@
 //! routed before the cut of one that came (its old node relays that one).
 //!
 //! What a restart does not keep: when a cut was learnt (its grace starts again at the
-//! restart), the order hold (it is seconds long) and the releases sent. A relay restored
+//! restart, and so does the order hold of a session that came) and the releases sent or
+//! taken. The order hold comes back: a node killed while it held copies back for order did
+//! not acknowledge them, so they come again after its restart, beside the old node's
+//! relays sent again, in either order; held again, they wait for the old node's release
+//! behind its relays as before. A relay restored
 //! is not in the shard's router: its filters are matched against the forwarded copies
 //! routed before its cut ([`Moves::restored_relays`]), which are the only ones it is for.
 
@@ -16,11 +20,21 @@ use starling_session::Instant;
 
 use super::{Cut, Move, Moves, Moving, Stay};
 
-/// The layout, postcard behind this version byte.
+/// The layouts, postcard behind this version byte: 2 adds the order across the last move
+/// here (a build without it cannot read such a record, and drops it).
 const RECORD_V1: u8 = 1;
+const RECORD_V2: u8 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct MoveRecord {
+    stays: Vec<StayRecord>,
+    filters: Vec<String>,
+    /// The node the session came from and the filters its order is held on.
+    order: Option<(u64, Vec<String>)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct MoveRecordV1 {
     stays: Vec<StayRecord>,
     filters: Vec<String>,
 }
@@ -73,18 +87,27 @@ impl Moving {
                 })
                 .collect(),
             filters: self.filters.clone(),
+            order: self.order.as_ref().map(|o| (o.from, o.filters.clone())),
         }
     }
 }
 
 fn encode(r: &MoveRecord) -> Vec<u8> {
     // Plain data into a Vec: it cannot fail.
-    postcard::to_extend(r, vec![RECORD_V1]).expect("a move record serializes")
+    postcard::to_extend(r, vec![RECORD_V2]).expect("a move record serializes")
 }
 
 fn decode(bytes: &[u8]) -> Option<MoveRecord> {
     match bytes.split_first() {
-        Some((&RECORD_V1, body)) => postcard::from_bytes(body).ok(),
+        Some((&RECORD_V2, body)) => postcard::from_bytes(body).ok(),
+        Some((&RECORD_V1, body)) => {
+            let v1: MoveRecordV1 = postcard::from_bytes(body).ok()?;
+            Some(MoveRecord {
+                stays: v1.stays,
+                filters: v1.filters,
+                order: None,
+            })
+        }
         _ => None,
     }
 }
@@ -118,6 +141,7 @@ impl Moves {
             return false;
         };
         let mut filters = first.filters;
+        let order = first.order;
         for r in read {
             for f in r.filters {
                 if !filters.contains(&f) {
@@ -138,15 +162,23 @@ impl Moves {
         if stays.is_empty() {
             return false;
         }
+        // Held again from the restart on (its cut is learnt anew then), if the session's
+        // last stay here began with a move (whether it moved on since or not).
+        let order = order
+            .filter(|_| stays.last().is_some_and(|s| s.came.is_some()))
+            .map(|(from, filters)| super::Order::from(from, filters));
+        self.ordering += usize::from(order.is_some());
         let m = Moving {
             stays,
             filters,
-            order: None,
+            order,
             marked: Default::default(),
             restored: true,
             ended_here: true,
         };
-        self.by_client.insert(client_id.clone(), m);
+        if let Some(old) = self.by_client.insert(client_id.clone(), m) {
+            self.ordering -= usize::from(old.order.is_some());
+        }
         self.stale = true;
         self.dirty.insert(client_id);
         true
@@ -187,7 +219,7 @@ impl Moves {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Verdict, CUT_GRACE};
+    use super::super::{LinkKey, Release, Verdict, CUT_GRACE, ORDER_HOLD};
     use super::*;
 
     const A: u64 = 1;
@@ -262,5 +294,59 @@ mod tests {
         assert!(a2.is_empty());
         assert_eq!(a2.take_dirty(), vec![(id(), None)]);
         assert!(a2.restored_relays("t/x", 11, &l).is_empty());
+    }
+
+    /// The order across a move comes back from its record, held again from the restart on
+    /// for the hold's time; once over, the record says so. A record of the first layout
+    /// still reads, without an order.
+    #[test]
+    fn a_restarted_node_holds_a_moved_sessions_order_again() {
+        let now = starling_rt::time::now();
+        let rows = |m: &mut Moves| -> Vec<Vec<u8>> {
+            m.take_dirty().into_iter().filter_map(|(_, r)| r).collect()
+        };
+        let mut b = Moves::default();
+        b.came(id(), 7, now);
+        b.keep_order("c", A);
+        b.installed("c", || vec!["t/#".into()]);
+        b.cut("c", (B, 7), 12, B, now);
+        let b_rows = rows(&mut b);
+
+        let later = now + CUT_GRACE;
+        let c_link: LinkKey = (3, 0, 1);
+        let mut b2 = Moves::default();
+        assert!(b2.restore(id(), &b_rows, later));
+        assert!(b2.may_hold());
+        assert!(b2.holds("c", c_link, 12, "t/1", later));
+        assert!(!b2.holds("c", c_link, 11, "t/1", later), "before the cut");
+        assert!(!b2.holds("c", (A, 0, 1), 12, "t/1", later), "A's own link");
+        assert!(!b2.holds("c", c_link, 12, "u/1", later), "not handed over");
+        assert_eq!(b2.release("c", 7, c_link, Arc::from("t/1")), Release::Taken);
+        assert!(!b2.holds("c", c_link, 12, "t/1", later));
+        assert!(b2.holds("c", c_link, 12, "t/2", later));
+        assert!(!b2.holds("c", c_link, 12, "t/2", later + ORDER_HOLD));
+        b2.take_dirty();
+        b2.expire(later + ORDER_HOLD);
+        assert!(!b2.may_hold());
+        let mut b3 = Moves::default();
+        assert!(b3.restore(id(), &rows(&mut b2), later));
+        assert!(!b3.may_hold(), "the hold was over when it was stored");
+
+        let v1 = MoveRecordV1 {
+            stays: vec![StayRecord {
+                came: Some(MoveKept {
+                    epoch: 7,
+                    cut: Some(12),
+                }),
+                left: None,
+            }],
+            filters: Vec::new(),
+        };
+        let v1 = postcard::to_extend(&v1, vec![RECORD_V1]).expect("a v1 record");
+        let mut b4 = Moves::default();
+        assert!(b4.restore(id(), &[v1], later));
+        assert_eq!(b4.verdict("c", 12, false), Some(Verdict::Deliver));
+        assert_eq!(b4.verdict("c", 11, false), Some(Verdict::Skip));
+        assert!(!b4.may_hold());
     }
 }
