@@ -181,6 +181,15 @@ pub(crate) const MOVES_CHAINED: Variant = Variant {
     ..MOVES
 };
 
+/// The moves back and forth between two nodes, a few milliseconds apart: a session that
+/// comes back to a node while what that node relayed to it on the other one is still on
+/// its way back must still get it in order.
+pub(crate) const MOVES_PINGPONG: Variant = Variant {
+    name: "moves-pingpong",
+    move_pause_ms: (5, 60),
+    ..MOVES
+};
+
 /// The moves without the handover's relay (`cluster.handover_relay = false`): what was
 /// routed to the mover's old node in the moment of a move is lost there, which check 9
 /// must catch.
