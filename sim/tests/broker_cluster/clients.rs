@@ -147,18 +147,23 @@ pub(crate) async fn publish_numbered(
     payload: fn(u64) -> Bytes,
 ) {
     for seq in 1..=n {
-        let publish = Publish {
-            dup: false,
-            qos: QoS::AtLeastOnce,
-            retain: false,
-            topic: topic.into(),
-            packet_id: Some(pid(seq as u32)),
-            properties: Properties::default(),
-            payload: payload(seq),
-        };
-        c.send(&Packet::Publish(publish)).await.expect("publish");
+        let publish = numbered(topic, seq, payload(seq));
+        c.send(&publish).await.expect("publish");
         while !matches!(c.recv().await.expect("a PUBACK"), Packet::Puback(_)) {}
     }
+}
+
+/// QoS 1 publish number `seq` (its packet id) to `topic`.
+pub(crate) fn numbered(topic: &str, seq: u64, payload: Bytes) -> Packet {
+    Packet::Publish(Publish {
+        dup: false,
+        qos: QoS::AtLeastOnce,
+        retain: false,
+        topic: topic.into(),
+        packet_id: Some(pid(seq as u32)),
+        properties: Properties::default(),
+        payload,
+    })
 }
 
 pub(crate) fn ack(id: std::num::NonZeroU16) -> PubAck {

@@ -71,22 +71,8 @@ pub(crate) async fn scenario(owes: Owes) {
     let mut clients = ClientNodes::default();
 
     leave_subscribed(&mut clients, sub_at, SUBSCRIBER, FILTER).await;
+    wait_routed(&setup, publish_at, FILTER, &[sub_at]).await;
     let p_admin = setup.admin(publish_at).expect("the publisher's node runs");
-    let sub_id = sub_at as u64 + 1;
-    let routed = Instant::now() + Duration::from_secs(20);
-    while !p_admin
-        .cluster_routes()
-        .await
-        .iter()
-        .any(|(f, nodes)| f == FILTER && nodes.contains(&sub_id))
-    {
-        check!(
-            Instant::now() < routed,
-            "node{} did not route {FILTER} to node{sub_id} within 20 s",
-            publish_at + 1
-        );
-        sleep(ms(10)).await;
-    }
 
     // The publisher's node cannot reach the subscriber's: the publishes are parked, and
     // acknowledged. The publisher's session ends with its connection, so that it is

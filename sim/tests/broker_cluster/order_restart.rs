@@ -17,10 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// are parked after 1.2 s without an acknowledgement.
 pub(crate) const ORDER_RESTART: Variant = Variant {
     name: "order-restart",
-    faults: false,
-    mqtt: "max_mqueue_len = 100000\nbackpressure_max_secs = 1\n",
-    cluster: "forward_timeout_ms = 200\n",
-    ..SOUND
+    ..super::late_relay::LATE_RELAY
 };
 
 const ROAMER: &str = "order-roamer";
@@ -38,21 +35,8 @@ pub(crate) async fn scenario() {
     let (a, c) = ((b + 1) % 3, (b + 2) % 3);
     let mut clients = ClientNodes::default();
     leave_subscribed(&mut clients, a, ROAMER, FILTER).await;
+    wait_routed(&setup, c, FILTER, &[a]).await;
     let c_admin = setup.admin(c).expect("C runs");
-    let a_id = a as u64 + 1;
-    let by = Instant::now() + Duration::from_secs(20);
-    while !c_admin
-        .cluster_routes()
-        .await
-        .iter()
-        .any(|(f, nodes)| f == FILTER && nodes.contains(&a_id))
-    {
-        check!(
-            Instant::now() < by,
-            "C did not route {FILTER} to A within 20 s"
-        );
-        sleep(ms(10)).await;
-    }
 
     // Routed before the cut: parked at C for A (and acknowledged).
     cluster.clog_one_way(c, a);
@@ -170,16 +154,8 @@ fn pipelined_publisher(
             sleep(ms(1)).await;
         }
         for seq in BEFORE + 1..=2 * BEFORE {
-            let publish = Publish {
-                dup: false,
-                qos: QoS::AtLeastOnce,
-                retain: false,
-                topic: TOPIC.into(),
-                packet_id: Some(pid(seq as u32)),
-                properties: Properties::default(),
-                payload: Bytes::from(format!("0:{seq}")),
-            };
-            c.send(&Packet::Publish(publish)).await.expect("publish");
+            let publish = numbered(TOPIC, seq, Bytes::from(format!("0:{seq}")));
+            c.send(&publish).await.expect("publish");
         }
         let mut acked = 0;
         while acked < BEFORE {

@@ -274,3 +274,24 @@ pub(crate) async fn routes_agree(setup: &Setup) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Waits until node `at` (index) routes `filter` to every node (index) of `to`: 20 s at
+/// most.
+pub(crate) async fn wait_routed(setup: &Setup, at: usize, filter: &str, to: &[usize]) {
+    let admin = setup.admin(at).expect("the routing node runs");
+    let ids: Vec<u64> = to.iter().map(|n| *n as u64 + 1).collect();
+    let by = Instant::now() + Duration::from_secs(20);
+    let routes_all = |routes: &[(String, Vec<u64>)]| {
+        routes
+            .iter()
+            .any(|(f, nodes)| f == filter && ids.iter().all(|i| nodes.contains(i)))
+    };
+    while !routes_all(&admin.cluster_routes().await) {
+        check!(
+            Instant::now() < by,
+            "node{} did not route {filter} to nodes {ids:?} within 20 s",
+            at + 1
+        );
+        sleep(ms(10)).await;
+    }
+}
