@@ -264,15 +264,7 @@ pub(crate) async fn scenario(variant: Variant, old: OldNode) {
         OldNode::NewNodeKilledAtHandover => {
             // The moment B has stored the session handed over to it (asked of its
             // actors): its judgement of the move must be stored already.
-            let b_admin = setup.admin(b).expect("B runs");
-            let by = Instant::now() + Duration::from_secs(30);
-            while b_admin.metrics().cluster_sessions_stored == 0 {
-                check!(
-                    Instant::now() < by,
-                    "B did not store the roamer's session within 30 s"
-                );
-                sleep(ms(1)).await;
-            }
+            wait_session_stored(&setup, b).await;
             restart(&setup, &cluster, b).await;
             sleep(CUT_OFF - Duration::from_secs(2)).await;
         }

@@ -52,15 +52,7 @@ pub(crate) async fn scenario() {
 
     // The session moves to B and waits there for all of them, in order.
     let roamer = clients.node(ROAMER).spawn(take_in_order(b, 2 * BEFORE));
-    let b_admin = setup.admin(b).expect("B runs");
-    let by = Instant::now() + Duration::from_secs(30);
-    while b_admin.metrics().cluster_sessions_stored == 0 {
-        check!(
-            Instant::now() < by,
-            "B did not store the roamer's session within 30 s"
-        );
-        sleep(ms(10)).await;
-    }
+    wait_session_stored(&setup, b).await;
     // Every node applies the cut within milliseconds of B's install (no fault but C's
     // link to A): C routes what follows past it, straight to B (and to A, as the relay).
     sleep(ms(500)).await;

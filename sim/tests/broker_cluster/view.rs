@@ -295,3 +295,18 @@ pub(crate) async fn wait_routed(setup: &Setup, at: usize, filter: &str, to: &[us
         sleep(ms(10)).await;
     }
 }
+
+/// Waits until node `node` (index) has stored a session handed over to it (asked of its
+/// actors every millisecond): 30 s at most.
+pub(crate) async fn wait_session_stored(setup: &Setup, node: usize) {
+    let admin = setup.admin(node).expect("the node runs");
+    let by = Instant::now() + Duration::from_secs(30);
+    while admin.metrics().cluster_sessions_stored == 0 {
+        check!(
+            Instant::now() < by,
+            "node{} did not store the session handed over to it within 30 s",
+            node + 1
+        );
+        sleep(ms(1)).await;
+    }
+}
