@@ -103,9 +103,7 @@ pub(crate) fn spawn_resume_and_take(
         while connack.session_present && got.len() < n {
             match timeout(quiet, c.recv()).await {
                 Ok(Ok(Packet::Publish(p))) => {
-                    if let Some(id) = p.packet_id {
-                        let _ = c.send(&Packet::Puback(ack(id))).await;
-                    }
+                    puback(&mut c, &p).await;
                     got.push(parse(&p.payload).1);
                 }
                 Ok(Ok(_)) => {}
@@ -164,6 +162,14 @@ pub(crate) fn numbered(topic: &str, seq: u64, payload: Bytes) -> Packet {
         properties: Properties::default(),
         payload,
     })
+}
+
+/// Acknowledges a QoS 1 publish `p` on `c` (nothing for QoS 0); a broken connection shows
+/// at the next read.
+pub(crate) async fn puback(c: &mut MqttClient, p: &Publish) {
+    if let Some(id) = p.packet_id {
+        let _ = c.send(&Packet::Puback(ack(id))).await;
+    }
 }
 
 pub(crate) fn ack(id: std::num::NonZeroU16) -> PubAck {
@@ -450,9 +456,7 @@ pub(crate) async fn watch_mover(
                     g.mover_got.insert(parse(&p.payload));
                     g.mover_arrivals.push(parse(&p.payload));
                 }
-                if let Some(id) = p.packet_id {
-                    let _ = c.send(&Packet::Puback(ack(id))).await;
-                }
+                puback(&mut c, &p).await;
             }
             Ok(_) => {}
             Err(_) => break "closed".to_string(),
@@ -507,9 +511,7 @@ async fn mover_subscribe_once(c: &mut MqttClient, oracle: &Shared) -> Option<boo
                     g.mover_got.insert(parse(&p.payload));
                     g.mover_arrivals.push(parse(&p.payload));
                 }
-                if let Some(id) = p.packet_id {
-                    let _ = c.send(&Packet::Puback(ack(id))).await;
-                }
+                puback(c, &p).await;
             }
             Ok(other) => check!(false, "the mover got {other:?} before its SUBACK"),
             Err(_) => return None,

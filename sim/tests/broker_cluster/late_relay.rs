@@ -209,9 +209,7 @@ pub(crate) async fn scenario(variant: Variant, old: OldNode) {
                 let left = by.saturating_duration_since(Instant::now());
                 match timeout(left, c.recv()).await {
                     Ok(Ok(Packet::Publish(p))) => {
-                        if let Some(id) = p.packet_id {
-                            let _ = c.send(&Packet::Puback(ack(id))).await;
-                        }
+                        puback(&mut c, &p).await;
                         got.push(parse(&p.payload).1);
                         // One more than expected is waited for only briefly: a copy twice.
                         if got.len() == PARKED as usize {

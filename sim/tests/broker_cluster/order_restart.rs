@@ -108,9 +108,7 @@ async fn take_in_order(node: usize, n: u64) -> (bool, Vec<u64>) {
             let left = by.saturating_duration_since(Instant::now());
             match timeout(left, c.recv()).await {
                 Ok(Ok(Packet::Publish(p))) => {
-                    if let Some(id) = p.packet_id {
-                        let _ = c.send(&Packet::Puback(ack(id))).await;
-                    }
+                    puback(&mut c, &p).await;
                     got.push(parse(&p.payload).1);
                     let mut seen = got.clone();
                     seen.sort_unstable();

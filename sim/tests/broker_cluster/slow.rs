@@ -65,9 +65,7 @@ pub(crate) async fn scenario() {
         while connack.session_present && got.len() < QUEUED as usize {
             match timeout(Duration::from_secs(30), c.recv()).await {
                 Ok(Ok(Packet::Publish(p))) => {
-                    if let Some(id) = p.packet_id {
-                        let _ = c.send(&Packet::Puback(ack(id))).await;
-                    }
+                    puback(&mut c, &p).await;
                     got.push(seq_of(&p.payload));
                 }
                 Ok(Ok(_)) => {}

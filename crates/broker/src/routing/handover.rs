@@ -163,19 +163,8 @@ impl RouterActor {
     /// late or was held for order): delivered now, it would go to the destination the
     /// session that left had here (its relay's), not to the one arriving.
     fn for_arriving(&mut self, part: &ForwardedPart) -> bool {
-        if !self.moving.moves.any_arriving() {
-            return false;
-        }
-        part.messages
-            .iter()
-            .filter(|(_, g)| g.is_none())
-            .any(|(msg, _)| {
-                let mut arriving = false;
-                self.for_each_plain(&msg.topic, |me, slot, _| {
-                    arriving = arriving || me.moving.moves.arriving(me.destinations.key(slot));
-                });
-                arriving
-            })
+        self.moving.moves.any_arriving()
+            && self.any_direct_copy(part, |moves, client_id, _| moves.arriving(client_id))
     }
 
     /// Whether a session that moved here holds one of the part's direct copies back until
@@ -183,22 +172,27 @@ impl RouterActor {
     fn holds_for_order(&mut self, part: &ForwardedPart, now: Option<Instant>) -> bool {
         let now = now.unwrap_or_else(time::now);
         let link = (part.from.node, part.from.shard, part.from.inc);
+        self.any_direct_copy(part, |moves, client_id, topic| {
+            moves.holds(client_id, link, part.routed_at, topic, now)
+        })
+    }
+
+    /// Whether `f` says yes for some direct (not relayed, not shared) copy of the part and
+    /// a session here it is for: the moves, its client id and the copy's topic.
+    fn any_direct_copy(
+        &mut self,
+        part: &ForwardedPart,
+        mut f: impl FnMut(&Moves, &str, &str) -> bool,
+    ) -> bool {
         part.messages
             .iter()
             .filter(|(_, g)| g.is_none())
             .any(|(msg, _)| {
-                let mut held = false;
+                let mut yes = false;
                 self.for_each_plain(&msg.topic, |me, slot, _| {
-                    held = held
-                        || me.moving.moves.holds(
-                            me.destinations.key(slot),
-                            link,
-                            part.routed_at,
-                            &msg.topic,
-                            now,
-                        );
+                    yes = yes || f(&me.moving.moves, me.destinations.key(slot), &msg.topic);
                 });
-                held
+                yes
             })
     }
 
