@@ -11,7 +11,7 @@ use starling_rt::{time, Ctx, TimerId};
 use starling_session::{Instant, Message, SubscribeRequest};
 use tracing::{debug, warn};
 
-use super::moving::{LinkKey, Moves, Release, Verdict};
+use super::moving::{LinkKey, Moves, Release, Verdict, Via};
 use super::{RouterActor, Slot, Source, SubOpts};
 use crate::destination::SharedTo;
 use crate::flow::Qos0Tally;
@@ -59,8 +59,8 @@ type AskWaiting = (Arc<str>, (u64, u64), LinkKey, Arc<str>);
 /// (the order of its topic may go; nothing is lost).
 const ASKS_WAITING_MAX: usize = 4096;
 
-/// A publish of this node's, as a shard takes it.
-type LocalPublish = (Arc<Message>, Option<Publisher>, Option<Box<AckTo>>);
+/// A publish of this node's, as a shard takes it, and when it kept it back.
+type LocalPublish = (Arc<Message>, Option<Publisher>, Option<Box<AckTo>>, Instant);
 
 /// This node's publishes a shard keeps back for order at most: past it, a publish is
 /// routed at once (its order across a move may go; nothing is lost). The publishers'
@@ -295,39 +295,50 @@ impl RouterActor {
         ack: Option<Box<AckTo>>,
         ctx: &mut Ctx<Self>,
     ) {
-        let may = self.moving.moves.may_hold() || !self.moving.kept_local.is_empty();
-        if may && self.holds_local(&m, true, None) {
-            self.moving.kept_local.push_back((m, from, ack));
+        let may = self.moving.moves.may_hold()
+            || !self.moving.kept_local.is_empty()
+            || self.moving.moves.any_arriving();
+        let now = may.then(time::now);
+        if let Some(now) = now.filter(|&now| self.holds_local(&m, now, true, now)) {
+            self.moving.kept_local.push_back((m, from, ack, now));
             self.arm_moves_check(ctx);
             return;
         }
         self.publish_acked(m, from, ack, ctx);
     }
 
-    /// Whether a publish of this node's waits for order: one before it on its topic waits,
-    /// or a session that moved here holds its copy back (asking its old node for the
-    /// release, once per topic, when `ask`).
-    fn holds_local(&mut self, m: &Arc<Message>, ask: bool, now: Option<Instant>) -> bool {
+    /// Whether a publish of this node's, kept back since `came`, waits: one before it on its
+    /// topic waits; a session it is for came here and has not installed its subscriptions
+    /// yet (at most [`RELAY_WAIT`]: delivered now, it would go to the destination the
+    /// session that left had here, and be lost); or a session that moved here holds its
+    /// copy back for order (asking its old node for the release, once per topic, when
+    /// `ask`).
+    fn holds_local(&mut self, m: &Arc<Message>, came: Instant, ask: bool, now: Instant) -> bool {
         let kept = &self.moving.kept_local;
         if kept.len() >= LOCAL_KEPT_MAX {
             return false;
         }
-        if kept.iter().any(|(k, _, _)| k.topic == m.topic) {
+        if kept.iter().any(|(k, ..)| k.topic == m.topic) {
             return true;
         }
-        if !self.moving.moves.may_hold() {
+        let arriving =
+            self.moving.moves.any_arriving() && now.saturating_duration_since(came) < RELAY_WAIT;
+        let order = self.moving.moves.may_hold();
+        if !arriving && !order {
             return false;
         }
         let Some(me) = self.cluster.as_ref().map(|c| c.node) else {
             return false;
         };
-        let now = now.unwrap_or_else(time::now);
         let link = (me, self.index as u16, self.link_inc);
         let at = self.routed_at();
         let mut held = false;
         self.for_each_plain(&m.topic, |me, slot, _| {
             let client_id = me.destinations.key(slot).clone();
-            if !me.moving.moves.holds(&client_id, link, at, &m.topic, now) {
+            if arriving && me.moving.moves.arriving(&client_id) {
+                held = true;
+            }
+            if !order || !me.moving.moves.holds(&client_id, link, at, &m.topic, now) {
                 return;
             }
             held = true;
@@ -430,13 +441,13 @@ impl RouterActor {
         }
         let mut kept = std::mem::take(&mut self.moving.kept_local);
         let mut waiting = VecDeque::new();
-        while let Some((m, from, ack)) = kept.pop_front() {
+        while let Some((m, from, ack, came)) = kept.pop_front() {
             // `holds_local` looks at `kept_local`: the ones still waiting, before this one.
             self.moving.kept_local = std::mem::take(&mut waiting);
-            let held = self.holds_local(&m, false, Some(now));
+            let held = self.holds_local(&m, came, false, now);
             waiting = std::mem::take(&mut self.moving.kept_local);
             if held {
-                waiting.push_back((m, from, ack));
+                waiting.push_back((m, from, ack, came));
             } else {
                 self.publish_acked(m, from, ack, ctx);
             }
@@ -587,7 +598,7 @@ impl RouterActor {
     /// session is being handed over. Whether it was.
     pub(super) fn relay_routed(&mut self, client_id: &Arc<str>, msg: &Arc<Message>) -> bool {
         // Its own, wherever the session is now: judged as a relayed copy.
-        match self.moving.moves.verdict(client_id, 0, true) {
+        match self.moving.moves.verdict(client_id, 0, Via::Held) {
             Some(Verdict::Relay(to, epoch)) => {
                 let prior = self.moving.forwarded_at.replace(0);
                 self.relay(msg, (client_id, epoch), to, None);
@@ -772,28 +783,32 @@ impl RouterActor {
         if self.moving.moves.is_empty() || matches!(kind, DeliveryKind::Shared { .. }) {
             return true;
         }
-        let v =
-            self.moving
-                .moves
-                .verdict(self.destinations.key(subscriber), self.routed_at(), false);
-        match v {
-            None | Some(Verdict::Deliver) => true,
-            Some(Verdict::Skip) => {
-                self.release_for_order(msg, subscriber);
-                false
-            }
+        let v = self.moving.moves.verdict(
+            self.destinations.key(subscriber),
+            self.routed_at(),
+            Via::Direct,
+        );
+        let go_on = match v {
+            None => return true,
+            Some(Verdict::Deliver) => true,
+            Some(Verdict::Skip) => false,
             Some(Verdict::Relay(to, epoch)) => {
                 let subscriber = self.destinations.key(subscriber).clone();
                 self.relay(msg, (&subscriber, epoch), to, from);
                 false
             }
-        }
+        };
+        // Whichever way this copy goes, it may tell a node the session went to from here
+        // that this link's earlier copies are all on their way.
+        self.release_for_order(msg, subscriber);
+        go_on
     }
 
-    /// A forwarded copy for a session that moved away from here, routed past its move's
-    /// cut: the session's new node may hold such copies of the same link and topic back
-    /// until this node relayed what came before, so it is told (once per link and topic),
-    /// behind those relays.
+    /// A forwarded copy for a session that moved away from here, routed past that move's
+    /// cut (or past the cut of an earlier move away, the session back since): the node it
+    /// went to may hold such copies of the same link and topic back until this node
+    /// relayed what came before, so it is told (once per move, link and topic), behind
+    /// those relays.
     fn release_for_order(&mut self, msg: &Arc<Message>, subscriber: Slot) {
         let Some(from) = self.moving.forwarded_from else {
             return;
@@ -806,7 +821,7 @@ impl RouterActor {
             .moving
             .moves
             .mark(&client_id, link, at, &msg.topic, now);
-        if let Some(to) = marked {
+        for to in marked {
             self.send_release(&client_id, to, link, msg.topic.clone());
         }
     }
@@ -831,7 +846,7 @@ impl RouterActor {
     pub(super) fn relayed(
         &mut self,
         msg: Arc<Message>,
-        client_id: &Arc<str>,
+        (client_id, epoch): (&Arc<str>, u64),
         node: u64,
         ctx: &mut Ctx<Self>,
     ) {
@@ -848,7 +863,11 @@ impl RouterActor {
             debug!(client_id = %client_id, topic = %msg.topic, "a relayed copy found no subscription of its session");
             return;
         };
-        match self.moving.moves.verdict(client_id, self.routed_at(), true) {
+        match self
+            .moving
+            .moves
+            .verdict(client_id, self.routed_at(), Via::Relayed(epoch))
+        {
             None | Some(Verdict::Deliver) => {
                 let mut qos0 = Qos0Tally::default();
                 let source = Source::Forwarded(node);

@@ -176,7 +176,8 @@ impl RouterActor {
             }
             // Relayed to a session that moved here (`handover`).
             (Some(g), _) if super::handover::relay_epoch(g).is_some() => {
-                self.relayed(m, &g.filter, from.node, ctx)
+                let epoch = super::handover::relay_epoch(g).unwrap_or(0);
+                self.relayed(m, (&g.filter, epoch), from.node, ctx)
             }
             (Some(group), _) => self.publish_to_group(&m, group, from.node, ctx),
         }

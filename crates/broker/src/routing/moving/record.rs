@@ -219,7 +219,7 @@ impl Moves {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{LinkKey, Release, Verdict, CUT_GRACE, ORDER_HOLD};
+    use super::super::{LinkKey, Release, Verdict, Via, CUT_GRACE, ORDER_HOLD};
     use super::*;
 
     const A: u64 = 1;
@@ -261,8 +261,8 @@ mod tests {
             !a2.restore(id(), &[vec![9, 9]], later),
             "an unreadable record"
         );
-        assert_eq!(a2.verdict("c", 11, false), Some(Verdict::Relay(B, 7)));
-        assert_eq!(a2.verdict("c", 12, false), Some(Verdict::Skip));
+        assert_eq!(a2.verdict("c", 11, Via::Direct), Some(Verdict::Relay(B, 7)));
+        assert_eq!(a2.verdict("c", 12, Via::Direct), Some(Verdict::Skip));
         assert_eq!(a2.restored_relays("t/x", 11, &l), vec![(id(), B, 7)]);
         assert_eq!(a2.restored_relays("u", 11, &l), vec![(id(), B, 7)]);
         assert!(
@@ -278,8 +278,8 @@ mod tests {
 
         let mut b2 = Moves::default();
         assert!(b2.restore(id(), &b_rows, later));
-        assert_eq!(b2.verdict("c", 11, false), Some(Verdict::Skip));
-        assert_eq!(b2.verdict("c", 12, false), Some(Verdict::Deliver));
+        assert_eq!(b2.verdict("c", 11, Via::Direct), Some(Verdict::Skip));
+        assert_eq!(b2.verdict("c", 12, Via::Direct), Some(Verdict::Deliver));
         assert!(
             b2.restored_relays("t/x", 11, &l).is_empty(),
             "the session is here"
@@ -345,8 +345,8 @@ mod tests {
         let v1 = postcard::to_extend(&v1, vec![RECORD_V1]).expect("a v1 record");
         let mut b4 = Moves::default();
         assert!(b4.restore(id(), &[v1], later));
-        assert_eq!(b4.verdict("c", 12, false), Some(Verdict::Deliver));
-        assert_eq!(b4.verdict("c", 11, false), Some(Verdict::Skip));
+        assert_eq!(b4.verdict("c", 12, Via::Direct), Some(Verdict::Deliver));
+        assert_eq!(b4.verdict("c", 11, Via::Direct), Some(Verdict::Skip));
         assert!(!b4.may_hold());
     }
 }
