@@ -598,7 +598,11 @@ impl RouterActor {
     /// session is being handed over. Whether it was.
     pub(super) fn relay_routed(&mut self, client_id: &Arc<str>, msg: &Arc<Message>) -> bool {
         // Its own, wherever the session is now: judged as a relayed copy.
-        match self.moving.moves.verdict(client_id, 0, Via::Held) {
+        match self
+            .moving
+            .moves
+            .verdict(client_id, 0, Via::Held, time::now())
+        {
             Some(Verdict::Relay(to, epoch)) => {
                 let prior = self.moving.forwarded_at.replace(0);
                 self.relay(msg, (client_id, epoch), to, None);
@@ -787,6 +791,7 @@ impl RouterActor {
             self.destinations.key(subscriber),
             self.routed_at(),
             Via::Direct,
+            time::now(),
         );
         let go_on = match v {
             None => return true,
@@ -863,11 +868,12 @@ impl RouterActor {
             debug!(client_id = %client_id, topic = %msg.topic, "a relayed copy found no subscription of its session");
             return;
         };
-        match self
-            .moving
-            .moves
-            .verdict(client_id, self.routed_at(), Via::Relayed(epoch))
-        {
+        match self.moving.moves.verdict(
+            client_id,
+            self.routed_at(),
+            Via::Relayed(epoch),
+            time::now(),
+        ) {
             None | Some(Verdict::Deliver) => {
                 let mut qos0 = Qos0Tally::default();
                 let source = Source::Forwarded(node);

@@ -28,7 +28,8 @@
 //! A copy of a stretch that ended is relayed to where the session went from that
 //! stretch, and on down the chain of its later moves, even if the session is back here
 //! now: what this node relayed there before is still on its way back, and a short cut
-//! would overtake it ([`Moves::verdict`]).
+//! would overtake it ([`Moves::verdict`]). Only within [`ORDER_HOLD`] of a move's cut,
+//! as order is kept: a copy later than that goes straight to where the session is.
 //!
 //! Order across the cut: a copy relayed through A takes one hop more than a later copy of
 //! the same publisher that took the direct way to B. So for [`ORDER_HOLD`] after B learnt
@@ -539,9 +540,9 @@ impl Moves {
 
     /// On the old node: a copy for `client_id` that came on `link`, routed at `at`, on
     /// `topic`. Where to send that link's release for the topic (node, claim's epoch), for
-    /// each move away from here whose cut the copy is past, unless sent before. Every
-    /// stretch the session spent here counts, not only the last: one that came back since
-    /// still owes the node it went to then the release that node's hold waits for.
+    /// the latest move away from here to each node whose cut the copy is past, unless sent
+    /// before. Not only the last move counts: the session may have come back since, and
+    /// the node it went to then still holds copies back for the release.
     pub(crate) fn mark(
         &mut self,
         client_id: &str,
@@ -550,11 +551,19 @@ impl Moves {
         topic: &Arc<str>,
         now: Instant,
     ) -> Vec<(u64, u64)> {
-        let mut out = Vec::new();
+        let mut out: Vec<(u64, u64)> = Vec::new();
         let Some(m) = self.by_client.get_mut(client_id) else {
             return out;
         };
-        for (to, l) in m.stays.iter().filter_map(|s| s.left) {
+        // Latest first, and only the latest move to each node: a node holds copies back
+        // for the last move that brought the session to it alone, so one that came back
+        // and left again many times costs a release per node, not per move.
+        let mut seen: Vec<u64> = Vec::new();
+        for (to, l) in m.stays.iter().rev().filter_map(|s| s.left) {
+            if seen.contains(&to) {
+                continue;
+            }
+            seen.push(to);
             let Cut::At { index, known } = l.cut else {
                 continue;
             };
@@ -610,15 +619,21 @@ impl Moves {
         }
     }
 
-    /// What becomes of a copy for `client_id` routed at `at`, that came `via`. `None`: the
-    /// session is not moving, the copy goes as any other.
+    /// What becomes of a copy for `client_id` routed at `at`, that came `via`, now. `None`:
+    /// the session is not moving, the copy goes as any other.
     ///
     /// A copy goes down the chain of the session's stays from the one it belongs to, and
     /// takes no short cut: one that belongs to a stretch this node held before the session
     /// left (or that was relayed for such a stretch) goes to where the session went from
     /// that stretch even if the session is back here now, because what this node relayed
     /// there before is still on its way back, and the later copy must stay behind it.
-    pub(crate) fn verdict(&self, client_id: &str, at: u64, via: Via) -> Option<Verdict> {
+    pub(crate) fn verdict(
+        &self,
+        client_id: &str,
+        at: u64,
+        via: Via,
+        now: Instant,
+    ) -> Option<Verdict> {
         let m = self.by_client.get(client_id)?;
         let owner = match via {
             Via::Direct => {
@@ -635,6 +650,16 @@ impl Moves {
                 .find(|s| s.came.is_some_and(|c| c.epoch >= epoch)),
             Via::Held => None,
         };
+        // Down the chain only through a move away learnt within the order's hold (or not
+        // cut yet): past it, order across that move is not kept anyway, and a copy that
+        // late would chase every move since, each node it passes holding its batch's
+        // answer for the next one.
+        let owner = owner.filter(|s| {
+            s.left.is_some_and(|(_, l)| match l.cut {
+                Cut::Unknown { .. } => true,
+                Cut::At { known, .. } => now.saturating_duration_since(known) < ORDER_HOLD,
+            })
+        });
         Some(match owner.or(m.stays.last()).and_then(|s| s.left) {
             None => Verdict::Deliver,
             Some((to, l)) => Verdict::Relay(to, l.epoch),

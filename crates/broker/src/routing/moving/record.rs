@@ -261,8 +261,14 @@ mod tests {
             !a2.restore(id(), &[vec![9, 9]], later),
             "an unreadable record"
         );
-        assert_eq!(a2.verdict("c", 11, Via::Direct), Some(Verdict::Relay(B, 7)));
-        assert_eq!(a2.verdict("c", 12, Via::Direct), Some(Verdict::Skip));
+        assert_eq!(
+            a2.verdict("c", 11, Via::Direct, starling_rt::time::now()),
+            Some(Verdict::Relay(B, 7))
+        );
+        assert_eq!(
+            a2.verdict("c", 12, Via::Direct, starling_rt::time::now()),
+            Some(Verdict::Skip)
+        );
         assert_eq!(a2.restored_relays("t/x", 11, &l), vec![(id(), B, 7)]);
         assert_eq!(a2.restored_relays("u", 11, &l), vec![(id(), B, 7)]);
         assert!(
@@ -278,8 +284,14 @@ mod tests {
 
         let mut b2 = Moves::default();
         assert!(b2.restore(id(), &b_rows, later));
-        assert_eq!(b2.verdict("c", 11, Via::Direct), Some(Verdict::Skip));
-        assert_eq!(b2.verdict("c", 12, Via::Direct), Some(Verdict::Deliver));
+        assert_eq!(
+            b2.verdict("c", 11, Via::Direct, starling_rt::time::now()),
+            Some(Verdict::Skip)
+        );
+        assert_eq!(
+            b2.verdict("c", 12, Via::Direct, starling_rt::time::now()),
+            Some(Verdict::Deliver)
+        );
         assert!(
             b2.restored_relays("t/x", 11, &l).is_empty(),
             "the session is here"
@@ -345,8 +357,14 @@ mod tests {
         let v1 = postcard::to_extend(&v1, vec![RECORD_V1]).expect("a v1 record");
         let mut b4 = Moves::default();
         assert!(b4.restore(id(), &[v1], later));
-        assert_eq!(b4.verdict("c", 12, Via::Direct), Some(Verdict::Deliver));
-        assert_eq!(b4.verdict("c", 11, Via::Direct), Some(Verdict::Skip));
+        assert_eq!(
+            b4.verdict("c", 12, Via::Direct, starling_rt::time::now()),
+            Some(Verdict::Deliver)
+        );
+        assert_eq!(
+            b4.verdict("c", 11, Via::Direct, starling_rt::time::now()),
+            Some(Verdict::Skip)
+        );
         assert!(!b4.may_hold());
     }
 }

@@ -26,7 +26,7 @@ fn deliveries(nodes: &[(u64, &Moves)], at: u64, reached: &[u64]) -> Vec<u64> {
         let Some((_, moves)) = nodes.iter().find(|(n, _)| *n == node) else {
             continue;
         };
-        match moves.verdict("c", at, relayed) {
+        match moves.verdict("c", at, relayed, t0()) {
             None | Some(Verdict::Deliver) => out.push(node),
             Some(Verdict::Skip) => {}
             Some(Verdict::Relay(to, epoch)) => copies.push((to, Via::Relayed(epoch))),
@@ -270,7 +270,10 @@ fn nothing_is_held_without_order_and_a_session_that_moves_on_keeps_its_hold() {
         b.holds("c", d_link, u64::MAX, "t/1", now),
         "past C's cut too"
     );
-    assert_eq!(b.verdict("c", 12, Via::Direct), Some(Verdict::Relay(C, 9)));
+    assert_eq!(
+        b.verdict("c", 12, Via::Direct, t0()),
+        Some(Verdict::Relay(C, 9))
+    );
     assert_eq!(
         b.release("c", 9, c_link, t.clone()),
         Release::Asked(C, 9),
@@ -330,10 +333,10 @@ fn judgements_end_after_their_grace_and_give_back_the_relays_filters() {
     // A cut never learnt stops being waited for.
     let mut b = Moves::default();
     b.came(id(), 7, now);
-    assert_eq!(b.verdict("c", 1, Via::Direct), Some(Verdict::Skip));
+    assert_eq!(b.verdict("c", 1, Via::Direct, t0()), Some(Verdict::Skip));
     assert!(b.expire(now + CUT_WAIT_MAX).0.is_empty());
     assert!(b.is_empty());
-    assert_eq!(b.verdict("c", 1, Via::Direct), None);
+    assert_eq!(b.verdict("c", 1, Via::Direct, t0()), None);
     // A session that came back keeps its relay's filters as its own: nothing to take
     // down when the judgement ends.
     let mut c = Moves::default();
@@ -421,7 +424,7 @@ fn a_new_session_where_one_left_ends_its_relay() {
     let _ = a.take_dirty();
     assert_eq!(a.superseded("c"), Some(vec!["t/#".to_string()]));
     assert!(a.is_empty());
-    assert_eq!(a.verdict("c", 11, Via::Direct), None);
+    assert_eq!(a.verdict("c", 11, Via::Direct, t0()), None);
     assert_eq!(a.take_dirty(), vec![(id(), None)]);
     // Back by a hand-over: its judgement stays.
     let mut b = Moves::default();
@@ -458,7 +461,7 @@ fn judgements_held_past_their_grace_are_bounded_oldest_first() {
 /// A→B→A: a copy of A's first stay that reaches A after the session came back goes round
 /// through B, behind what A relayed to B while the session was there, rather than
 /// overtaking it; B sends it on to A, where the session takes it. One of A's second stay
-/// is delivered at once.
+/// is delivered at once; one that comes past the order's hold, too.
 #[test]
 fn a_late_copy_of_an_earlier_stay_goes_round_behind_what_was_relayed_before_it() {
     let now = t0();
@@ -466,23 +469,43 @@ fn a_late_copy_of_an_earlier_stay_goes_round_behind_what_was_relayed_before_it()
     for (n, m) in [(A, &mut a), (B, &mut b)] {
         cut(m, n, (B, 7), 12);
     }
-    assert_eq!(a.verdict("c", 5, Via::Direct), Some(Verdict::Relay(B, 7)));
+    assert_eq!(
+        a.verdict("c", 5, Via::Direct, t0()),
+        Some(Verdict::Relay(B, 7))
+    );
     moved_back(&mut a, &mut b, now);
     for (n, m) in [(A, &mut a), (B, &mut b)] {
         cut(m, n, (A, 9), 15);
     }
     assert_eq!(
-        a.verdict("c", 5, Via::Direct),
+        a.verdict("c", 5, Via::Direct, t0()),
         Some(Verdict::Relay(B, 7)),
         "the same way as the copies before it"
     );
     assert_eq!(
-        b.verdict("c", 5, Via::Relayed(7)),
+        b.verdict("c", 5, Via::Relayed(7), t0()),
         Some(Verdict::Relay(A, 9))
     );
-    assert_eq!(a.verdict("c", 5, Via::Relayed(9)), Some(Verdict::Deliver));
-    assert_eq!(a.verdict("c", 15, Via::Direct), Some(Verdict::Deliver));
-    assert_eq!(b.verdict("c", 13, Via::Direct), Some(Verdict::Relay(A, 9)));
+    assert_eq!(
+        a.verdict("c", 5, Via::Relayed(9), t0()),
+        Some(Verdict::Deliver)
+    );
+    assert_eq!(
+        a.verdict("c", 15, Via::Direct, t0()),
+        Some(Verdict::Deliver)
+    );
+    assert_eq!(
+        b.verdict("c", 13, Via::Direct, t0()),
+        Some(Verdict::Relay(A, 9))
+    );
+    // Past the order's hold, a copy that late takes the short way: order across that
+    // move is not kept any more, and it would chase every move since.
+    let late = t0() + ORDER_HOLD;
+    assert_eq!(a.verdict("c", 5, Via::Direct, late), Some(Verdict::Deliver));
+    assert_eq!(
+        b.verdict("c", 5, Via::Relayed(7), late),
+        Some(Verdict::Relay(A, 9))
+    );
 }
 
 /// A move to B whose cut this node has not applied, and the session back at A by a later
@@ -499,8 +522,14 @@ fn a_stay_whose_move_away_is_not_cut_here_does_not_take_a_later_stays_copies() {
     a.came(id(), 9, now);
     assert!(a.installed("c", Vec::new));
     cut(&mut a, A, (A, 9), 15);
-    assert_eq!(a.verdict("c", 20, Via::Direct), Some(Verdict::Deliver));
-    assert_eq!(a.verdict("c", 5, Via::Direct), Some(Verdict::Relay(B, 7)));
+    assert_eq!(
+        a.verdict("c", 20, Via::Direct, t0()),
+        Some(Verdict::Deliver)
+    );
+    assert_eq!(
+        a.verdict("c", 5, Via::Direct, t0()),
+        Some(Verdict::Relay(B, 7))
+    );
 }
 
 /// A→B→A: a copy of C's link past B's cut that reaches A after the session came back
@@ -527,4 +556,10 @@ fn an_old_node_releases_a_link_for_an_earlier_move_after_the_session_came_back()
     assert!(!b.holds("c", c_link, 13, "t/1", now));
     assert_eq!(b.mark("c", c_link, 13, &t, now), vec![], "before A's cut");
     assert_eq!(b.mark("c", c_link, 16, &t, now), vec![(A, 9)]);
+    // Away from A to B again (claim 11, cut 18): only that move to B counts now, B's
+    // hold being for it alone.
+    a.went(id(), B, 11, now);
+    cut(&mut a, A, (B, 11), 18);
+    let u: Arc<str> = Arc::from("t/2");
+    assert_eq!(a.mark("c", c_link, 19, &u, now), vec![(B, 11)]);
 }
