@@ -787,11 +787,12 @@ impl RouterActor {
         if self.moving.moves.is_empty() || matches!(kind, DeliveryKind::Shared { .. }) {
             return true;
         }
+        let now = time::now();
         let v = self.moving.moves.verdict(
             self.destinations.key(subscriber),
             self.routed_at(),
             Via::Direct,
-            time::now(),
+            now,
         );
         let go_on = match v {
             None => return true,
@@ -805,7 +806,7 @@ impl RouterActor {
         };
         // Whichever way this copy goes, it may tell a node the session went to from here
         // that this link's earlier copies are all on their way.
-        self.release_for_order(msg, subscriber);
+        self.release_for_order(msg, subscriber, now);
         go_on
     }
 
@@ -814,14 +815,13 @@ impl RouterActor {
     /// went to may hold such copies of the same link and topic back until this node
     /// relayed what came before, so it is told (once per move, link and topic), behind
     /// those relays.
-    fn release_for_order(&mut self, msg: &Arc<Message>, subscriber: Slot) {
+    fn release_for_order(&mut self, msg: &Arc<Message>, subscriber: Slot, now: Instant) {
         let Some(from) = self.moving.forwarded_from else {
             return;
         };
         let link = (from.node, from.shard, from.inc);
         let client_id = self.destinations.key(subscriber).clone();
         let at = self.routed_at();
-        let now = time::now();
         let marked = self
             .moving
             .moves
