@@ -22,11 +22,8 @@ const QUEUED: u64 = 5;
 
 pub(crate) async fn scenario() {
     let (setup, cluster, base) = start(LATE, 1, false);
-    let leader = wait_leader(&setup, Duration::from_secs(30)).await;
-    check!(leader.is_some(), "no leader 30 s after start");
     // The two followers: A is cut off and must not take the log's leadership with it.
-    let leader = leader.map_or(0, |l| l as usize - 1);
-    let (a, b) = ((leader + 1) % 3, (leader + 2) % 3);
+    let (_, a, b) = leader_and_followers(&setup).await;
     let mut clients = ClientNodes::default();
     let forever = Instant::now() + Duration::from_secs(60);
 

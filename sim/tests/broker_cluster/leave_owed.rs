@@ -57,13 +57,10 @@ pub(crate) async fn scenario(owes: Owes) {
         Owes::Relay => LEAVE_OWED_RELAY,
     };
     let (setup, cluster, base) = start(variant, 1, true);
-    let leader = wait_leader(&setup, Duration::from_secs(30)).await;
-    check!(leader.is_some(), "no leader 30 s after start");
     // The cut is between the followers, so that raft goes on between the leader and each.
     // L leaves; the subscriber's session is on X (Outbox) or on L, moving to X (Relay);
     // the publisher is on L (Outbox) or on C, the other follower (Relay).
-    let b = leader.map_or(0, |l| l as usize - 1);
-    let (l, f) = ((b + 1) % 3, (b + 2) % 3);
+    let (b, l, f) = leader_and_followers(&setup).await;
     let (sub_at, publish_at, x) = match owes {
         Owes::Outbox => (f, l, f),
         Owes::Relay => (l, f, b),

@@ -28,11 +28,8 @@ const BEFORE: u64 = 5;
 
 pub(crate) async fn scenario() {
     let (setup, cluster, base) = start(ORDER_RESTART, 1, true);
-    let leader = wait_leader(&setup, Duration::from_secs(30)).await;
-    check!(leader.is_some(), "no leader 30 s after start");
     // As in `late_relay`: the cut between the followers keeps raft going.
-    let b = leader.map_or(0, |l| l as usize - 1);
-    let (a, c) = ((b + 1) % 3, (b + 2) % 3);
+    let (b, a, c) = leader_and_followers(&setup).await;
     let mut clients = ClientNodes::default();
     leave_subscribed(&mut clients, a, ROAMER, FILTER).await;
     wait_routed(&setup, c, FILTER, &[a]).await;

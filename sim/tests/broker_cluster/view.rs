@@ -112,6 +112,16 @@ pub(crate) async fn wait_leader(setup: &Setup, within: Duration) -> Option<u64> 
     None
 }
 
+/// The leader of a three-node cluster, waited for 30 s (a check fails without one), and its
+/// two followers, as indexes: the scenarios that cut the followers from each other keep
+/// raft going between the leader and each.
+pub(crate) async fn leader_and_followers(setup: &Setup) -> (usize, usize, usize) {
+    let leader = wait_leader(setup, Duration::from_secs(30)).await;
+    check!(leader.is_some(), "no leader 30 s after start");
+    let l = leader.map_or(0, |l| l as usize - 1);
+    (l, (l + 1) % 3, (l + 2) % 3)
+}
+
 /// One fault for a cluster of `nodes` whose leader is `leader` (index), if known; an
 /// overloaded node among the kinds if `overload`, and from five nodes on a two-node
 /// minority cut off from the rest, the leader in it half the time (without these, the
