@@ -70,6 +70,7 @@ where
                     Place::Own => {
                         let own = Arbiter::new();
                         let _ = own.spawn(async move {
+                            crate::sched::normal_thread();
                             fut.await;
                             Arbiter::current().stop();
                         });
@@ -130,6 +131,8 @@ impl Runtime {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push((id, handles));
+            // Once the workers exist: they keep the normal class (see `sched`).
+            crate::sched::io_thread();
             (f.await, id, arbiters)
         });
         ARBITERS
@@ -182,19 +185,22 @@ impl Workers {
             let lanes = lanes.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("{name}-{i}"))
-                .spawn(move || loop {
-                    let token = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                    if token.is_err() {
-                        // Every sender is gone: the pool was dropped.
-                        return;
-                    }
-                    let job = {
-                        let mut l = lanes.lock().unwrap_or_else(|e| e.into_inner());
-                        l.first.pop_front().or_else(|| l.later.pop_front())
-                    };
-                    // A token is sent only after its job is in a lane, so one is there.
-                    if let Some(job) = job {
-                        job();
+                .spawn(move || {
+                    crate::sched::normal_thread();
+                    loop {
+                        let token = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                        if token.is_err() {
+                            // Every sender is gone: the pool was dropped.
+                            return;
+                        }
+                        let job = {
+                            let mut l = lanes.lock().unwrap_or_else(|e| e.into_inner());
+                            l.first.pop_front().or_else(|| l.later.pop_front())
+                        };
+                        // A token is sent only after its job is in a lane, so one is there.
+                        if let Some(job) = job {
+                            job();
+                        }
                     }
                 });
             if let Err(e) = spawned {

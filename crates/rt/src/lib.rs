@@ -14,6 +14,8 @@ pub mod blocking;
 pub mod cpu;
 mod mailbox;
 pub mod rng;
+#[cfg(not(madsim))]
+mod sched;
 pub mod throttle;
 pub mod time;
 
