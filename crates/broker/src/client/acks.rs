@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use starling_codec::{Packet, PacketId, ReasonCode};
+use starling_codec::{Packet, PacketId, Properties, PubAck, ReasonCode};
 
 use crate::msg::{Stored, OWN_WRITE};
 
@@ -47,7 +47,53 @@ pub(super) enum Resent {
 struct Parked {
     /// `None` once it may go (in its turn).
     waits_for: Option<u32>,
-    packet: Packet,
+    ack: Ack,
+}
+
+/// A parked PUBACK or PUBREC, kept small. A publisher whose acknowledgements wait for other
+/// nodes has its whole window parked here, each one pushed, scanned by every answer and
+/// popped; as a whole `Packet` (its property list inline, a few hundred bytes) that copying
+/// was a visible share of a cross-node publish's cost.
+#[derive(Debug)]
+struct Ack {
+    pubrec: bool,
+    packet_id: PacketId,
+    reason_code: ReasonCode,
+    /// Boxed, and only when it has any (a reason string): the usual acknowledgement has none.
+    properties: Option<Box<Properties>>,
+}
+
+impl Ack {
+    /// The acknowledgement in `p`, or `p` back if it is none.
+    fn of(p: Packet) -> Result<Ack, Packet> {
+        match p {
+            Packet::Puback(a) => Ok(Ack::new(false, a)),
+            Packet::Pubrec(a) => Ok(Ack::new(true, a)),
+            other => Err(other),
+        }
+    }
+
+    fn new(pubrec: bool, a: PubAck) -> Ack {
+        Ack {
+            pubrec,
+            packet_id: a.packet_id,
+            reason_code: a.reason_code,
+            properties: (!a.properties.is_empty()).then(|| Box::new(a.properties)),
+        }
+    }
+
+    fn packet(self) -> Packet {
+        let a = PubAck {
+            packet_id: self.packet_id,
+            reason_code: self.reason_code,
+            properties: self.properties.map(|p| *p).unwrap_or_default(),
+        };
+        if self.pubrec {
+            Packet::Pubrec(a)
+        } else {
+            Packet::Puback(a)
+        }
+    }
 }
 
 impl Acks {
@@ -75,11 +121,14 @@ impl Acks {
             // SUBACK, PUBCOMP of an earlier flow, which MQTT does not order with PUBACKs).
             return Some(p);
         }
-        self.parked.push_back(Parked {
-            waits_for,
-            packet: p,
-        });
-        None
+        match Ack::of(p) {
+            Ok(ack) => {
+                self.parked.push_back(Parked { waits_for, ack });
+                None
+            }
+            // Not reached: only an acknowledgement gets here.
+            Err(p) => Some(p),
+        }
     }
 
     /// The store answered for `tag`: an MQTT 5 acknowledgement says if it was refused or
@@ -104,13 +153,12 @@ impl Acks {
         for p in self.parked.iter_mut().filter(|p| p.waits_for == Some(tag)) {
             p.waits_for = None;
             let Some(code) = code else { continue };
-            match &mut p.packet {
-                Packet::Puback(a) if !a.reason_code.is_error() => a.reason_code = code,
-                Packet::Pubrec(a) if !a.reason_code.is_error() => {
-                    a.reason_code = code;
+            let a = &mut p.ack;
+            if !a.reason_code.is_error() {
+                a.reason_code = code;
+                if a.pubrec {
                     abandoned = Some(a.packet_id);
                 }
-                _ => {}
             }
         }
         if let Some(id) = abandoned {
@@ -123,7 +171,7 @@ impl Acks {
     pub(super) fn ready(&mut self) -> impl Iterator<Item = Packet> + '_ {
         std::iter::from_fn(|| {
             if self.parked.front()?.waits_for.is_none() {
-                self.parked.pop_front().map(|p| p.packet)
+                self.parked.pop_front().map(|p| p.ack.packet())
             } else {
                 None
             }
@@ -166,7 +214,7 @@ impl Acks {
             Some(Settled::Pending(tag)) => {
                 self.parked.push_back(Parked {
                     waits_for: Some(tag),
-                    packet: Packet::Pubrec(a),
+                    ack: Ack::new(true, a),
                 });
                 return Resent::Parked;
             }
@@ -190,11 +238,16 @@ impl Acks {
         if self.parked.is_empty() {
             return Resent::Pass(p);
         }
-        self.parked.push_back(Parked {
-            waits_for: None,
-            packet: p,
-        });
-        Resent::Parked
+        match Ack::of(p) {
+            Ok(ack) => {
+                self.parked.push_back(Parked {
+                    waits_for: None,
+                    ack,
+                });
+                Resent::Parked
+            }
+            Err(p) => Resent::Pass(p),
+        }
     }
 }
 
@@ -375,6 +428,20 @@ mod tests {
         assert!(!a.is_empty(), "kept until the PUBREL");
         a.released(NonZeroU16::new(8).expect("non-zero"));
         assert!(a.is_empty());
+    }
+
+    #[test]
+    fn a_parked_acknowledgements_properties_and_kind_come_out_as_they_went_in() {
+        let mut a = Acks::default();
+        let t = a.request();
+        let mut with = PubAck::new(NonZeroU16::new(3).expect("non-zero"));
+        with.reason_code = ReasonCode::NoMatchingSubscribers;
+        with.properties.reason_string = Some("none here".into());
+        assert!(a.pass(Packet::Pubrec(with.clone())).is_none());
+        assert!(a.pass(puback(4)).is_none());
+        a.stored(t, Stored::Durable, true);
+        let out: Vec<Packet> = a.ready().collect();
+        assert_eq!(out, vec![Packet::Pubrec(with), puback(4)]);
     }
 
     #[test]
