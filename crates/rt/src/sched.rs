@@ -14,7 +14,9 @@
 //!
 //! Threads the system thread starts later would inherit the class: the runtime's own
 //! threads (own-thread actors, blocking pools) go back to the normal class as they start.
-//! A process the operator started in another class (`chrt`) is left as it is.
+//! Threads other crates start from it keep the batch class (the HTTP API's actix-web
+//! workers: management traffic, which loses nothing by waiting a slice). A process the
+//! operator started in another class (`chrt`) is left as it is.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
