@@ -64,12 +64,13 @@ struct Ack {
 }
 
 impl Ack {
-    /// The acknowledgement in `p`, or `p` back if it is none.
-    fn of(p: Packet) -> Result<Ack, Packet> {
+    /// The acknowledgement in `p`, or `p` back if it is none (boxed: that way is not taken
+    /// by the callers, and a bare `Packet` would make every result its size).
+    fn of(p: Packet) -> Result<Ack, Box<Packet>> {
         match p {
             Packet::Puback(a) => Ok(Ack::new(false, a)),
             Packet::Pubrec(a) => Ok(Ack::new(true, a)),
-            other => Err(other),
+            other => Err(Box::new(other)),
         }
     }
 
@@ -127,7 +128,7 @@ impl Acks {
                 None
             }
             // Not reached: only an acknowledgement gets here.
-            Err(p) => Some(p),
+            Err(p) => Some(*p),
         }
     }
 
@@ -246,7 +247,7 @@ impl Acks {
                 });
                 Resent::Parked
             }
-            Err(p) => Resent::Pass(p),
+            Err(p) => Resent::Pass(*p),
         }
     }
 }
