@@ -70,7 +70,6 @@ impl StallRules {
     }
 }
 
-/// A publisher a shard holds back for one subscriber.
 /// A publisher a shard holds back for one subscriber: its id, address and release epoch, and
 /// whether this subscriber's shard sent it the Hold (a shard sends one per publisher and
 /// epoch, whichever subscriber asks first: the publisher heeds its latest Hold only, so

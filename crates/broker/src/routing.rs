@@ -62,6 +62,8 @@ mod stored;
 mod subscribe;
 #[cfg(test)]
 mod testkit;
+#[cfg(test)]
+mod window_tests;
 use slots::{Destinations, Slot};
 
 /// A subscription's options as the shard stores them: what a delivery through it carries,
@@ -118,6 +120,15 @@ pub(crate) struct RouterActor {
     pending_max: usize,
     /// Back-pressure thresholds and stall rules (see [`crate::flow`]).
     rules: StallRules,
+    /// The window of messages in flight to one other node (`RemoteNode::in_flight`), this
+    /// shard's share of [`forward_window`]: from `high` on the node's QoS 1/2 publishers
+    /// are held, down to `low` they go again. A node's link carries every one of its
+    /// subscribers' messages; one subscriber's backlog bound (`rules.high`), its window
+    /// before, held 50 cross-node pairs stop-and-go (docs/benchmarks.md).
+    window: Window,
+    /// Bound of one other node's waiting list: twice the window's high mark, room for what
+    /// held publishers sent before the hold reached them.
+    remote_pending_max: usize,
     /// Control messages (hold, release, watch) that found no room, oldest first, retried
     /// with the blocked batches: a shard never waits on a client.
     outbox: Vec<(WeakAddr<ClientMsg>, ClientMsg)>,
@@ -200,6 +211,41 @@ pub(crate) struct RouterActor {
 }
 
 /// `total` split over `n` shards, rounded up: each shard's part of a node-wide cap.
+/// The window of messages in flight to one other node, the whole node's
+/// (`cluster.forward_window_messages`). Automatic (0): a subscriber's room past its high
+/// mark (its hard queue bound less half the queue bound), shared by the other members. A
+/// backlogged subscriber holds the link its deliveries came by, but the sending node learns
+/// of it only as its window fills: what each other node has in flight to it then is queued
+/// there as held back, and this way all of it fits, nothing is dropped.
+pub(crate) fn forward_window(shared: &Shared) -> u64 {
+    match shared.config.cluster.forward_window_messages {
+        0 => {
+            let room = shared.limits.mqueue_len_hard() - shared.limits.backlog_high();
+            let others = shared.config.cluster.peers.len().saturating_sub(1).max(1);
+            (room / others).max(1) as u64
+        }
+        w => u64::from(w),
+    }
+}
+
+/// The window of messages in flight to one other node, in a shard (see `RouterActor::window`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Window {
+    pub high: usize,
+    pub low: usize,
+}
+
+impl Window {
+    /// A shard's share of `total` for one node, over `shards` shards; low at half of high.
+    pub(crate) fn new(total: u64, shards: usize) -> Window {
+        let high = share_of(total, shards).max(1);
+        Window {
+            high,
+            low: high / 2,
+        }
+    }
+}
+
 pub(crate) fn share_of(total: u64, n: usize) -> usize {
     let n = n.max(1) as u64;
     usize::try_from(total.div_ceil(n)).unwrap_or(usize::MAX)
@@ -241,6 +287,8 @@ impl RouterActor {
         retained_config.retained_bytes_max = share_of(retained_config.retained_bytes_max as u64, n);
         let retained = RetainedIndex::new(retained_config);
         let pending_max = shared.limits.mqueue_len_max.max(BATCH_MAX);
+        let window = Window::new(forward_window(&shared), n);
+        let remote_pending_max = window.high.saturating_mul(2).max(pending_max);
         let delayed_max = share_of(u64::from(shared.config.mqtt.delayed_publish_max), n);
         let rules = StallRules::new(&shared.config.mqtt, &shared.limits);
         let route_seed = rng.next_u64();
@@ -275,6 +323,8 @@ impl RouterActor {
             routed: 0,
             retry: None,
             pending_max,
+            window,
+            remote_pending_max,
             store,
             to_store: Vec::new(),
             store_waiters: Vec::new(),

@@ -589,6 +589,12 @@ fn validate_cluster(
         10_000_000,
     )?;
     range(
+        "cluster.forward_window_messages",
+        raw.forward_window_messages,
+        0,
+        1_000_000,
+    )?;
+    range(
         "cluster.forward_timeout_ms",
         raw.forward_timeout_ms,
         100,
@@ -666,6 +672,7 @@ fn validate_cluster(
         handover_relay_wait: raw.handover_relay_wait,
         raft_priority: raw.raft_priority,
         outbox_max_messages: raw.outbox_max_messages,
+        forward_window_messages: raw.forward_window_messages,
         forward_timeout_ms: raw.forward_timeout_ms,
         snapshot_entries: raw.snapshot_entries,
     })

@@ -472,6 +472,14 @@ fn cluster_peers_are_checked_and_name_the_key() {
     assert!(m.contains("cluster.bootstrap"), "{m}");
     let m = msg("[cluster]\ntick_ms = 1\n");
     assert!(m.contains("cluster.tick_ms"), "{m}");
+    let m = msg("[cluster]\nforward_window_messages = 1000001\n");
+    assert!(
+        m.contains("cluster.forward_window_messages") && m.contains("between 0 and 1000000"),
+        "{m}"
+    );
+    let (c, _) = ok("[cluster]\nforward_window_messages = 100\n");
+    assert_eq!(c.cluster.forward_window_messages, 100);
+    assert_eq!(ok("").0.cluster.forward_window_messages, 0, "automatic");
     let m = msg("[cluster]\nbootstarp = true\n");
     assert!(m.contains("bootstrap"), "{m}");
     // A joining node needs only its own bind.

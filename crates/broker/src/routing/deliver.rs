@@ -34,11 +34,11 @@ impl RouterActor {
         // other node (a drop here still counts: it is known now).
         let confirm = self.shared.config.cluster.forward_confirm;
         let fkey = self.fwd_current.as_ref().filter(|_| confirm).map(|f| f.key);
-        let bounds = (self.pending_max, self.outbox_share);
+        let bounds = (self.remote_pending_max, self.outbox_share);
         let offered = remote::offer_remote(node, msg.clone(), fkey, mark, routed_at, bounds);
         // Checked here first: the window is seldom full, and its own check looks the node
         // up again.
-        let full = node.in_flight() >= self.rules.high;
+        let full = node.in_flight() >= self.window.high;
         let node = node.node;
         let refused = match offered {
             remote::Offered::Dropped => {

@@ -328,7 +328,7 @@ impl RouterActor {
     /// A QoS 1/2 publish from `from` was offered to `node`: past the window, the publisher
     /// is held until the node's acknowledgements bring it down.
     pub(super) fn hold_for_window(&mut self, node: u64, from: &Publisher) {
-        let high = self.rules.high;
+        let high = self.window.high;
         let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(node)) else {
             return;
         };
@@ -365,7 +365,7 @@ impl RouterActor {
 
     /// `node`'s window shrank: at the low mark its publishers go.
     pub(super) fn window_moved(&mut self, node: u64) {
-        let low = self.rules.low;
+        let low = self.window.low;
         let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(node)) else {
             return;
         };

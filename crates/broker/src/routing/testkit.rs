@@ -28,7 +28,12 @@ pub(super) fn message() -> Arc<Message> {
 
 /// Shard 0 of one, with no store and nothing restored.
 pub(super) fn shard() -> (Arc<Shared>, RouterActor) {
-    let shared = Shared::new(Config::default()).expect("default config");
+    shard_with(Config::default())
+}
+
+/// The same under `config`.
+pub(super) fn shard_with(config: Config) -> (Arc<Shared>, RouterActor) {
+    let shared = Shared::new(config).expect("config");
     let start = ShardStart {
         delayed_base: 0,
         seq_base: 0,

@@ -32,6 +32,7 @@ pub(crate) struct RawCluster {
     pub handover_relay_wait: bool,
     pub raft_priority: bool,
     pub outbox_max_messages: u32,
+    pub forward_window_messages: u32,
     pub forward_timeout_ms: u32,
     pub snapshot_entries: u32,
 }
@@ -56,6 +57,7 @@ impl Default for RawCluster {
             handover_relay_wait: true,
             raft_priority: true,
             outbox_max_messages: 100_000,
+            forward_window_messages: 0,
             forward_timeout_ms: 5_000,
             snapshot_entries: 10_000,
         }
@@ -151,6 +153,16 @@ pub struct ClusterConfig {
     /// for that node is refused (`"refuse"`: MQTT 5 0x97, counted in
     /// `cluster.outbox.full`).
     pub outbox_max_messages: u32,
+    /// Forwarded messages in flight to one other node (waiting to be sent, or sent and not
+    /// yet acknowledged), split over the shards: from there on the QoS 1/2 publishers whose
+    /// messages go to that node are held back (they are not read) until it is down to
+    /// half. 0..=1,000,000; 0 (the default) sizes it so that what every other member may
+    /// have in flight to one backlogged subscriber fits its hard queue bound: 1.5 times
+    /// `mqtt.max_mqueue_len` plus 4,096, divided by the other peers (2,798 for three
+    /// nodes with the default queue). Memory for one node's window is at most this many
+    /// messages of up to `mqtt.max_packet_size`, and twice that waiting when the link
+    /// itself is full.
+    pub forward_window_messages: u32,
     /// How long a forwarded batch waits for its node's acknowledgement past
     /// `mqtt.backpressure_max_secs` (a subscriber there may hold the link that long)
     /// before it is parked in the outbox, or, with none, its publishers are told it is not
@@ -184,6 +196,7 @@ impl Default for ClusterConfig {
             handover_relay_wait: raw.handover_relay_wait,
             raft_priority: raw.raft_priority,
             outbox_max_messages: raw.outbox_max_messages,
+            forward_window_messages: raw.forward_window_messages,
             forward_timeout_ms: raw.forward_timeout_ms,
             snapshot_entries: raw.snapshot_entries,
         }
