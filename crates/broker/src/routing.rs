@@ -210,17 +210,20 @@ pub(crate) struct RouterActor {
     moving: handover::ShardMoves,
 }
 
-/// `total` split over `n` shards, rounded up: each shard's part of a node-wide cap.
 /// The window of messages in flight to one other node, the whole node's
 /// (`cluster.forward_window_messages`). Automatic (0): a subscriber's room past its high
 /// mark (its hard queue bound less half the queue bound), shared by the other members. A
 /// backlogged subscriber holds the link its deliveries came by, but the sending node learns
 /// of it only as its window fills: what each other node has in flight to it then is queued
-/// there as held back, and this way all of it fits, nothing is dropped.
+/// there as held back, and this way it fits (docs/clustering.md, "Back-pressure across
+/// nodes", says what else shares that room).
 pub(crate) fn forward_window(shared: &Shared) -> u64 {
     match shared.config.cluster.forward_window_messages {
         0 => {
-            let room = shared.limits.mqueue_len_hard() - shared.limits.backlog_high();
+            let limits = &shared.limits;
+            let room = limits
+                .mqueue_len_hard()
+                .saturating_sub(limits.backlog_high());
             let others = shared.config.cluster.peers.len().saturating_sub(1).max(1);
             (room / others).max(1) as u64
         }
@@ -246,6 +249,7 @@ impl Window {
     }
 }
 
+/// `total` split over `n` shards, rounded up: each shard's part of a node-wide cap.
 pub(crate) fn share_of(total: u64, n: usize) -> usize {
     let n = n.max(1) as u64;
     usize::try_from(total.div_ceil(n)).unwrap_or(usize::MAX)
