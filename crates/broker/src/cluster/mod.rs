@@ -309,7 +309,7 @@ async fn inbound(
                 let mut parts: Vec<Vec<_>> = vec![Vec::new(); shards.count()];
                 for (m, group) in messages {
                     let i = shards.index_for_publish(&m.topic);
-                    parts[i].push((Arc::new(m), group));
+                    parts[i].push((m, group));
                 }
                 let mut barriers = Vec::new();
                 for (to, messages) in shards.all().iter().zip(parts) {

@@ -61,7 +61,7 @@ pub(super) type Decoded = (
     u64,
     bool,
     u64,
-    Vec<(Message, Option<SharedTo>)>,
+    Vec<(Arc<Message>, Option<SharedTo>)>,
 );
 
 /// `shard`'s batch `seq` holding `messages` in order, routed under the routes of log index
@@ -175,6 +175,8 @@ pub(super) fn decode(frame: &[u8], clock: &WallClock) -> Result<Decoded, FrameEr
         } else {
             None
         };
+        // Into its `Arc` here, read: a `Message` is over 500 bytes, and each move of it on
+        // the way to the shards cost a copy (5 % of a receiving node's CPU in pinned pairs).
         let m = Message {
             topic,
             payload,
@@ -186,7 +188,7 @@ pub(super) fn decode(frame: &[u8], clock: &WallClock) -> Result<Decoded, FrameEr
             shared_headers: Default::default(),
             received_at: Some(clock.now),
         };
-        messages.push((m, group));
+        messages.push((Arc::new(m), group));
     }
     if !r.0.is_empty() {
         return Err(bad(format_args!(

@@ -129,7 +129,7 @@ pub(crate) struct Batch {
     pub routed_at: u64,
     /// In order, each with the shared group (name, topic filter) the receiver was picked
     /// for, or `None` for its plain subscribers.
-    pub messages: Vec<(Message, Option<SharedTo>)>,
+    pub messages: Vec<(Arc<Message>, Option<SharedTo>)>,
 }
 
 /// A batch as version 3 wrote it (parked rows of an earlier build keep it).
@@ -238,7 +238,7 @@ fn messages(
     states: Vec<MessageState>,
     groups: Vec<Option<(String, String)>>,
     clock: &WallClock,
-) -> Vec<(Message, Option<SharedTo>)> {
+) -> Vec<(Arc<Message>, Option<SharedTo>)> {
     let mut groups = groups.into_iter();
     states
         .into_iter()
@@ -252,7 +252,7 @@ fn messages(
                 received_at: Some(clock.now),
                 ..Message::from_state(s, clock.now, clock.wall)
             };
-            (m, g)
+            (Arc::new(m), g)
         })
         .collect()
 }
@@ -319,12 +319,7 @@ pub(crate) fn reposition(frame: &[u8], pos: LinkPos, clock: &WallClock) -> Optio
     }
     match decode(frame, clock).ok()? {
         Wire::Publish(b) => {
-            let messages: Vec<_> = b
-                .messages
-                .into_iter()
-                .map(|(m, g)| (Arc::new(m), g))
-                .collect();
-            let it = messages.iter().map(|(m, g)| (m, g.as_ref()));
+            let it = b.messages.iter().map(|(m, g)| (m, g.as_ref()));
             Some(encode_publish(
                 b.shard,
                 pos,
