@@ -194,8 +194,6 @@ pub(crate) struct RouterActor {
     /// Links of other nodes held back, by the subscriber holding each (see `link`), and
     /// the barriers waiting for a link to be let go.
     held_links: Vec<(u64, Arc<str>)>,
-    /// A hold was let go since the parts kept behind holds were last looked at.
-    links_freed: bool,
     link_waiters: Vec<link::LinkWaiter>,
     /// Per node, its forwarded publishes' store writes not yet durable.
     link_writes: HashMap<u64, link::LinkWrites, FixedState>,
@@ -213,13 +211,22 @@ pub(crate) struct RouterActor {
 }
 
 /// The window of messages in flight to one other node, the whole node's
-/// (`cluster.forward_window_messages`). Automatic (0): one subscriber's hard queue bound,
-/// so that a node's link may carry as much as one full session holds. It is not bounded by
-/// what a backlogged subscriber over there can take: once one holds the link, what comes
-/// on it waits at that node's shard, not in the subscriber's queue (`link::link_held`).
+/// (`cluster.forward_window_messages`). Automatic (0): a subscriber's room past its high
+/// mark (its hard queue bound less half the queue bound), shared by the other members. A
+/// backlogged subscriber holds the link its deliveries came by, but the sending node learns
+/// of it only as its window fills: what each other node has in flight to it then is queued
+/// there as held back, and this way it fits (docs/clustering.md, "Back-pressure across
+/// nodes", says what else shares that room).
 pub(crate) fn forward_window(shared: &Shared) -> u64 {
     match shared.config.cluster.forward_window_messages {
-        0 => shared.limits.mqueue_len_hard().max(1) as u64,
+        0 => {
+            let limits = &shared.limits;
+            let room = limits
+                .mqueue_len_hard()
+                .saturating_sub(limits.backlog_high());
+            let others = shared.config.cluster.peers.len().saturating_sub(1).max(1);
+            (room / others).max(1) as u64
+        }
         w => u64::from(w),
     }
 }
@@ -345,7 +352,6 @@ impl RouterActor {
             fwd_timer: None,
             remote_nodes: Vec::new(),
             held_links: Vec::new(),
-            links_freed: false,
             link_waiters: Vec::new(),
             link_writes: HashMap::default(),
             link_taken: HashMap::default(),
@@ -760,15 +766,6 @@ impl Actor for RouterActor {
                 let _ = reply.send(self.retained_list(&filter, limit));
             }
         }
-        let burst_end = self.routed >= FLUSH_EVERY_PUBLISHES || ctx.queued() == 0;
-        if burst_end && (!self.held_links.is_empty() || !self.link_waiters.is_empty()) {
-            self.check_links();
-        }
-        // What came on a link while a subscriber here held it was kept (`handover`): it
-        // goes now, before this turn's writes and flush.
-        if std::mem::take(&mut self.links_freed) {
-            self.route_unheld(ctx);
-        }
         // Held deliveries go even without ops of their own: they wait behind earlier ones.
         if !self.to_store.is_empty() || !self.store_deliveries.is_empty() {
             if let Some(store) = &self.store {
@@ -837,8 +834,12 @@ impl Actor for RouterActor {
         if !self.outbox.is_empty() && self.retry.is_none() {
             self.retry = Some(ctx.after(RETRY_BLOCKED, RouterMsg::RetryBlocked));
         }
+        let burst_end = self.routed >= FLUSH_EVERY_PUBLISHES || ctx.queued() == 0;
         if burst_end {
             self.report_counts();
+            if !self.held_links.is_empty() || !self.link_waiters.is_empty() {
+                self.check_links();
+            }
         }
         if !self.routed_acks.is_empty() && burst_end {
             self.send_routed_acks();

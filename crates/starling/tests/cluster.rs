@@ -399,19 +399,16 @@ fn counter(m: &serde_json::Value, name: &str) -> u64 {
 /// Back-pressure crosses the node boundary: a QoS 1/2 flood published on node 1 for a
 /// subscriber on node 2 that reads slowly (and allows 4 messages in flight) with a session
 /// queue of 40 messages goes at the subscriber's pace, and nothing is dropped: node 2's
-/// subscriber holds node 1's link back (node 2 acknowledges node 1's batches late, and
-/// keeps what comes on the link meanwhile out of the subscriber's queue) and node 1 holds
-/// its publisher while its window to node 2 is full. Before, node 2 acknowledged at once
-/// and dropped what did not fit in the subscriber's queue: most of the flood. The window
-/// is set to 1,000 messages, half the flood, so that node 1 fills it (the automatic one,
-/// 4,176 with this queue, is more than the flood): before what came on a held link was
-/// kept back, all of it went on past the subscriber's high mark (20), where now at most the
-/// rest of one batch (256) does.
+/// subscriber holds node 1's link back (node 2 acknowledges node 1's batches late) and node
+/// 1 holds its publisher while its window to node 2 is full. Before, node 2 acknowledged at
+/// once and dropped what did not fit in the subscriber's queue: most of the flood. The
+/// window is set to 40 messages: the automatic one (2,078 with this queue) is wider than
+/// this flood ever has in flight, so node 1 would not need to hold it.
 #[test]
 fn a_slow_subscriber_on_another_node_holds_the_publisher_back_and_loses_nothing() {
     let Some((files, ports, _nodes)) = running_cluster(
         "cluster-bp",
-        "\n[mqtt]\nmax_mqueue_len = 40\nreceive_max = 2000\n[cluster]\nforward_window_messages = 1000\n",
+        "\n[mqtt]\nmax_mqueue_len = 40\n[cluster]\nforward_window_messages = 40\n",
     ) else {
         return;
     };
@@ -421,9 +418,7 @@ fn a_slow_subscriber_on_another_node_holds_the_publisher_back_and_loses_nothing(
     common::next_line(&rx, "subscribed");
     let before = metrics(&files[1]);
 
-    // All of the flood may be in flight at once (a receive maximum of 2,000): node 1's
-    // window is what holds it.
-    let mut p = publisher_with(ports[0].mqtt, "bp/data", 1000, &["--inflight", "2000"]);
+    let mut p = publisher(ports[0].mqtt, "bp/data", 1000);
     let acked: BTreeSet<(String, String)> = acked_lines(&mut p, |_| {})
         .into_iter()
         .map(|p| ("bp/data".to_owned(), p))
@@ -438,11 +433,9 @@ fn a_slow_subscriber_on_another_node_holds_the_publisher_back_and_loses_nothing(
     let _ = w.kill();
     let _ = w.wait();
     println!(
-        "node 2: link holds {}, dropped (queue full) {}, queued at most {}; node 1: publisher \
-         holds {}",
+        "node 2: link holds {}, dropped (queue full) {}; node 1: publisher holds {}",
         after["cluster.link.holds"],
         after["dropped.queue.full"],
-        s2["message_queues.max"],
         publisher_node["backpressure.holds"]
     );
     assert_eq!(
@@ -493,10 +486,6 @@ fn a_slow_subscriber_on_another_node_holds_the_publisher_back_and_loses_nothing(
     assert_eq!(counter(&s1, "forwards.count"), 0, "{s1}");
     assert!(counter(&s1, "routes.count") >= 1, "{s1}");
     assert!(counter(&s2, "message_queues.max") > 0, "{s2}");
-    assert!(
-        counter(&s2, "message_queues.max") <= 20 + 256 + 4,
-        "the subscriber queued more than the rest of one batch past its high mark: {s2}"
-    );
     assert!(
         counter(&s2, "out_inflights.max") <= 4,
         "a window of 4: {s2}"

@@ -36,9 +36,8 @@ pub(super) struct ShardMoves {
     /// Forwarded batches this shard cannot judge yet, and everything after them from the
     /// same node, in order, each with when it came: routed under routes this shard has not
     /// applied yet while a move's cut is unknown here (`Moves::waits_for`), or holding a
-    /// copy relayed to a session that has not arrived yet; or come on a link a subscriber
-    /// here holds (`link`). Bounded by the senders' windows: their batches are not
-    /// acknowledged yet.
+    /// copy relayed to a session that has not arrived yet. Bounded by the senders'
+    /// windows: their batches are not acknowledged yet.
     kept: VecDeque<(Box<ForwardedPart>, Instant)>,
     /// This node's own publishes kept back for order (a session that moved here waits
     /// for its old node's release of this shard's link), in order, with their publishers'
@@ -125,7 +124,7 @@ impl RouterActor {
         let behind = self.moving.kept.iter().any(|(p, _)| p.from.node == node);
         // Just come: it has not waited for the sessions of its relayed copies (no clock read
         // on this path, one per forwarded batch and shard).
-        if behind || self.link_held(node) || !self.can_judge(&part, false, None) {
+        if behind || !self.can_judge(&part, false, None) {
             self.moving.kept.push_back((part, time::now()));
             self.arm_moves_check(ctx);
             return;
@@ -373,15 +372,6 @@ impl RouterActor {
         self.link_barrier(from.node, done);
     }
 
-    /// A subscriber here let a link go: the parts kept behind it go, if nothing else keeps
-    /// them.
-    pub(super) fn route_unheld(&mut self, ctx: &mut Ctx<Self>) {
-        let kept = &self.moving.kept;
-        if kept.iter().any(|(p, _)| !self.link_held(p.from.node)) {
-            self.route_kept(ctx);
-        }
-    }
-
     /// Routes the batches kept back that this shard can judge now, in each node's order.
     pub(super) fn route_kept(&mut self, ctx: &mut Ctx<Self>) {
         if self.moving.kept.is_empty() && self.moving.kept_local.is_empty() {
@@ -398,10 +388,7 @@ impl RouterActor {
             for (part, came) in std::mem::take(&mut self.moving.kept) {
                 let node = part.from.node;
                 let waited = now.saturating_duration_since(came) >= RELAY_WAIT;
-                if blocked.contains(&node)
-                    || self.link_held(node)
-                    || !self.can_judge(&part, waited, Some(now))
-                {
+                if blocked.contains(&node) || !self.can_judge(&part, waited, Some(now)) {
                     if !blocked.contains(&node) {
                         blocked.push(node);
                     }

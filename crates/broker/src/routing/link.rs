@@ -8,19 +8,19 @@
 //! - **Receiving node.** A forwarded QoS 1/2 delivery that reaches a backlogged subscriber
 //!   (the same [`crate::flow::Backlog`] judgement as for a local publisher) holds the
 //!   sending node's link: the delivery is kept past the queue bound, as held back, and the
-//!   shard notes the link. The node's inbound side sends every shard, with its part of each
-//!   batch, a barrier (`RouterMsg::Forwarded`'s `done`) and acknowledges the batch only
-//!   once every shard answered it; a shard answers once no subscriber of it holds that
-//!   link. The subscriber's stall rules bound how long that is. Meanwhile the shard keeps
-//!   the parts that come on the held link whole and unrouted (`handover`'s kept parts).
+//!   shard notes the link. The node's inbound side sends every shard a
+//!   with its part of each batch a barrier (`RouterMsg::Forwarded`'s `done`) and acknowledges the batch only once every
+//!   shard answered it, and a shard answers once no subscriber of it holds that link. The
+//!   subscriber's stall rules bound how long that is.
 //! - **Sending node.** A shard keeps, per destination node, what it forwarded and has no
-//!   acknowledgement for yet, plus what waits to be sent. Past its share of the node's
-//!   window a QoS 1/2 publish sent there holds its publisher with the usual Hold;
-//!   acknowledgements (or the forward timeout) bring it down, and at the low mark the
+//!   acknowledgement for yet, plus what waits to be sent. Past the window (the session
+//!   queue's high mark) a QoS 1/2 publish sent there holds its publisher with the usual
+//!   Hold; acknowledgements (or the forward timeout) bring it down, and at the low mark the
 //!   publishers are released.
 //!
-//! So a backlogged subscriber takes past its high mark the rest of one part from each
-//! other node, whatever their windows: the hard queue bound leaves room for it.
+//! So what a node may send another before it stops its publishers is one window per shard,
+//! and the receiving side keeps that much past each subscriber's high mark: the hard queue
+//! bound leaves room for it.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -237,13 +237,6 @@ impl RouterActor {
         self.held_links.push((node, subscriber.clone()));
     }
 
-    /// Whether a subscriber here holds `node`'s link: what comes on it meanwhile is kept
-    /// back whole (`handover`), so that a backlogged subscriber takes past its high mark
-    /// at most the rest of the part it was in when it held the link, from each node.
-    pub(super) fn link_held(&self, node: u64) -> bool {
-        self.held_links.iter().any(|(n, _)| *n == node)
-    }
-
     /// A barrier for `node`'s link: answered once no subscriber holds the link and the
     /// store writes of what `node` forwarded before it are settled, whether they are all
     /// durable. Barriers of one node are answered in the order they came.
@@ -297,11 +290,9 @@ impl RouterActor {
     /// backlog, or settles a write, is a message.
     pub(super) fn check_links(&mut self) {
         let destinations = &self.destinations;
-        let before = self.held_links.len();
         self.held_links.retain(|(_, s)| {
             matches!(destinations.get(s), Some(Destination::Local(c)) if c.backlog.backlogged())
         });
-        self.links_freed |= self.held_links.len() < before;
         if self.link_waiters.is_empty() {
             return;
         }

@@ -79,32 +79,42 @@ async fn a_publisher_is_held_from_the_windows_high_mark_until_its_low_mark() {
     assert!(!shard.sent_holds.contains_key(&p.id), "released");
 }
 
-/// One node's link carries all of its subscribers' messages: the automatic window is one
-/// subscriber's hard queue bound (2 x 1,000 + 4,096), the same with any number of members
-/// (a backlogged subscriber over there keeps what comes on a link it holds out of its
-/// queue). It holds nobody below that; what waits for the node is not dropped at one
-/// subscriber's queue bound either.
+/// One node's link carries all of its subscribers' messages: the automatic window of a
+/// three-node cluster (what two other members may have in flight to one backlogged
+/// subscriber fits the room past its high mark: (6,096 - 500) / 2) holds nobody at one
+/// subscriber's backlog bound, the window before; what waits for the node is not dropped at
+/// one subscriber's queue bound either.
 #[tokio::test]
-async fn the_automatic_window_is_one_subscribers_hard_queue_bound() {
+async fn the_automatic_window_shares_a_subscribers_room_among_the_other_members() {
     let mut config = Config::default();
-    for n in 1..=5u16 {
+    for n in 1..=3u16 {
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + n));
         config.cluster.peers.insert(u64::from(n), addr);
     }
     let mut shard = linked(config);
-    assert_eq!(shard.shared.limits.mqueue_len_hard(), 6096);
-    assert_eq!((shard.window.high, shard.window.low), (6096, 3048));
+    let limits = &shard.shared.limits;
+    assert_eq!(
+        (limits.mqueue_len_hard(), limits.backlog_high()),
+        (6096, 500)
+    );
+    assert_eq!((shard.window.high, shard.window.low), (2798, 1399));
 
     let (_client, p) = publisher();
     let key = remote_key(7);
-    for _ in 0..6095 {
+    for _ in 0..2797 {
         shard.offer_node(&key, &message(), None, Some(&p));
     }
     assert_eq!(holding(&mut shard), 0);
-    assert_eq!(node(&mut shard).pending.len(), 6095, "none dropped");
+    assert_eq!(node(&mut shard).pending.len(), 2797, "none dropped");
     shard.offer_node(&key, &message(), None, Some(&p));
-    assert_eq!(holding(&mut shard), 1, "held at 6096");
+    assert_eq!(holding(&mut shard), 1, "held at 2798");
     let m = &shard.shared.metrics;
     assert_eq!(m.dropped_mailbox_full.load(Ordering::Relaxed), 0);
-    assert_eq!(linked(Config::default()).window.high, 6096, "a lone node's");
+}
+
+/// Without peers (a lone node's shard) the room is all one other node's.
+#[tokio::test]
+async fn the_automatic_window_of_one_other_node_is_the_whole_room() {
+    let shard = linked(Config::default());
+    assert_eq!(shard.window.high, 6096 - 500);
 }

@@ -156,11 +156,12 @@ pub struct ClusterConfig {
     /// Forwarded messages in flight to one other node (waiting to be sent, or sent and not
     /// yet acknowledged), split over the shards: from there on the QoS 1/2 publishers whose
     /// messages go to that node are held back (they are not read) until it is down to
-    /// half. 0..=1,000,000; 0 (the default) is one subscriber's hard queue bound, twice
-    /// `mqtt.max_mqueue_len` plus 4,096 (6,096 with the default queue). Memory for one
-    /// node's window is at most this many messages of up to `mqtt.max_packet_size`, and
-    /// twice that waiting when the link itself is full; the receiving node keeps at most
-    /// as many of them while a backlogged subscriber there holds the link.
+    /// half. 0..=1,000,000; 0 (the default) sizes it so that what every other member may
+    /// have in flight to one backlogged subscriber fits its hard queue bound: 1.5 times
+    /// `mqtt.max_mqueue_len` plus 4,096, divided by the other peers (2,798 for three
+    /// nodes with the default queue). Memory for one node's window is at most this many
+    /// messages of up to `mqtt.max_packet_size`, and twice that waiting when the link
+    /// itself is full.
     pub forward_window_messages: u32,
     /// How long a forwarded batch waits for its node's acknowledgement past
     /// `mqtt.backpressure_max_secs` (a subscriber there may hold the link that long)
