@@ -208,6 +208,20 @@ pub(crate) const NO_ORDER: Variant = Variant {
     ..MOVES
 };
 
+/// Back-pressure across nodes all the time: subscribers' queues of 20 (a high mark of 10)
+/// that take up to four deliveries at a time and 10 ms over each, under the nemesis. A
+/// forwarded delivery to a backlogged subscriber holds its link; nothing may be lost, and
+/// each publisher's order holds. The stall rules are relaxed (30 s, any number of stalls):
+/// with the default ones (2 s without taking anything in, twice a minute) the nemesis's
+/// delays make a subscriber stall, and past that it holds no one and drops at its queue
+/// bound, by design (seed 2 lost 88 that way).
+pub(crate) const HELD: Variant = Variant {
+    name: "held",
+    mqtt: "max_mqueue_len = 20\nmax_inflight = 4\nbackpressure_stall_secs = 30\nbackpressure_max_secs = 30\nbackpressure_stalls_max = 1000\n",
+    ack_delay: Duration::from_millis(10),
+    ..SOUND
+};
+
 /// A broker that loses acknowledged messages: a subscriber's queue holds two, back-pressure
 /// is off so nothing slows the publishers, one delivery in flight at a time, and the
 /// subscribers take 100 ms per message. A forwarded batch is acknowledged once the
