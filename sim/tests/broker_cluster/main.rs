@@ -72,6 +72,10 @@
 //! stores put off by 200 ms, which widens the moment between a forward and the commits
 //! on its node.
 //!
+//! Another runs subscribers that are always behind (queues of 20, 10 ms per delivery) with
+//! back-pressure on, so that links between the nodes are held all the time, and asserts
+//! that some were.
+//!
 //! A third test runs a deliberately lossy configuration (a subscriber queue of two with
 //! back-pressure off, slow subscribers) and asserts that check 1 catches it; another reads
 //! retained messages from each node's replica (`cluster.retained_reads = "local"`) and
