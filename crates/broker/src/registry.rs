@@ -19,6 +19,8 @@ use crate::seeded::SeededMap;
 use crate::settings::Shared;
 use crate::shards::Shards;
 
+#[cfg(test)]
+mod adopt_tests;
 mod handover;
 use handover::{Adopting, Awaited};
 
