@@ -217,7 +217,7 @@ pub(crate) struct RouterActor {
 /// of it only as its window fills: what each other node has in flight to it then is queued
 /// there as held back, and this way it fits (docs/clustering.md, "Back-pressure across
 /// nodes", says what else shares that room).
-pub(crate) fn forward_window(shared: &Shared) -> u64 {
+fn forward_window(shared: &Shared) -> u64 {
     match shared.config.cluster.forward_window_messages {
         0 => {
             let limits = &shared.limits;
@@ -233,14 +233,14 @@ pub(crate) fn forward_window(shared: &Shared) -> u64 {
 
 /// The window of messages in flight to one other node, in a shard (see `RouterActor::window`).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Window {
-    pub high: usize,
-    pub low: usize,
+struct Window {
+    high: usize,
+    low: usize,
 }
 
 impl Window {
     /// A shard's share of `total` for one node, over `shards` shards; low at half of high.
-    pub(crate) fn new(total: u64, shards: usize) -> Window {
+    fn new(total: u64, shards: usize) -> Window {
         let high = share_of(total, shards).max(1);
         Window {
             high,

@@ -37,7 +37,9 @@ impl Actor for Cluster {
 }
 
 /// A fresh session whose expiry falls due as it is asked to give way: it retires (as its
-/// actor does when it ends), then answers that it did not give way.
+/// actor does when it ends), then answers that it did not give way. The registry's address
+/// is set once it started (it must hold this actor's before it starts): a test double's
+/// shortcut, not a pattern for actors.
 struct Fresh {
     client_id: Arc<str>,
     registry: Arc<OnceLock<Addr<RegistryMsg>>>,
