@@ -241,7 +241,8 @@ pub(crate) enum Park {
     Writing,
     /// Durable in the outbox; its publishers were told it is safe.
     Parked,
-    /// The store did not take it; its publishers were told it is not confirmed.
+    /// The store did not take it, or there is no store and it is kept in memory (see
+    /// `give_up_late`); its publishers were told it is not confirmed.
     Unbacked,
 }
 
@@ -318,24 +319,56 @@ impl RemoteNode {
     /// parked batch (a copy forwarded on from another node's batch is parked whatever the
     /// outbox's bound) is never given up, and the link cannot skip it: what is behind it
     /// waits with it.
+    ///
+    /// Without a store a copy forwarded on is not parked: its batch was acknowledged once
+    /// it was queued here (`kept` tells its key), so it is kept in memory instead, sent
+    /// again until the node takes it, out of the window (as `Park::Unbacked`, bounded like
+    /// the outbox). What is late behind it is kept the same way (giving it up would leave
+    /// a gap the link cannot skip), and its publishers hear it is not confirmed.
     pub(crate) fn give_up_late(
         &mut self,
         now: starling_rt::time::Instant,
         timeout: std::time::Duration,
+        kept: impl Fn(u64) -> bool,
     ) -> Vec<u64> {
         let mut keys = Vec::new();
-        while let Some(u) = self.unacked.pop_front() {
-            if u.park != Park::No || now.saturating_duration_since(u.sent_at) < timeout {
-                self.unacked.push_front(u);
+        let mut i = 0;
+        while let Some(u) = self.unacked.get_mut(i) {
+            if now.saturating_duration_since(u.sent_at) < timeout {
                 break;
+            }
+            match u.park {
+                Park::No => {}
+                Park::Unbacked => {
+                    i += 1;
+                    continue;
+                }
+                Park::Writing | Park::Parked => break,
+            }
+            let n = u.messages.len();
+            self.unacked_messages -= n;
+            if i == 0 && !u.keys.iter().any(|k| kept(*k)) {
+                tracing::debug!(
+                    node = self.node,
+                    seq = u.seq,
+                    "forwarded batch not acknowledged in time"
+                );
+                if let Some(u) = self.unacked.pop_front() {
+                    keys.extend(u.keys);
+                }
+                continue;
             }
             tracing::debug!(
                 node = self.node,
                 seq = u.seq,
-                "forwarded batch not acknowledged in time"
+                "forwarded batch not acknowledged in time: kept in memory"
             );
-            self.unacked_messages -= u.messages.len();
-            keys.extend(u.keys);
+            u.park = Park::Unbacked;
+            self.parked_messages += n;
+            let (stay, settle): (Vec<u64>, Vec<u64>) = u.keys.iter().partition(|k| kept(**k));
+            u.keys = stay;
+            keys.extend(settle);
+            i += 1;
         }
         keys
     }

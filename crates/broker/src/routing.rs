@@ -182,7 +182,8 @@ pub(crate) struct RouterActor {
     /// node until it is (see `remote::FwdGate`).
     fwd_gates: remote::FwdGate,
     /// Messages this shard may park for one other node (its share of
-    /// `cluster.outbox_max_messages`); 0 without a store: nothing is parked.
+    /// `cluster.outbox_max_messages`); without a store nothing is parked, and it bounds
+    /// what is kept in memory instead (`RemoteNode::give_up_late`).
     outbox_share: usize,
     /// Batches an earlier run parked, until the cluster is wired (then each node's
     /// destination sends them again).
@@ -296,7 +297,7 @@ impl RouterActor {
         let delayed_max = share_of(u64::from(shared.config.mqtt.delayed_publish_max), n);
         let rules = StallRules::new(&shared.config.mqtt, &shared.limits);
         let route_seed = rng.next_u64();
-        let outbox_share = if store.is_some() && shared.config.cluster.enabled {
+        let outbox_share = if shared.config.cluster.enabled {
             let max = shared.config.cluster.outbox_max_messages;
             share_of(u64::from(max), map.count())
         } else {

@@ -74,7 +74,9 @@
 //!
 //! Another runs subscribers that are always behind (queues of 20, 10 ms per delivery) with
 //! back-pressure on, so that links between the nodes are held all the time, and asserts
-//! that some were.
+//! that some were; and again with queues of two and stall rules of 600 s, where copies
+//! relayed to a session that goes back and forth between two nodes must not make those
+//! nodes wait for each other's acknowledgements.
 //!
 //! A third test runs a deliberately lossy configuration (a subscriber queue of two with
 //! back-pressure off, slow subscribers) and asserts that check 1 catches it; another reads
@@ -174,6 +176,8 @@ const SEEDS_MEMBERSHIP_KILLS: u64 = 50;
 const UNCONFIRMED_SEEDS: u64 = 10;
 /// Seeds of the run with subscribers always behind.
 const SEEDS_HELD: u64 = 100;
+/// Seeds of the run with subscribers always behind and queues of two.
+const SEEDS_HELD_TINY: u64 = 100;
 /// Seeds the lossy companion may take to be caught (it is caught by the first, so far).
 const LOSSY_SEEDS: u64 = 5;
 /// Seeds of the calm run with frequent moves.
@@ -860,6 +864,10 @@ async fn held() {
     scenario(HELD).await
 }
 
+async fn held_tiny() {
+    scenario(HELD_TINY).await
+}
+
 async fn with_kills() {
     scenario(KILLS).await
 }
@@ -1408,6 +1416,21 @@ fn subscribers_always_behind_hold_their_links_and_lose_nothing_under_partitions(
             "no link was held: back-pressure across nodes went untested"
         );
     }
+}
+
+/// Checks 1 to 4 with queues of two and stall rules of 600 s ([`HELD_TINY`]): copies
+/// relayed to a session that went back and forth between two nodes must not make each
+/// node wait for the other's acknowledgement (seed 49 never settled its publishers).
+#[test]
+fn copies_relayed_back_and_forth_between_two_nodes_do_not_wait_for_each_other() {
+    run(
+        RunConfig::new(
+            "broker_cluster",
+            "copies_relayed_back_and_forth_between_two_nodes_do_not_wait_for_each_other",
+        )
+        .seeds(SEEDS_HELD_TINY),
+        held_tiny,
+    );
 }
 
 /// The delivery check can fail: brokers that drop acknowledged messages at a subscriber's

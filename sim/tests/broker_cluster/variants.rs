@@ -222,6 +222,18 @@ pub(crate) const HELD: Variant = Variant {
     ..SOUND
 };
 
+/// The same with queues of two and stall rules of 600 s: a subscriber is behind all the
+/// time and never judged stalled within a run, so a moving session's copies relayed on from
+/// another node's batch keep finding it backlogged. Without a store, two nodes relaying such
+/// copies to each other (the session went back and forth) once each waited for the other's
+/// acknowledgement of what it relayed before acknowledging the batch it came in, in a cycle
+/// the forward timeout (here 605 s) alone ended (seed 49).
+pub(crate) const HELD_TINY: Variant = Variant {
+    name: "held-tiny",
+    mqtt: "max_mqueue_len = 2\nmax_inflight = 4\nbackpressure_stall_secs = 600\nbackpressure_max_secs = 600\nbackpressure_stalls_max = 1000\n",
+    ..HELD
+};
+
 /// A broker that loses acknowledged messages: a subscriber's queue holds two, back-pressure
 /// is off so nothing slows the publishers, one delivery in flight at a time, and the
 /// subscribers take 100 ms per message. A forwarded batch is acknowledged once the

@@ -38,7 +38,14 @@ impl RouterActor {
                     lost += u.messages.len() as u64;
                     rows.push((r.inc, u.seq));
                 }
-                Park::Unbacked => {}
+                // Kept in memory without a store (`RemoteNode::give_up_late`): what is
+                // left of its keys are copies forwarded on, acknowledged upstream.
+                Park::Unbacked => {
+                    if !u.keys.is_empty() {
+                        lost += u.messages.len() as u64;
+                    }
+                    unconfirmed.extend(u.keys.iter().copied());
+                }
             }
         }
         for rep in &r.replay {

@@ -198,15 +198,106 @@ async fn without_an_outbox_a_parked_batch_is_never_given_up_nor_what_is_behind_i
     r.unacked_messages += 1;
 
     assert!(
-        r.give_up_late(late, timeout).is_empty(),
+        r.give_up_late(late, timeout, |_| false).is_empty(),
         "the parked batch stays"
     );
     assert_eq!(r.unacked.len(), 3);
 
     // The two parked batches acknowledged: the late one behind them goes now.
     r.unacked.drain(..2);
-    assert!(r.give_up_late(t0, timeout).is_empty(), "not late yet");
-    assert_eq!(r.give_up_late(late, timeout), vec![8]);
+    assert!(
+        r.give_up_late(t0, timeout, |_| false).is_empty(),
+        "not late yet"
+    );
+    assert_eq!(r.give_up_late(late, timeout, |_| false), vec![8]);
     assert!(r.unacked.is_empty());
     assert_eq!(r.unacked_messages, 0);
+}
+
+/// Without a store a copy forwarded on is kept in memory, not parked: its batch, late, is
+/// neither given up nor counted in the window any more, and stays to be sent again; a
+/// batch late behind it is kept too (the link cannot skip a batch), its publishers told
+/// it is not confirmed; the batch late in front of it is given up as before.
+#[test]
+fn without_a_store_a_late_batch_with_a_kept_copy_stays_and_so_does_what_is_behind_it() {
+    let t0 = starling_rt::time::now();
+    let timeout = std::time::Duration::from_secs(2);
+    let late = t0 + timeout * 3;
+    let mut r = RemoteNode::new(7, starling_raft::DataLinks::default(), 9);
+    // Batch 1: a publisher's copy (key 2); 2: a kept copy (key 4) beside a publisher's
+    // (key 6); 3: a publisher's (key 8); 4: a publisher's, not late yet (key 10).
+    for (seq, keys, sent_at) in [
+        (1, vec![2], t0),
+        (2, vec![4, 6], t0),
+        (3, vec![8], t0),
+        (4, vec![10], late),
+    ] {
+        let n = keys.len();
+        r.unacked.push_back(crate::destination::Unacked {
+            seq,
+            sent_at,
+            last_sent: sent_at,
+            keys,
+            messages: vec![(message(), None); n],
+            routed_at: 11,
+            park: Park::No,
+            held: false,
+        });
+        r.unacked_messages += n;
+    }
+    let kept = |k: u64| k == 4;
+
+    assert_eq!(r.give_up_late(late, timeout, kept), vec![2, 6, 8]);
+    let left: Vec<_> = r
+        .unacked
+        .iter()
+        .map(|u| (u.seq, u.park, u.keys.clone()))
+        .collect();
+    assert_eq!(
+        left,
+        vec![
+            (2, Park::Unbacked, vec![4]),
+            (3, Park::Unbacked, vec![]),
+            (4, Park::No, vec![10]),
+        ]
+    );
+    assert_eq!((r.unacked_messages, r.parked_messages), (1, 3));
+
+    // Later still, the last one is late too: kept behind the others, nothing given up twice.
+    let later = late + timeout * 3;
+    assert_eq!(r.give_up_late(later, timeout, kept), vec![10]);
+    assert_eq!(r.unacked.len(), 3);
+    assert_eq!((r.unacked_messages, r.parked_messages), (0, 4));
+}
+
+/// A batch kept in memory (no store) that its node then acknowledges goes, with no outbox
+/// row to drop: a shard without a store writes nothing.
+#[tokio::test]
+async fn without_a_store_a_kept_batch_acknowledged_goes_and_writes_nothing() {
+    let (_shared, mut shard) = shard();
+    let mut r = RemoteNode::new(7, starling_raft::DataLinks::default(), 9);
+    let t0 = starling_rt::time::now();
+    r.unacked.push_back(crate::destination::Unacked {
+        seq: 1,
+        sent_at: t0,
+        last_sent: t0,
+        keys: vec![4],
+        messages: vec![(message(), None)],
+        routed_at: 11,
+        park: Park::Unbacked,
+        held: false,
+    });
+    r.parked_messages = 1;
+    shard
+        .destinations
+        .insert(remote_key(7), Destination::Remote(r));
+    shard.remote_nodes.push(7);
+    let me = starling_rt::start(Sink).downgrade();
+
+    shard.forward_acked(7, 9, 1, me);
+
+    let r = node(&mut shard, 7);
+    assert!(r.unacked.is_empty());
+    assert_eq!(r.parked_messages, 0);
+    assert!(shard.to_store.is_empty(), "no store: no row to drop");
 }

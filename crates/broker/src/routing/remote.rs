@@ -142,6 +142,11 @@ pub(crate) enum FwdTo {
     /// group, from that batch (`forwarded_on`). The batch is acknowledged to its node
     /// only once the node it went on to took it too, or it was parked here.
     Link(u64, u64),
+    /// Nothing waits: copies forwarded on from another node's batch by a node without a
+    /// store, whose batch was answered as they were queued (`forwarded_on`). The entry
+    /// counts the nodes that still owe an answer for them, and while it does, a batch
+    /// holding them is kept in memory past the forward timeout, never given up.
+    Kept,
 }
 
 /// A publisher's answer waiting for other nodes (and maybe the store).
@@ -750,6 +755,7 @@ impl RouterActor {
     fn answer(&mut self, w: FwdAck) {
         let to = match w.to {
             FwdTo::Client(to) => to,
+            FwdTo::Kept => return,
             FwdTo::Link(node, seq) => {
                 let written = match w.outcome {
                     Stored::Durable => LinkWrite::Durable,
@@ -780,7 +786,16 @@ impl RouterActor {
     /// A copy node `node` forwarded went on from here to the nodes `f` counts: the
     /// batch's answer waits for them, as a write of its own, so that a copy this node
     /// acknowledged is never only in its memory (a kill here would lose it, after its
-    /// publisher was told it is safe).
+    /// publisher was told it is safe). With a store they are parked first (`forwarded`),
+    /// and that write is what the answer waits for.
+    ///
+    /// Without a store the answer does not wait: a node without one keeps nothing across
+    /// a kill, and acknowledges the copies for its own subscribers once they are in its
+    /// memory; the copies it forwards on are kept in memory until their nodes take them
+    /// (`RemoteNode::give_up_late`). Waiting made a cycle: two nodes relaying copies of a
+    /// session that went back and forth between them each waited for the other's
+    /// acknowledgement, and a node answers one node's batches in order, so neither
+    /// answered until the forward timeout (seed 49 of the queues-of-two variant).
     pub(super) fn forwarded_on(&mut self, f: FwdRoute, node: u64, ctx: &mut Ctx<Self>) {
         self.fwd_next += 1;
         let w = self.link_writes.entry(node).or_default();
@@ -790,18 +805,28 @@ impl RouterActor {
         } else {
             Stored::Durable
         };
+        let keeps = self.store.is_none();
         let wait = FwdAck {
             to: FwdTo::Link(node, seq),
-            nodes_left: f.queued,
+            nodes_left: if keeps { 0 } else { f.queued },
             store_pending: false,
             outcome,
         };
+        if keeps && f.queued > 0 {
+            let kept = FwdAck {
+                to: FwdTo::Kept,
+                nodes_left: f.queued,
+                store_pending: false,
+                outcome,
+            };
+            self.fwd_acks.insert(f.key, kept);
+        }
         if wait.nodes_left == 0 {
             self.answer(wait);
-            return;
+        } else {
+            self.fwd_acks.insert(f.key, wait);
         }
-        self.fwd_acks.insert(f.key, wait);
-        if self.fwd_timer.is_none() {
+        if self.fwd_timer.is_none() && !self.fwd_acks.is_empty() {
             self.fwd_timer = Some(ctx.after(FORWARD_CHECK, RouterMsg::ForwardCheck));
         }
     }
@@ -929,7 +954,8 @@ impl RouterActor {
                 }
             }
         }
-        for s in dropped {
+        // Without a store, kept in memory only (`RemoteNode::give_up_late`): no row.
+        for s in dropped.into_iter().filter(|_| self.store.is_some()) {
             self.to_store
                 .push(Op::DropOutbox { node, inc, seq: s }.into());
         }
@@ -1012,7 +1038,8 @@ impl RouterActor {
         let mut to_park = Vec::new();
         let mut gone = Vec::new();
         let timeout = self.forward_timeout();
-        let parks = self.outbox_share > 0;
+        // Without a store the share bounds what is kept in memory (`give_up_late`).
+        let parks = self.outbox_share > 0 && self.store.is_some();
         for node in &self.remote_nodes {
             let Some(Destination::Remote(r)) = self.destinations.get_mut(&remote_key(*node)) else {
                 continue;
@@ -1039,7 +1066,17 @@ impl RouterActor {
                 );
             }
             if !parks {
-                late.extend(r.give_up_late(now, timeout));
+                let acks = &self.fwd_acks;
+                let kept = |k| {
+                    matches!(
+                        acks.get(&k),
+                        Some(FwdAck {
+                            to: FwdTo::Kept,
+                            ..
+                        })
+                    )
+                };
+                late.extend(r.give_up_late(now, timeout, kept));
             }
             // A node that said nothing for a while may have lost what it was sent (a
             // replaced connection, its own restart) with nothing after to show it the
