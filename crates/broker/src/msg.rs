@@ -548,6 +548,9 @@ pub(crate) enum RouterMsg {
     /// `node` left the cluster (its `Leave` applied while this node ran, after its routes
     /// went): what this shard holds for it is given up (`routing::departed`).
     NodeLeft(u64),
+    /// The replicated membership now has this many members (this node among them): the
+    /// automatic forwarding window is shared among the others (`routing::forward_window`).
+    Members(usize),
     /// Nodes whose `Leave` this node applied (from its own log at its start too) and that
     /// the members read through the leader after the start do not include: what this shard
     /// restored from the store for them goes (`routing::departed`).

@@ -218,14 +218,20 @@ pub(crate) struct RouterActor {
 /// of it only as its window fills: what each other node has in flight to it then is queued
 /// there as held back, and this way it fits (docs/clustering.md, "Back-pressure across
 /// nodes", says what else shares that room).
-fn forward_window(shared: &Shared) -> u64 {
+///
+/// The members are those of `cluster.peers`, or more once the replicated membership has
+/// more (`RouterMsg::Members`): a node that joins beyond the peers listed is another
+/// sender. Never fewer: the listed peers that have not joined yet (at a cold start) or
+/// left may send still.
+fn forward_window(shared: &Shared, members: usize) -> u64 {
     match shared.config.cluster.forward_window_messages {
         0 => {
             let limits = &shared.limits;
             let room = limits
                 .mqueue_len_hard()
                 .saturating_sub(limits.backlog_high());
-            let others = shared.config.cluster.peers.len().saturating_sub(1).max(1);
+            let members = members.max(shared.config.cluster.peers.len());
+            let others = members.saturating_sub(1).max(1);
             (room / others).max(1) as u64
         }
         w => u64::from(w),
@@ -247,6 +253,28 @@ impl Window {
             high,
             low: high / 2,
         }
+    }
+
+    /// The bound of one other node's waiting list under this window: twice its high mark,
+    /// at least one client's pending list (`pending_max`).
+    fn remote_pending_max(&self, pending_max: usize) -> usize {
+        self.high.saturating_mul(2).max(pending_max)
+    }
+}
+
+impl RouterActor {
+    /// The replicated membership has `members` members: the automatic window is shared
+    /// among the others from now on (never fewer than `cluster.peers` lists). A smaller
+    /// window holds publishers from the next message sent; a larger one lets held ones go
+    /// at the next acknowledgement.
+    fn members(&mut self, members: usize) {
+        let window = Window::new(forward_window(&self.shared, members), self.map.count());
+        if window.high == self.window.high {
+            return;
+        }
+        tracing::debug!(members, high = window.high, "forwarding window resized");
+        self.window = window;
+        self.remote_pending_max = window.remote_pending_max(self.pending_max);
     }
 }
 
@@ -292,8 +320,11 @@ impl RouterActor {
         retained_config.retained_bytes_max = share_of(retained_config.retained_bytes_max as u64, n);
         let retained = RetainedIndex::new(retained_config);
         let pending_max = shared.limits.mqueue_len_max.max(BATCH_MAX);
-        let window = Window::new(forward_window(&shared), n);
-        let remote_pending_max = window.high.saturating_mul(2).max(pending_max);
+        let window = Window::new(
+            forward_window(&shared, shared.config.cluster.peers.len()),
+            n,
+        );
+        let remote_pending_max = window.remote_pending_max(pending_max);
         let delayed_max = share_of(u64::from(shared.config.mqtt.delayed_publish_max), n);
         let rules = StallRules::new(&shared.config.mqtt, &shared.limits);
         let route_seed = rng.next_u64();
@@ -635,6 +666,7 @@ impl Actor for RouterActor {
                 present,
             } => self.remote_route(&filter, node, present),
             RouterMsg::NodeLeft(node) => self.node_left(node),
+            RouterMsg::Members(n) => self.members(n),
             RouterMsg::Departed(nodes) => self.departed_while_down(&nodes),
             RouterMsg::RetainedRefused(m) => {
                 if self

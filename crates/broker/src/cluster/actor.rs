@@ -47,6 +47,8 @@ pub(crate) struct ClusterActor {
     /// The replicated routes as applied here (filter → nodes).
     routes: BTreeMap<String, BTreeSet<u64>>,
     members: BTreeMap<u64, Member>,
+    /// How many members the shards were last told of (`RouterMsg::Members`).
+    members_told: usize,
     /// SUBACKs waiting for a filter's route to hold this node.
     route_waits: BTreeMap<String, Vec<tokio::sync::oneshot::Sender<()>>>,
     /// The node's stored sessions are routed again (`ClusterMsg::Restored`): until then
@@ -165,6 +167,7 @@ impl ClusterActor {
             book: RouteBook::new(node),
             routes: BTreeMap::new(),
             members: BTreeMap::new(),
+            members_told: 0,
             route_waits: BTreeMap::new(),
             restored: false,
             shards_restored: 0,
@@ -512,6 +515,20 @@ impl ClusterActor {
             self.routes_at(index).await;
         }
         self.nodes_left(left).await;
+        self.tell_members().await;
+    }
+
+    /// Tells every shard how many members there are, when that changed: the automatic
+    /// forwarding window is shared among the others (`routing::forward_window`).
+    async fn tell_members(&mut self) {
+        let n = self.members.len();
+        if n == 0 || n == self.members_told {
+            return;
+        }
+        self.members_told = n;
+        for shard in self.shards.all() {
+            let _ = shard.send(RouterMsg::Members(n)).await;
+        }
     }
 
     /// Tells every shard that the routes up to `index` are applied (behind the route
@@ -625,6 +642,7 @@ impl ClusterActor {
             let _ = shard.send(RouterMsg::ClusterRetainedReset(part)).await;
         }
         self.nodes_left(left).await;
+        self.tell_members().await;
     }
 
     fn wait_route(&mut self, filter: String, done: tokio::sync::oneshot::Sender<()>) {

@@ -118,3 +118,48 @@ async fn the_automatic_window_of_one_other_node_is_the_whole_room() {
     let shard = linked(Config::default());
     assert_eq!(shard.window.high, 6096 - 500);
 }
+
+/// A node that joins beyond the peers listed is one more sender: told of five members, a
+/// shard of a three-peer configuration shares the room among four others ((6,096 - 500) /
+/// 4 = 1,399), and its publishers are held from there. Told of fewer members than the
+/// peers listed (a cold start, before every Join is applied), it keeps the peers' count.
+#[tokio::test]
+async fn the_automatic_window_shrinks_when_members_join_beyond_the_peers_listed() {
+    let mut config = Config::default();
+    for n in 1..=3u16 {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + n));
+        config.cluster.peers.insert(u64::from(n), addr);
+    }
+    let mut shard = linked(config);
+    shard.members(1);
+    assert_eq!(
+        shard.window.high, 2798,
+        "the listed peers count at a cold start"
+    );
+
+    shard.members(5);
+    assert_eq!((shard.window.high, shard.window.low), (1399, 699));
+    assert_eq!(shard.remote_pending_max, 2798);
+    let (_client, p) = publisher();
+    let key = remote_key(7);
+    for _ in 0..1398 {
+        shard.offer_node(&key, &message(), None, Some(&p));
+    }
+    assert_eq!(holding(&mut shard), 0);
+    shard.offer_node(&key, &message(), None, Some(&p));
+    assert_eq!(holding(&mut shard), 1, "held at 1399");
+
+    // Two of them left again: back to the listed peers' window.
+    shard.members(3);
+    assert_eq!(shard.window.high, 2798);
+}
+
+/// A window set by hand is not resized by the membership.
+#[tokio::test]
+async fn a_window_set_by_hand_stays_whatever_the_members() {
+    let mut config = Config::default();
+    config.cluster.forward_window_messages = 8;
+    let mut shard = linked(config);
+    shard.members(9);
+    assert_eq!(shard.window.high, 8);
+}

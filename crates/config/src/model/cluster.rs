@@ -148,8 +148,9 @@ pub struct ClusterConfig {
     /// acknowledge them within the forward timeout, kept in the store (and in memory) and
     /// sent again until it does. 0..=10,000,000, default 100,000; 0 (or a node without a
     /// store) parks none of them: their publishers are told *unconfirmed*. (A copy a node
-    /// with a store forwards on from another node's batch is parked whatever this says.)
-    /// Past it, a publish
+    /// with a store forwards on from another node's batch is parked whatever this says;
+    /// a node without a store keeps such copies in memory until their node takes them,
+    /// and this bounds them the same way.) Past it, a publish
     /// for that node is refused (`"refuse"`: MQTT 5 0x97, counted in
     /// `cluster.outbox.full`).
     pub outbox_max_messages: u32,
@@ -158,8 +159,9 @@ pub struct ClusterConfig {
     /// messages go to that node are held back (they are not read) until it is down to
     /// half. 0..=1,000,000; 0 (the default) sizes it so that what every other member may
     /// have in flight to one backlogged subscriber fits its hard queue bound: 1.5 times
-    /// `mqtt.max_mqueue_len` plus 4,096, divided by the other peers (2,798 for three
-    /// nodes with the default queue). Memory for one node's window is at most this many
+    /// `mqtt.max_mqueue_len` plus 4,096, divided by the other members (those of `peers`,
+    /// or of the replicated membership once it has more; 2,798 for three nodes with the
+    /// default queue). Memory for one node's window is at most this many
     /// messages of up to `mqtt.max_packet_size`, and twice that waiting when the link
     /// itself is full.
     pub forward_window_messages: u32,
