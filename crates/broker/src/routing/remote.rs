@@ -365,10 +365,14 @@ impl RouterActor {
             None
         } else {
             u.park = Park::Unbacked;
-            add(
-                &self.shared.metrics.cluster_forward_timeouts,
-                keys.len() as u64,
-            );
+            if !held {
+                // A held batch was parked as it was made, never late: its failed write is
+                // the store's (counted there), not a timeout.
+                add(
+                    &self.shared.metrics.cluster_forward_timeouts,
+                    keys.len() as u64,
+                );
+            }
             Some(Stored::Unconfirmed)
         };
         if held {
