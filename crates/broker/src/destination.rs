@@ -386,6 +386,12 @@ impl RemoteNode {
         pending.chain(unacked).chain(replay).min()
     }
 
+    /// Whether what waits may wait for more in the middle of a burst: it does not fill a
+    /// frame, and nothing is to be sent again first.
+    pub(crate) fn may_wait_for_more(&self) -> bool {
+        self.pending.len() < FORWARD_BATCH_MAX && self.resend.is_none() && self.replay.is_empty()
+    }
+
     /// The next batch of what waits, within its first `free` messages: the routes' index
     /// its messages were routed under and how many it takes. A batch says which routes
     /// its messages were routed under, so one that changed in the middle of what waits

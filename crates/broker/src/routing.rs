@@ -6,7 +6,9 @@
 //! Deliveries are batched: a publish appends to each subscriber's pending list here, and
 //! once the shard's mailbox is drained (or every [`FLUSH_EVERY_PUBLISHES`]) each pending
 //! list goes to its client actor as one message, so a burst costs one mailbox operation
-//! and one actor turn per subscriber, not per delivery.
+//! and one actor turn per subscriber, not per delivery. Another node's list waits past
+//! that stride until it fills a frame or for [`REMOTE_STRIDES`] strides: its batch and the
+//! acknowledgement it brings back cost the same at any size.
 //!
 //! It never waits on a client: batches are `try_send`s into bounded mailboxes. A full
 //! mailbox leaves the batch pending here and it is retried on the next flush (or after
@@ -80,6 +82,9 @@ impl Merge for SubOpts {
 /// Publishes routed before the pending batches are handed out even though more publishes
 /// wait in the mailbox: bounds the delay a steady stream of publishes adds to a delivery.
 const FLUSH_EVERY_PUBLISHES: usize = 64;
+/// Strides (of [`FLUSH_EVERY_PUBLISHES`]) a partial batch for another node may wait while
+/// the mailbox does not drain: 4 strides fill a frame (256) when all goes to one node.
+const REMOTE_STRIDES: u8 = 4;
 /// When a client's mailbox was full and no publish comes to trigger a flush.
 const RETRY_BLOCKED: Duration = Duration::from_millis(2);
 
@@ -126,6 +131,8 @@ pub(crate) struct RouterActor {
     /// subscribers' messages; one subscriber's backlog bound (`rules.high`), its window
     /// before, held 50 cross-node pairs stop-and-go (docs/benchmarks.md).
     window: Window,
+    /// Flushes at the stride since other nodes' partial batches last went (`flush_some`).
+    strides: u8,
     /// Bound of one other node's waiting list: twice the window's high mark, room for what
     /// held publishers sent before the hold reached them.
     remote_pending_max: usize,
@@ -361,6 +368,7 @@ impl RouterActor {
             pending_max,
             window,
             remote_pending_max,
+            strides: 0,
             store,
             to_store: Vec::new(),
             store_waiters: Vec::new(),
@@ -867,7 +875,11 @@ impl Actor for RouterActor {
         if !self.outbox.is_empty() && self.retry.is_none() {
             self.retry = Some(ctx.after(RETRY_BLOCKED, RouterMsg::RetryBlocked));
         }
-        let burst_end = self.routed >= FLUSH_EVERY_PUBLISHES || ctx.queued() == 0;
+        let drained = ctx.queued() == 0;
+        let burst_end = self.routed >= FLUSH_EVERY_PUBLISHES || drained;
+        // Other nodes' partial batches wait out at most a few strides of a mailbox that
+        // never drains (a steady local flood beside a trickle to another node).
+        let whole = drained || self.strides >= REMOTE_STRIDES;
         if burst_end {
             self.report_counts();
             if !self.held_links.is_empty() || !self.link_waiters.is_empty() {
@@ -878,7 +890,8 @@ impl Actor for RouterActor {
             self.send_routed_acks();
         }
         if !self.dirty.is_empty() && burst_end {
-            let blocked = self.flush(ctx);
+            self.strides = if whole { 0 } else { self.strides + 1 };
+            let blocked = self.flush_some(ctx, whole);
             if blocked > 0 && ctx.queued() > 0 {
                 // Subscribers whose mailboxes are full get a turn before more is routed:
                 // a shard runs its whole mailbox in one poll, and under a flood what it

@@ -274,6 +274,13 @@ impl RouterActor {
     /// Hands each pending batch to its destination; one without room keeps its batch
     /// here for the next flush or the retry timer. Returns how many had no room.
     pub(super) fn flush(&mut self, ctx: &mut Ctx<Self>) -> usize {
+        self.flush_some(ctx, true)
+    }
+
+    /// [`Self::flush`]; mid-burst (`whole` false: the mailbox still holds publishes), a
+    /// node's waiting list goes only once it fills a frame. Its batch and acknowledgement
+    /// cost the same at any size, and at the stride a steady stream cut them at 64.
+    pub(super) fn flush_some(&mut self, ctx: &mut Ctx<Self>, whole: bool) -> usize {
         self.routed = 0;
         let mut blocked = 0;
         let mut forwarded = false;
@@ -283,6 +290,10 @@ impl RouterActor {
                 self.dirty.swap_remove(i);
                 continue;
             };
+            if matches!(dest, Destination::Remote(r) if !whole && r.may_wait_for_more()) {
+                i += 1;
+                continue;
+            }
             forwarded |= matches!(dest, Destination::Remote(_));
             match dest.flush(self.index as u16, self.fwd_gates.first()) {
                 Flushed::Blocked => {

@@ -301,3 +301,19 @@ async fn without_a_store_a_kept_batch_acknowledged_goes_and_writes_nothing() {
     assert_eq!(r.parked_messages, 0);
     assert!(shard.to_store.is_empty(), "no store: no row to drop");
 }
+
+/// In the middle of a burst a node's waiting list goes only once it fills a frame (256),
+/// or when batches are to be sent again first.
+#[test]
+fn a_partial_batch_may_wait_for_more_unless_it_fills_a_frame_or_a_resend_is_due() {
+    let mut r = RemoteNode::new(7, starling_raft::DataLinks::default(), 9);
+    for _ in 0..255 {
+        r.pending.push_back((message(), None, None, 1));
+    }
+    assert!(r.may_wait_for_more());
+    r.resend = Some((1, 1));
+    assert!(!r.may_wait_for_more(), "a resend goes at once");
+    r.resend = None;
+    r.pending.push_back((message(), None, None, 1));
+    assert!(!r.may_wait_for_more(), "a whole frame goes");
+}
