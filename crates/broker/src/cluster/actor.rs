@@ -47,7 +47,8 @@ pub(crate) struct ClusterActor {
     /// The replicated routes as applied here (filter → nodes).
     routes: BTreeMap<String, BTreeSet<u64>>,
     members: BTreeMap<u64, Member>,
-    /// How many members the shards were last told of (`RouterMsg::Members`).
+    /// How many members the shards count (`RouterMsg::Members`): the peers listed until
+    /// more have joined.
     members_told: usize,
     /// SUBACKs waiting for a filter's route to hold this node.
     route_waits: BTreeMap<String, Vec<tokio::sync::oneshot::Sender<()>>>,
@@ -158,6 +159,7 @@ impl ClusterActor {
         left: tokio::sync::watch::Sender<bool>,
     ) -> Self {
         let config_peers = shared.config.cluster.peers.clone();
+        let members_told = config_peers.len();
         ClusterActor {
             node,
             me,
@@ -167,7 +169,7 @@ impl ClusterActor {
             book: RouteBook::new(node),
             routes: BTreeMap::new(),
             members: BTreeMap::new(),
-            members_told: 0,
+            members_told,
             route_waits: BTreeMap::new(),
             restored: false,
             shards_restored: 0,
@@ -518,11 +520,15 @@ impl ClusterActor {
         self.tell_members().await;
     }
 
-    /// Tells every shard how many members there are, when that changed: the automatic
-    /// forwarding window is shared among the others (`routing::forward_window`).
+    /// Tells every shard how many members there are, when that changes the automatic
+    /// forwarding window, shared among the others (`routing::forward_window`): only past
+    /// the peers listed, which the shards count from the start.
     async fn tell_members(&mut self) {
-        let n = self.members.len();
-        if n == 0 || n == self.members_told {
+        let n = self
+            .members
+            .len()
+            .max(self.shared.config.cluster.peers.len());
+        if n == self.members_told {
             return;
         }
         self.members_told = n;
