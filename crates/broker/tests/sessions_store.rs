@@ -82,9 +82,12 @@ fn persistent_sessions_and_their_messages_come_back_after_a_restart() {
         let (b, addr) = broker_with(config(&dir, "")).await;
         let m = b.metrics();
         // Read back: three sessions, unless the expired one's first timer already ended it;
-        // 40 messages each (the delayed one is not due yet).
+        // 40 messages each, and the delayed one for each once it fired: it fell due while
+        // the broker was down, so it goes at the start, racing this read (a loaded
+        // machine saw 82 for two sessions).
         assert!((2..=3).contains(&m.store_sessions), "{m:?}");
-        assert_eq!(m.store_messages, m.store_sessions * 40, "{m:?}");
+        let each = m.store_sessions * 40..=m.store_sessions * 41;
+        assert!(each.contains(&m.store_messages), "{m:?}");
         let (mut v5, present) = persistent(addr, Protocol::V5, "sub-v5", 3600).await;
         assert!(present, "the v5 session came back");
         let seen = receive(&mut v5, 41).await;
